@@ -1,0 +1,1 @@
+"""Test stand-in for slime (see tests/slime_stub/README.md)."""

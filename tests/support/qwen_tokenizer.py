@@ -1,0 +1,93 @@
+"""Qwen2.5's real tokenizer, rebuilt offline from the BPE ranks that the `dashscope` wheel ships.
+
+The hub is unreachable here, so the tests cannot download Qwen/Qwen2.5-3B's tokenizer.json. The
+151,643 byte-level BPE ranks are the same file Qwen2/Qwen2.5 use; transformers' TikTokenConverter
+turns them into a fast tokenizer, and we add Qwen2.5's special tokens with their real ids plus the
+ChatML chat template (with tool calls). The result is saved with `save_pretrained`, so the code
+under test loads it exactly as slime does: `AutoTokenizer.from_pretrained(path)`.
+"""
+
+import importlib.util
+import os
+from pathlib import Path
+
+# Qwen2's pre-tokenizer split: like cl100k but digits are split one by one.
+QWEN_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+# (token, special) in id order from 151643; <tool_call> and the FIM tokens are ordinary added tokens in Qwen2.5.
+QWEN25_ADDED_TOKENS = [
+    ("<|endoftext|>", True),
+    ("<|im_start|>", True),
+    ("<|im_end|>", True),
+    ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True),
+    ("<|box_start|>", True),
+    ("<|box_end|>", True),
+    ("<|quad_start|>", True),
+    ("<|quad_end|>", True),
+    ("<|vision_start|>", True),
+    ("<|vision_end|>", True),
+    ("<|vision_pad|>", True),
+    ("<|image_pad|>", True),
+    ("<|video_pad|>", True),
+    ("<tool_call>", False),
+    ("</tool_call>", False),
+    ("<|fim_prefix|>", False),
+    ("<|fim_middle|>", False),
+    ("<|fim_suffix|>", False),
+    ("<|fim_pad|>", False),
+    ("<|repo_name|>", False),
+    ("<|file_sep|>", False),
+]
+FIRST_ADDED_ID = 151643
+
+CHAT_TEMPLATE_PATH = Path(__file__).with_name("qwen2_5_chat_template.jinja")
+DEFAULT_CACHE_DIR = Path(__file__).resolve().parents[2] / ".cache" / "qwen2.5-tokenizer"
+
+
+def qwen_tiktoken_file() -> Path:
+    """The qwen.tiktoken ranks inside the installed (never imported) dashscope package."""
+    spec = importlib.util.find_spec("dashscope")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("the `dashscope` package is not installed; run `pip install --no-deps dashscope`")
+    path = Path(spec.origin).parent / "resources" / "qwen.tiktoken"
+    if not path.is_file():
+        raise RuntimeError(f"{path} is missing from the installed dashscope package")
+    return path
+
+
+def build_qwen25_tokenizer(out_dir: Path) -> Path:
+    from tokenizers import AddedToken, normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    backend = TikTokenConverter(vocab_file=str(qwen_tiktoken_file()), pattern=QWEN_SPLIT_PATTERN).converted()
+    backend.normalizer = normalizers.NFC()
+    backend.add_tokens([AddedToken(tok, special=special, normalized=False) for tok, special in QWEN25_ADDED_TOKENS])
+    for offset, (tok, _) in enumerate(QWEN25_ADDED_TOKENS):
+        if backend.token_to_id(tok) != FIRST_ADDED_ID + offset:
+            raise RuntimeError(f"{tok} got id {backend.token_to_id(tok)}, expected {FIRST_ADDED_ID + offset}")
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=[tok for tok, special in QWEN25_ADDED_TOKENS if special and tok != "<|endoftext|>"],
+        model_max_length=131072,
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE_PATH.read_text()
+    tmp_dir = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
+    tokenizer.save_pretrained(tmp_dir)
+    os.replace(tmp_dir, out_dir) if not out_dir.exists() else None
+    return out_dir
+
+
+def qwen25_tokenizer_dir(cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
+    """Directory holding the saved tokenizer, built on first use (~20 s) and cached."""
+    if not (cache_dir / "tokenizer.json").is_file():
+        cache_dir.parent.mkdir(parents=True, exist_ok=True)
+        build_qwen25_tokenizer(cache_dir)
+    return cache_dir
