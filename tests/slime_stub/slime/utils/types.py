@@ -128,8 +128,6 @@ class Sample:
             raise ValueError(
                 f"rollout_log_probs length {len(self.rollout_log_probs)} != response_length {self.response_length}"
             )
-        offsets = self.rollout_top_p_token_offsets
-        if offsets is not None and len(offsets) != self.response_length + 1:
-            raise ValueError(
-                f"rollout_top_p_token_offsets length {len(offsets)} != response_length + 1 ({self.response_length + 1})"
-            )
+        offsets, expected = self.rollout_top_p_token_offsets, self.response_length + 1
+        if offsets is not None and len(offsets) != expected:
+            raise ValueError(f"rollout_top_p_token_offsets length {len(offsets)} != response_length + 1 = {expected}")

@@ -1,0 +1,107 @@
+"""Search-R1 for slime: multi-turn search rollouts and their reward.
+
+    --custom-generate-function-path generate_with_search.generate
+    --custom-rm-path generate_with_search.reward_func
+
+Edit SEARCH_R1_CONFIGS below or set the environment variables listed in search_r1_config.ENV_OVERRIDES
+(LLM_API_MODE, SEARCH_BACKEND, TOKEN_TRACKING_MODE, TRACK_LOG_PROBS, LOSS_MASK_MODE, RETRIEVAL_SERVER_URL,
+GOOGLE_API_KEY, SEARCH_R1_*). A bad value stops the import with a message saying what is accepted.
+"""
+
+from qa_em_format import FormatWeights, golden_answers, score_response
+from search_r1_config import ConfigError, SearchR1Config, apply_env_overrides, resolve_config
+from slime.rollout.sglang_rollout import GenerateState
+from slime.utils.types import Sample
+from trajectory import METADATA_KEY
+from xml_rollout import run_xml_episode
+
+SEARCH_R1_CONFIGS = apply_env_overrides(
+    {
+        # ============== Modes ==============
+        "llm_api_mode": "generate",  # "generate": XML tags over /generate | "chat": OpenAI tool calls
+        "token_tracking_mode": "manual",  # "manual" | "router_radix" | "router_handler"
+        "loss_mask_mode": "strict",  # "strict": observations masked out | "simple": trained too
+        "return_logprob": True,  # engine log probs of every sampled token (needed for TIS)
+        # ============== Rollout ==============
+        "max_turns": 3,  # model turns per sample; a search on the last turn is not executed
+        "max_context_length": 16384,  # prompt + response tokens (slime's --rollout-max-context-len also caps it)
+        "max_obs_tokens": 500,  # tokens of one <information> block (Search-R1's max_obs_length)
+        # ============== Search ==============
+        "topk": 3,
+        "search_concurrency": 256,  # searches in flight per rollout process
+        "search_backend": "local",  # "local" retrieval server | "google" (serper.dev)
+        "search_timeout": 30.0,  # seconds per attempt
+        "search_max_retries": 3,  # attempts in all, on connection errors, timeouts, 5xx and 429
+        "drop_failed_samples": True,  # a FAILED sample (search down) gets remove_sample: kept out of the loss
+        "local": {
+            "search_url": "http://127.0.0.1:8000/retrieve",  # several servers: comma-separated
+            "proxy": None,
+        },
+        "google": {
+            "api_key": None,  # from GOOGLE_API_KEY; never logged
+            "snippet_only": True,
+            "proxy": None,
+            "search_url": "https://google.serper.dev/search",
+            "fetch_concurrency": 8,  # page downloads in flight when snippet_only is False
+        },
+        # ============== Reward ==============
+        "format_score": 0.2,  # Search-R1's structure bonus; 0 gives pure exact match
+        "final_format_score": None,  # wrong answer, bad format; None means format_score / 2
+        "retrieval_score": 0.0,  # bonus when a gold answer appears in a retrieved block
+    }
+)
+
+resolve_config(SEARCH_R1_CONFIGS)  # fail at import, not in the middle of a rollout
+
+
+def check_slime_args(args, config: SearchR1Config) -> None:
+    """Combinations of slime flags and plugin settings that would silently train on wrong numbers."""
+    top_p_replay = float(getattr(args, "rollout_top_p", 1.0) or 1.0) != 1.0
+    if config.train_observations and getattr(args, "use_tis", False):
+        raise ConfigError(
+            "LOSS_MASK_MODE=simple trains observation tokens whose rollout log probs are 0.0 placeholders "
+            "(the engine never sampled them), which TIS would treat as real; use LOSS_MASK_MODE=strict with --use-tis"
+        )
+    if top_p_replay and (config.train_observations or not config.return_logprob):
+        raise ConfigError(
+            "--rollout-top-p != 1 replays the engine's nucleus per sampled token; it needs TRACK_LOG_PROBS=true "
+            "and LOSS_MASK_MODE=strict"
+        )
+
+
+async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
+    config = resolve_config(SEARCH_R1_CONFIGS)
+    check_slime_args(args, config)
+    if config.llm_api_mode == "chat":
+        raise ConfigError("LLM_API_MODE=chat is not available yet; use LLM_API_MODE=generate")
+    return await run_xml_episode(args, sample, sampling_params, config, evaluation=evaluation)
+
+
+def _prompt_text(args, sample: Sample) -> str:
+    if isinstance(sample.prompt, str):
+        return sample.prompt
+    prompt_ids = sample.tokens[: len(sample.tokens) - sample.response_length]
+    return GenerateState(args).tokenizer.decode(prompt_ids, skip_special_tokens=False)
+
+
+async def reward_func(args, sample: Sample, **kwargs) -> float | dict:
+    """Search-R1 EM with the configured format bonus; evaluation samples get pure EM.
+
+    Returns a float, or {"score", "em", "format_valid", "retrieval_hit"} when slime's --reward-key is set.
+    """
+    config = resolve_config(SEARCH_R1_CONFIGS)
+    evaluation = bool((sample.metadata or {}).get(METADATA_KEY, {}).get("evaluation"))
+    weights = (
+        FormatWeights()
+        if evaluation
+        else FormatWeights(config.format_score, config.final_format_score, config.retrieval_score)
+    )
+    details = score_response(_prompt_text(args, sample), sample.response, golden_answers(sample.label), weights)
+    if getattr(args, "reward_key", None) or getattr(args, "eval_reward_key", None):
+        return {
+            "score": details.score,
+            "em": details.em,
+            "format_valid": float(details.format_valid),
+            "retrieval_hit": float(details.retrieval_hit),
+        }
+    return details.score

@@ -1,0 +1,138 @@
+"""Google search through serper.dev, returning hits in the retrieval server's document shape.
+
+Snippet-only by default; with snippet_only=False each result page is fetched (bounded concurrency,
+short timeout), decoded with its declared charset or chardet, stripped to text, and the paragraphs
+that contain the snippet's sentences are kept. A page that cannot be fetched falls back to its snippet.
+The API key travels only in the request header: it never appears in a message or a log line.
+"""
+
+import asyncio
+import html
+from html.parser import HTMLParser
+
+import aiohttp
+import chardet
+
+from search_http import SearchError, loop_semaphore, loop_session, post_json, retrying
+
+SERPER_URL = "https://google.serper.dev/search"
+PAGE_TIMEOUT_S = 5.0
+_CHARDET_SAMPLE_BYTES = 64 * 1024
+_SKIPPED_TAGS = {"script", "style", "noscript", "head", "svg", "template"}
+_BLOCK_TAGS = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "section", "article", "td", "pre"}
+
+
+def snippet_sentences(snippet: str) -> list[str]:
+    """Serper snippets join fragments with '...'; keep fragments of more than five words."""
+    return [part.strip() for part in snippet.split("...") if len(part.split()) > 5]
+
+
+class _TextExtractor(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self._skip_depth = 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag in _SKIPPED_TAGS:
+            self._skip_depth += 1
+        elif tag in _BLOCK_TAGS:
+            self.parts.append("\n")
+
+    def handle_endtag(self, tag):
+        if tag in _SKIPPED_TAGS and self._skip_depth:
+            self._skip_depth -= 1
+        elif tag in _BLOCK_TAGS:
+            self.parts.append("\n")
+
+    def handle_data(self, data):
+        if not self._skip_depth:
+            self.parts.append(data)
+
+
+def html_to_paragraphs(page: str) -> list[str]:
+    extractor = _TextExtractor()
+    extractor.feed(page)
+    extractor.close()
+    text = html.unescape("".join(extractor.parts))
+    return [" ".join(line.split()) for line in text.split("\n") if line.strip()]
+
+
+def decode_page(raw: bytes, declared_charset: str | None) -> str:
+    if declared_charset:
+        try:
+            return raw.decode(declared_charset)
+        except (LookupError, UnicodeDecodeError):
+            pass
+    encoding = chardet.detect(raw[:_CHARDET_SAMPLE_BYTES])["encoding"] or "utf-8"
+    try:
+        return raw.decode(encoding, errors="replace")
+    except LookupError:
+        return raw.decode("utf-8", errors="replace")
+
+
+def page_context(snippet: str, paragraphs: list[str]) -> str:
+    """The page's paragraphs that contain one of the snippet's sentences, in page order, once each."""
+    sentences = snippet_sentences(snippet)
+    kept = [para for para in paragraphs if any(sentence in para for sentence in sentences)]
+    return "\n".join(dict.fromkeys(kept))
+
+
+async def _fetch_page(session: aiohttp.ClientSession, url: str, semaphore: asyncio.Semaphore) -> list[str]:
+    if not url:
+        return []
+    async with semaphore:
+        try:
+            timeout = aiohttp.ClientTimeout(total=PAGE_TIMEOUT_S)
+            async with session.get(url, timeout=timeout, headers={"User-Agent": "Mozilla/5.0 (search-r1)"}) as resp:
+                if resp.status >= 400 or "html" not in resp.headers.get("Content-Type", "text/html"):
+                    return []
+                raw = await resp.read()
+                return html_to_paragraphs(decode_page(raw, resp.charset))
+        except (aiohttp.ClientError, asyncio.TimeoutError, UnicodeError):
+            return []
+
+
+def _document(title: str, context: str) -> dict:
+    return {"document": {"contents": f'"{title or "No title."}"\n{context or "No snippet available."}'}}
+
+
+async def google_search(
+    api_key: str,
+    query: str,
+    top_k: int = 5,
+    timeout: float = 30.0,
+    proxy: str | None = None,
+    snippet_only: bool = True,
+    *,
+    search_url: str = SERPER_URL,
+    max_attempts: int = 3,
+    fetch_concurrency: int = 8,
+) -> list[dict]:
+    """Top-k Google results for `query` as [{"document": {"contents": '"title"\\ncontext'}}, ...]."""
+    if not api_key:
+        raise SearchError("google search needs a serper.dev API key (GOOGLE_API_KEY)")
+    session = loop_session("serper", aiohttp.ClientSession)
+    payload = {"q": query, "num": top_k, "gl": "us", "hl": "en"}
+    headers = {"X-API-KEY": api_key, "Content-Type": "application/json"}
+    async for attempt in retrying(max_attempts):
+        with attempt:
+            body = await post_json(session, search_url, payload, timeout, headers=headers, proxy=proxy)
+    if not isinstance(body, dict) or not isinstance(body.get("organic", []), list):
+        raise SearchError(f"{search_url} answered without an 'organic' result list")
+    items = [item for item in body.get("organic", []) if isinstance(item, dict)][:top_k]
+
+    if snippet_only:
+        contexts = [" ".join(snippet_sentences(item.get("snippet", ""))) for item in items]
+    else:
+        semaphore = loop_semaphore("page-fetch", fetch_concurrency)
+        pages = await asyncio.gather(*(_fetch_page(session, item.get("link", ""), semaphore) for item in items))
+        contexts = [
+            page_context(item.get("snippet", ""), paragraphs) or " ".join(snippet_sentences(item.get("snippet", "")))
+            for item, paragraphs in zip(items, pages, strict=True)
+        ]
+    return [
+        _document(item.get("title", ""), context)
+        for item, context in zip(items, contexts, strict=True)
+        if item.get("title") or context
+    ]

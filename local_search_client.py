@@ -1,0 +1,42 @@
+"""Client for local retrieval servers (local_dense_retriever/retrieval_server.py or Search-R1's own)."""
+
+import itertools
+
+import aiohttp
+
+from search_http import SearchError, loop_session, post_json, retrying
+from search_results import hit_contents
+
+
+class LocalRetrieverClient:
+    """Single-query /retrieve calls spread round-robin over one or more servers; a retry moves to the next one."""
+
+    def __init__(self, urls: tuple[str, ...], *, timeout: float, max_attempts: int, proxy: str | None = None):
+        if not urls:
+            raise ValueError("LocalRetrieverClient needs at least one URL")
+        self.urls = urls
+        self.timeout = timeout
+        self.max_attempts = max_attempts
+        self.proxy = proxy
+        self._next_url = itertools.cycle(range(len(urls)))
+
+    def _session(self) -> aiohttp.ClientSession:
+        # Connection pooling is per loop; the concurrency bound is the caller's semaphore.
+        return loop_session("local-retriever", lambda: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
+
+    async def search(self, query: str, topk: int) -> list[str]:
+        """The contents of the top-k passages for one query."""
+        payload = {"queries": [query], "topk": topk, "return_scores": False}
+        async for attempt in retrying(self.max_attempts):
+            with attempt:
+                url = self.urls[next(self._next_url)]
+                body = await post_json(self._session(), url, payload, self.timeout, proxy=self.proxy)
+        return _first_result(body, url)
+
+
+def _first_result(body: object, url: str) -> list[str]:
+    try:
+        hits = body["result"][0]
+        return [hit_contents(hit) for hit in hits]
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise SearchError(f"{url} answered without a usable 'result' list: {exc!r}") from exc

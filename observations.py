@@ -1,0 +1,35 @@
+"""Token ids of what the environment shows the model: search results or the invalid-action message."""
+
+from functools import lru_cache
+
+from search_results import format_documents
+from xml_actions import INFORMATION_CLOSE, INFORMATION_OPEN, INVALID_ACTION_MESSAGE
+
+
+def encode_text(tokenizer, text: str) -> list[int]:
+    # Observations are tokenized on their own, and special-token strings inside retrieved text stay text.
+    return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+
+
+@lru_cache(maxsize=8)
+def _fixed_ids(tokenizer, text: str) -> tuple[int, ...]:
+    return tuple(encode_text(tokenizer, text))
+
+
+def invalid_action_ids(tokenizer) -> list[int]:
+    return list(_fixed_ids(tokenizer, INVALID_ACTION_MESSAGE))
+
+
+def information_ids(tokenizer, contents: list[str], max_tokens: int) -> tuple[list[int], bool]:
+    """`\\n\\n<information>{docs}</information>\\n\\n` in at most `max_tokens` ids; True if docs were cut.
+
+    When the block fits it is tokenized whole (exactly what Search-R1 feeds); otherwise the documents
+    are cut to fit and the tags kept, so the block stays well-formed.
+    """
+    docs = format_documents(contents).strip()
+    whole = encode_text(tokenizer, f"{INFORMATION_OPEN}{docs}{INFORMATION_CLOSE}")
+    if len(whole) <= max_tokens:
+        return whole, False
+    opening, closing = _fixed_ids(tokenizer, INFORMATION_OPEN), _fixed_ids(tokenizer, INFORMATION_CLOSE)
+    room = max(0, max_tokens - len(opening) - len(closing))
+    return [*opening, *encode_text(tokenizer, docs)[:room], *closing], True

@@ -1,0 +1,157 @@
+"""Search-R1's exact-match reward with its format rules (qa_em and qa_em_format).
+
+| answer  | format valid | score                                                            |
+|---------|--------------|------------------------------------------------------------------|
+| correct | yes          | 1.0                                                              |
+| correct | no           | 1.0 - format_score                                               |
+| wrong   | yes          | format_score (+ retrieval_score if a gold answer was retrieved)  |
+| wrong   | no           | final_format_score                                               |
+| none    | yes          | format_score (+ retrieval_score)                                 |
+| none    | no           | 0                                                                |
+
+With format_score = final_format_score = retrieval_score = 0 this is plain EM (qa_em).
+"""
+
+import re
+import string
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+ASSISTANT_MARKER = re.compile(r"<\|im_start\|>assistant\s*")
+ANSWER_PATTERN = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+INFORMATION_PATTERN = re.compile(r"<information>(.*?)</information>", re.DOTALL)
+_TAG_SPLIT = re.compile(r"(</?(?:think|search|information|answer)>)")
+_TAGS = ("think", "search", "information", "answer")
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+# The format automaton: (state, tag) -> next state. Text between tags must be whitespace.
+_TRANSITIONS = {
+    ("start", "<think>"): "in_think",
+    ("information", "<think>"): "in_think",
+    ("in_think", "</think>"): "after_think",
+    ("after_think", "<search>"): "in_search",
+    ("in_search", "</search>"): "after_search",
+    ("after_search", "<information>"): "in_information",
+    ("in_information", "</information>"): "information",
+    ("after_think", "<answer>"): "in_answer",
+    ("in_answer", "</answer>"): "end",
+}
+_INSIDE_TAG = {"in_think", "in_search", "in_information", "in_answer"}
+
+
+@dataclass(frozen=True)
+class FormatWeights:
+    format_score: float = 0.0  # Search-R1's structure_format_score
+    final_format_score: float = 0.0
+    retrieval_score: float = 0.0
+    correct_score: float = 1.0
+
+
+@dataclass(frozen=True)
+class ScoreDetails:
+    score: float
+    em: float
+    format_valid: bool
+    retrieval_hit: bool
+    answer: str | None
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD normalisation: lower-case, drop punctuation and articles, collapse whitespace."""
+    text = text.lower().translate(_PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def em_check(prediction: str, golden_answers: str | Iterable[str]) -> bool:
+    if isinstance(golden_answers, str):
+        golden_answers = [golden_answers]
+    normalized = normalize_answer(prediction)
+    return any(normalize_answer(gold) == normalized for gold in golden_answers)
+
+
+def format_problem(text: str) -> str | None:
+    """Why `text` (prompt + response) breaks Search-R1's format, or None when it is valid."""
+    marker = ASSISTANT_MARKER.search(text)
+    if marker is None:
+        return "missing <|im_start|>assistant marker"
+    content = text[marker.end() :]
+    for tag in _TAGS:
+        opened, closed = content.count(f"<{tag}>"), content.count(f"</{tag}>")
+        if opened != closed:
+            return f"unbalanced <{tag}>: {opened} opening vs {closed} closing"
+    state = "start"
+    for part in _TAG_SPLIT.split(content):
+        if not part.strip():
+            continue
+        if _TAG_SPLIT.fullmatch(part):
+            next_state = _TRANSITIONS.get((state, part))
+            if next_state is None:
+                return f"unexpected {part} in state {state}"
+            state = next_state
+        elif state not in _INSIDE_TAG:
+            return f"unexpected text {part.strip()[:40]!r} in state {state}"
+    return None if state == "end" else f"incomplete sequence, ended in state {state}"
+
+
+def is_valid_sequence(text: str) -> tuple[bool, str]:
+    problem = format_problem(text)
+    return problem is None, problem or "valid sequence format"
+
+
+def last_answer(response: str) -> str | None:
+    """The last <answer>…</answer> the model wrote.
+
+    Search-R1 searches prompt + response and needs two matches because its prompt holds one example
+    answer; searching the response alone gives the same answer for that prompt and does not depend on it.
+    """
+    matches = ANSWER_PATTERN.findall(response)
+    return matches[-1].strip() if matches else None
+
+
+def retrieval_hit(text: str, golden_answers: Iterable[str]) -> bool:
+    blocks = [normalize_answer(block) for block in INFORMATION_PATTERN.findall(text)]
+    golds = [normalize_answer(gold) for gold in golden_answers]
+    return any(gold in block for block in blocks for gold in golds)
+
+
+def score_response(prompt: str, response: str, golden_answers: list[str], weights: FormatWeights) -> ScoreDetails:
+    text = prompt + response
+    format_valid = format_problem(text) is None
+    hit = format_valid and retrieval_hit(response, golden_answers)
+    answer = last_answer(response)
+    em = answer is not None and em_check(answer, golden_answers)
+    if em:
+        score = weights.correct_score if format_valid else weights.correct_score - weights.format_score
+    elif format_valid:
+        score = weights.format_score + (weights.retrieval_score if hit else 0.0)
+    else:
+        score = weights.final_format_score if answer is not None else 0.0
+    return ScoreDetails(score=score, em=float(em), format_valid=format_valid, retrieval_hit=hit, answer=answer)
+
+
+def golden_answers(label) -> list[str]:
+    """Gold answers from slime's label in any of its shapes.
+
+    Accepted: the reward_model dict {"style": ..., "ground_truth": {"target": [...]}}, {"ground_truth": ...},
+    {"target": ...}, or the targets themselves; targets may be a list, tuple, numpy array or one string.
+    """
+    node = label
+    if isinstance(node, dict) and "ground_truth" in node:
+        node = node["ground_truth"]
+    if isinstance(node, dict):
+        if "target" not in node:
+            raise ValueError(
+                f"label has no 'target' (keys: {sorted(node)}); expected {{'ground_truth': {{'target': [...]}}}}"
+            )
+        node = node["target"]
+    if hasattr(node, "tolist"):  # numpy arrays from parquet
+        node = node.tolist()
+    if isinstance(node, (str, int, float)) and not isinstance(node, bool):
+        return [str(node)]
+    if isinstance(node, (list, tuple)) and node and all(isinstance(x, (str, int, float)) for x in node):
+        return [str(x) for x in node]
+    raise ValueError(
+        f"cannot read gold answers from label {str(label)[:200]!r}; expected {{'ground_truth': {{'target': [...]}}}}, "
+        "a list of strings or a string"
+    )

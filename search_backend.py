@@ -1,0 +1,42 @@
+"""The tool behind <search>: one query in, passage contents out, bounded by search_concurrency."""
+
+from google_search_server import google_search
+from local_search_client import LocalRetrieverClient
+from search_http import loop_semaphore
+from search_r1_config import SearchR1Config
+from search_results import hit_contents
+
+_local_clients: dict[tuple, LocalRetrieverClient] = {}
+
+
+def _local_client(config: SearchR1Config) -> LocalRetrieverClient:
+    # Keep one client per setting so its round-robin position persists across calls.
+    key = (config.local.urls, config.search_timeout, config.search_max_retries, config.local.proxy)
+    client = _local_clients.get(key)
+    if client is None:
+        client = _local_clients[key] = LocalRetrieverClient(
+            config.local.urls,
+            timeout=config.search_timeout,
+            max_attempts=config.search_max_retries,
+            proxy=config.local.proxy,
+        )
+    return client
+
+
+async def search(config: SearchR1Config, query: str) -> list[str]:
+    """Contents of the top-k passages; raises search_http.SearchError when the backend fails for good."""
+    async with loop_semaphore("search", config.search_concurrency):
+        if config.search_backend == "local":
+            return await _local_client(config).search(query, config.topk)
+        hits = await google_search(
+            config.google.api_key,
+            query,
+            config.topk,
+            timeout=config.search_timeout,
+            proxy=config.google.proxy,
+            snippet_only=config.google.snippet_only,
+            search_url=config.google.search_url,
+            max_attempts=config.search_max_retries,
+            fetch_concurrency=config.google.fetch_concurrency,
+        )
+        return [hit_contents(hit) for hit in hits]

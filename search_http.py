@@ -1,0 +1,74 @@
+"""HTTP plumbing shared by the search clients: per-event-loop sessions, error classes, bounded retries."""
+
+import asyncio
+import weakref
+from collections.abc import Callable
+
+import aiohttp
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+# A session or semaphore belongs to the event loop it was made on; slime runs one loop, tests run many.
+_per_loop: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict]" = weakref.WeakKeyDictionary()
+
+
+class SearchError(RuntimeError):
+    """A search that failed for good (after retries, or on an error that retrying cannot fix)."""
+
+
+class RetryableSearchError(SearchError):
+    """Connection errors, timeouts, 5xx and 429: worth another attempt."""
+
+
+def _loop_state() -> dict:
+    return _per_loop.setdefault(asyncio.get_running_loop(), {})
+
+
+def loop_session(key: str, factory: Callable[[], aiohttp.ClientSession]) -> aiohttp.ClientSession:
+    """One aiohttp session per (event loop, key), created on first use and reused after."""
+    state = _loop_state()
+    session = state.get(("session", key))
+    if session is None or session.closed:
+        session = state[("session", key)] = factory()
+    return session
+
+
+def loop_semaphore(key: str, limit: int) -> asyncio.Semaphore:
+    state = _loop_state()
+    semaphore = state.get(("semaphore", key, limit))
+    if semaphore is None:
+        semaphore = state[("semaphore", key, limit)] = asyncio.Semaphore(limit)
+    return semaphore
+
+
+async def close_loop_sessions() -> None:
+    """Close this loop's sessions (tests and scripts call it before their loop ends)."""
+    state = _per_loop.pop(asyncio.get_running_loop(), {})
+    for key, value in state.items():
+        if key[0] == "session":
+            await value.close()
+
+
+def retrying(max_attempts: int) -> AsyncRetrying:
+    """Retry RetryableSearchError with full-jitter exponential backoff, at most `max_attempts` tries in all."""
+    return AsyncRetrying(
+        stop=stop_after_attempt(max_attempts),
+        wait=wait_random_exponential(multiplier=0.2, max=4.0),
+        retry=retry_if_exception_type(RetryableSearchError),
+        reraise=True,
+    )
+
+
+async def post_json(session: aiohttp.ClientSession, url: str, payload: dict, timeout: float, **kwargs) -> object:
+    """POST JSON and return the decoded body, mapping failures onto the two error classes."""
+    try:
+        async with session.post(url, json=payload, timeout=aiohttp.ClientTimeout(total=timeout), **kwargs) as resp:
+            if resp.status == 429 or resp.status >= 500:
+                raise RetryableSearchError(f"{url} answered HTTP {resp.status}")
+            if resp.status >= 400:
+                detail = (await resp.text())[:300]
+                raise SearchError(f"{url} rejected the request with HTTP {resp.status}: {detail}")
+            return await resp.json(content_type=None)
+    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as exc:
+        raise RetryableSearchError(f"{url}: {type(exc).__name__}: {exc}") from exc
+    except (aiohttp.ContentTypeError, ValueError) as exc:
+        raise SearchError(f"{url} did not answer with JSON: {exc}") from exc

@@ -1,0 +1,263 @@
+"""SEARCH_R1_CONFIGS: environment overrides and a validated, typed view of the dict.
+
+Users edit the dict in generate_with_search.py (as slime's docs say) or set environment variables
+(the launch scripts do). Both paths are validated here and fail fast with a message that names the
+variable or key, the bad value and what is accepted.
+"""
+
+import copy
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+LLM_API_MODES = ("generate", "chat")
+TOKEN_TRACKING_MODES = ("manual", "router_radix", "router_handler")
+LOSS_MASK_MODES = ("strict", "simple")
+SEARCH_BACKENDS = ("local", "google")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message says which one and what is accepted."""
+
+
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(f"accepted: one of {', '.join(_TRUE + _FALSE)}")
+
+
+def _parse_int(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError("accepted: an integer") from None
+
+
+def _parse_float(text: str) -> float:
+    try:
+        return float(text.strip())
+    except ValueError:
+        raise ValueError("accepted: a number") from None
+
+
+def _parse_choice(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in choices:
+            raise ValueError(f"accepted: {' | '.join(choices)}")
+        return value
+
+    return parse
+
+
+def _parse_text(text: str) -> str:
+    if not text.strip():
+        raise ValueError("accepted: a non-empty string")
+    return text.strip()
+
+
+# (environment variable, path in SEARCH_R1_CONFIGS, parser). The first seven are the seed's names.
+ENV_OVERRIDES: list[tuple[str, tuple[str, ...], Callable[[str], Any]]] = [
+    ("LLM_API_MODE", ("llm_api_mode",), _parse_choice(LLM_API_MODES)),
+    ("SEARCH_BACKEND", ("search_backend",), _parse_choice(SEARCH_BACKENDS)),
+    ("TOKEN_TRACKING_MODE", ("token_tracking_mode",), _parse_choice(TOKEN_TRACKING_MODES)),
+    ("TRACK_LOG_PROBS", ("return_logprob",), _parse_bool),
+    ("LOSS_MASK_MODE", ("loss_mask_mode",), _parse_choice(LOSS_MASK_MODES)),
+    ("RETRIEVAL_SERVER_URL", ("local", "search_url"), _parse_text),
+    ("GOOGLE_API_KEY", ("google", "api_key"), _parse_text),
+    ("SEARCH_R1_MAX_TURNS", ("max_turns",), _parse_int),
+    ("SEARCH_R1_TOPK", ("topk",), _parse_int),
+    ("SEARCH_R1_SEARCH_CONCURRENCY", ("search_concurrency",), _parse_int),
+    ("SEARCH_R1_FORMAT_SCORE", ("format_score",), _parse_float),
+    ("SEARCH_R1_MAX_CONTEXT_LENGTH", ("max_context_length",), _parse_int),
+    ("SEARCH_R1_MAX_OBS_TOKENS", ("max_obs_tokens",), _parse_int),
+    ("SEARCH_R1_SEARCH_TIMEOUT", ("search_timeout",), _parse_float),
+    ("SEARCH_R1_SEARCH_RETRIES", ("search_max_retries",), _parse_int),
+    ("SEARCH_R1_DROP_FAILED_SAMPLES", ("drop_failed_samples",), _parse_bool),
+    ("GOOGLE_SEARCH_URL", ("google", "search_url"), _parse_text),
+    ("GOOGLE_SNIPPET_ONLY", ("google", "snippet_only"), _parse_bool),
+]
+
+
+def apply_env_overrides(defaults: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A deep copy of `defaults` with every set environment variable of ENV_OVERRIDES applied."""
+    environ = os.environ if environ is None else environ
+    config = copy.deepcopy(dict(defaults))
+    for name, path, parse in ENV_OVERRIDES:
+        raw = environ.get(name)
+        if raw is None or raw == "":
+            continue
+        try:
+            value = parse(raw)
+        except ValueError as exc:
+            shown = "<hidden>" if "KEY" in name else repr(raw)
+            raise ConfigError(f"environment variable {name}={shown} is invalid; {exc}") from None
+        target = config
+        for key in path[:-1]:
+            target = target.setdefault(key, {})
+        target[path[-1]] = value
+    return config
+
+
+def normalize_retrieval_urls(spec: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Comma-separated (or listed) server URLs; a bare http://host:port gets the /retrieve path."""
+    parts = spec.split(",") if isinstance(spec, str) else list(spec)
+    urls = []
+    for part in (p.strip() for p in parts):
+        if not part:
+            continue
+        split = urlsplit(part)
+        if split.scheme not in ("http", "https") or not split.netloc:
+            raise ValueError(f"{part!r} is not an http(s) URL such as http://127.0.0.1:8000/retrieve")
+        urls.append(part.rstrip("/") + "/retrieve" if split.path in ("", "/") else part)
+    if not urls:
+        raise ValueError("no URL given; accepted: http://host:port[/retrieve], several separated by commas")
+    return tuple(urls)
+
+
+@dataclass(frozen=True)
+class LocalSearchConfig:
+    urls: tuple[str, ...]
+    proxy: str | None
+
+
+@dataclass(frozen=True)
+class GoogleSearchConfig:
+    api_key: str | None
+    snippet_only: bool
+    proxy: str | None
+    search_url: str
+    fetch_concurrency: int
+
+    def __repr__(self) -> str:  # never print the key
+        return f"GoogleSearchConfig(snippet_only={self.snippet_only}, search_url={self.search_url!r})"
+
+
+@dataclass(frozen=True)
+class SearchR1Config:
+    llm_api_mode: str
+    token_tracking_mode: str
+    loss_mask_mode: str
+    return_logprob: bool
+    max_turns: int
+    topk: int
+    search_concurrency: int
+    search_backend: str
+    search_timeout: float
+    search_max_retries: int
+    local: LocalSearchConfig
+    google: GoogleSearchConfig
+    format_score: float
+    final_format_score: float
+    retrieval_score: float
+    max_context_length: int
+    max_obs_tokens: int
+    drop_failed_samples: bool
+
+    @property
+    def train_observations(self) -> bool:
+        return self.loss_mask_mode == "simple"
+
+
+def _get(config: Mapping[str, Any], path: str) -> Any:
+    node: Any = config
+    for key in path.split("."):
+        if not isinstance(node, Mapping) or key not in node:
+            raise ConfigError(f"SEARCH_R1_CONFIGS is missing {path!r}")
+        node = node[key]
+    return node
+
+
+def _choice(config, path, choices):
+    value = _get(config, path)
+    if value not in choices:
+        raise ConfigError(f"SEARCH_R1_CONFIGS[{path!r}]={value!r} is invalid; accepted: {' | '.join(choices)}")
+    return value
+
+
+def _number(config, path, kind, low, high=None):
+    value = _get(config, path)
+    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+        raise ConfigError(f"SEARCH_R1_CONFIGS[{path!r}]={value!r} is invalid; accepted: {kind.__name__}")
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"between {low} and {high}"
+        raise ConfigError(f"SEARCH_R1_CONFIGS[{path!r}]={value!r} is out of range; accepted: {bound}")
+    return kind(value)
+
+
+def _flag(config, path):
+    value = _get(config, path)
+    if not isinstance(value, bool):
+        raise ConfigError(f"SEARCH_R1_CONFIGS[{path!r}]={value!r} is invalid; accepted: True or False")
+    return value
+
+
+def _optional_text(config, path):
+    value = _get(config, path)
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"SEARCH_R1_CONFIGS[{path!r}] must be a string or None")
+    return value or None
+
+
+def resolve_config(config: Mapping[str, Any]) -> SearchR1Config:
+    """Validate SEARCH_R1_CONFIGS and return its typed view; raises ConfigError on the first bad value."""
+    try:
+        urls = normalize_retrieval_urls(_get(config, "local.search_url"))
+    except ValueError as exc:
+        raise ConfigError(f"SEARCH_R1_CONFIGS['local.search_url'] (env RETRIEVAL_SERVER_URL): {exc}") from None
+
+    format_score = _number(config, "format_score", float, 0.0, 1.0)
+    final_format_score = config.get("final_format_score")
+    if final_format_score is None:
+        # Search-R1 v0.3 pairs structure 0.2 with final 0.1; tie it to format_score so 0 means pure EM.
+        final_format_score = format_score / 2
+    else:
+        final_format_score = _number(config, "final_format_score", float, 0.0, 1.0)
+
+    resolved = SearchR1Config(
+        llm_api_mode=_choice(config, "llm_api_mode", LLM_API_MODES),
+        token_tracking_mode=_choice(config, "token_tracking_mode", TOKEN_TRACKING_MODES),
+        loss_mask_mode=_choice(config, "loss_mask_mode", LOSS_MASK_MODES),
+        return_logprob=_flag(config, "return_logprob"),
+        max_turns=_number(config, "max_turns", int, 1, 64),
+        topk=_number(config, "topk", int, 1, 100),
+        search_concurrency=_number(config, "search_concurrency", int, 1),
+        search_backend=_choice(config, "search_backend", SEARCH_BACKENDS),
+        search_timeout=_number(config, "search_timeout", float, 0.1),
+        search_max_retries=_number(config, "search_max_retries", int, 1, 20),
+        local=LocalSearchConfig(urls=urls, proxy=_optional_text(config, "local.proxy")),
+        google=GoogleSearchConfig(
+            api_key=_optional_text(config, "google.api_key"),
+            snippet_only=_flag(config, "google.snippet_only"),
+            proxy=_optional_text(config, "google.proxy"),
+            search_url=_get(config, "google.search_url"),
+            fetch_concurrency=_number(config, "google.fetch_concurrency", int, 1),
+        ),
+        format_score=format_score,
+        final_format_score=final_format_score,
+        retrieval_score=_number(config, "retrieval_score", float, 0.0, 1.0),
+        max_context_length=_number(config, "max_context_length", int, 1),
+        max_obs_tokens=_number(config, "max_obs_tokens", int, 16),
+        drop_failed_samples=_flag(config, "drop_failed_samples"),
+    )
+    if resolved.llm_api_mode == "generate" and resolved.token_tracking_mode == "router_handler":
+        raise ConfigError(
+            "Invalid configuration: token_tracking_mode='router_handler' is NOT compatible with "
+            "llm_api_mode='generate' (it needs chat messages); use TOKEN_TRACKING_MODE=manual or router_radix, "
+            "or LLM_API_MODE=chat"
+        )
+    if resolved.search_backend == "google" and not resolved.google.api_key:
+        raise ConfigError(
+            "search_backend='google' needs a serper.dev key: set GOOGLE_API_KEY (or SEARCH_R1_CONFIGS['google']"
+            "['api_key']), or use SEARCH_BACKEND=local"
+        )
+    if resolved.final_format_score > resolved.format_score:
+        raise ConfigError("final_format_score must not exceed format_score (a wrong answer cannot beat valid format)")
+    return resolved

@@ -1,0 +1,75 @@
+"""A loopback retrieval server speaking Search-R1's /retrieve API over a small in-memory corpus.
+
+Ranking is plain word overlap (the real E5 + FAISS server has its own tests); what matters here is
+the protocol: both result shapes, status codes, latency and injected failures.
+"""
+
+import asyncio
+import re
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+_WORD = re.compile(r"\w+")
+
+DEFAULT_DOCS = [
+    '"Paris"\nParis is the capital and most populous city of France.',
+    '"Berlin"\nBerlin is the capital and largest city of Germany.',
+    '"Mount Everest"\nMount Everest is Earth\'s highest mountain above sea level, in the Himalayas.',
+    '"Python (programming language)"\nPython is a high-level programming language created by Guido van Rossum.',
+    '"Marie Curie"\nMarie Curie was a physicist and chemist who won two Nobel Prizes.',
+    '"Amazon River"\nThe Amazon River in South America is the largest river by discharge volume of water.',
+]
+
+
+class FakeRetriever:
+    def __init__(self, docs: list[str] | None = None, *, latency_s: float = 0.0):
+        self.docs = [{"id": str(i), "contents": text} for i, text in enumerate(docs or DEFAULT_DOCS)]
+        self.latency_s = latency_s
+        self.queries: list[str] = []
+        self.failures_left = 0
+        self.failure_status = 503
+        self.down = False
+        self.app = self._build_app()
+
+    def fail_next(self, count: int, status: int = 503) -> None:
+        self.failures_left, self.failure_status = count, status
+
+    def rank(self, query: str, topk: int) -> list[tuple[dict, float]]:
+        words = set(_WORD.findall(query.lower()))
+        scored = [(doc, float(len(words & set(_WORD.findall(doc["contents"].lower()))))) for doc in self.docs]
+        scored.sort(key=lambda pair: -pair[1])
+        return scored[:topk]
+
+    def _build_app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.get("/health")
+        async def health():
+            return {"status": "ok"}
+
+        @app.post("/retrieve")
+        async def retrieve(request: Request):
+            body = await request.json()
+            if self.down:
+                return JSONResponse({"detail": "down"}, status_code=503)
+            if self.failures_left > 0:
+                self.failures_left -= 1
+                return JSONResponse({"detail": "injected failure"}, status_code=self.failure_status)
+            queries = body.get("queries")
+            if not isinstance(queries, list) or not queries or not all(isinstance(q, str) and q for q in queries):
+                return JSONResponse({"detail": "queries must be a non-empty list of non-empty strings"}, 422)
+            if self.latency_s:
+                await asyncio.sleep(self.latency_s)
+            self.queries.extend(queries)
+            topk = int(body.get("topk") or 3)
+            results = []
+            for query in queries:
+                ranked = self.rank(query, topk)
+                if body.get("return_scores", False):
+                    results.append([{"document": doc, "score": score} for doc, score in ranked])
+                else:
+                    results.append([doc for doc, _ in ranked])
+            return {"result": results}
+
+        return app

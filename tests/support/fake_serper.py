@@ -1,0 +1,40 @@
+"""A loopback stand-in for serper.dev's /search plus the web pages its results link to."""
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+
+class FakeSerper:
+    def __init__(self, api_key: str, results: list[dict], pages: dict[str, tuple[bytes, str]] | None = None):
+        """`results`: organic items (title, link, snippet); `pages`: path -> (body bytes, Content-Type)."""
+        self.api_key = api_key
+        self.results = results
+        self.pages = pages or {}
+        self.requests: list[dict] = []
+        self.seen_keys: list[str | None] = []
+        self.failures_left = 0
+        self.app = self._build_app()
+
+    def _build_app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.post("/search")
+        async def search(request: Request):
+            self.seen_keys.append(request.headers.get("X-API-KEY"))
+            if request.headers.get("X-API-KEY") != self.api_key:
+                return JSONResponse({"message": "Unauthorized."}, status_code=403)
+            if self.failures_left > 0:
+                self.failures_left -= 1
+                return JSONResponse({"message": "busy"}, status_code=429)
+            body = await request.json()
+            self.requests.append(body)
+            return {"searchParameters": body, "organic": self.results[: body.get("num", 10)]}
+
+        @app.get("/pages/{name}")
+        async def page(name: str):
+            if name not in self.pages:
+                return Response(status_code=404)
+            body, content_type = self.pages[name]
+            return Response(content=body, media_type=None, headers={"Content-Type": content_type})
+
+        return app

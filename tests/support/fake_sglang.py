@@ -1,0 +1,186 @@
+"""A loopback stand-in for SGLang's native /generate, driven by a scripted policy and a real tokenizer.
+
+It speaks the protocol the plugin relies on: `input_ids` (or `text`) in; `output_ids`, `text` and
+`meta_info` (finish_reason stop/length/abort with `matched`, prompt/completion token counts,
+`output_token_logprobs` as [logprob, id, text]) out; stop strings checked on the detokenized tail
+with the matching token kept (slime sends no_stop_trim), stop_token_ids and EOS, max_new_tokens,
+`/abort_request`, and SGLang's 400 for a context that does not fit. Every call is recorded so tests
+can check what the engine conditioned on and what it sampled.
+"""
+
+import asyncio
+import re
+import uuid
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+QUESTION_PATTERN = re.compile(r"Question: (.*?)\n")
+ASSISTANT_MARKER = "<|im_start|>assistant"
+OBSERVATION_ENDS = ("</information>", "Let me try again.")
+
+
+def turn_index(context_text: str) -> int:
+    """How many environment replies the current assistant turn already holds."""
+    reply = context_text.rsplit(ASSISTANT_MARKER, 1)[-1]
+    return sum(reply.count(end) for end in OBSERVATION_ENDS)
+
+
+def question_of(context_text: str) -> str:
+    match = QUESTION_PATTERN.search(context_text)
+    return match.group(1).strip() if match else ""
+
+
+class ScriptedPolicy:
+    """The 'model': for each question, the text it writes on each turn (the engine then adds EOS)."""
+
+    def __init__(self, scripts: dict[str, list[str]] | None = None, default: list[str] | None = None):
+        self.scripts = dict(scripts or {})
+        self.default = default or ["<think>I am not sure.</think><answer>unknown</answer>"]
+
+    def __call__(self, context_text: str) -> str:
+        turns = self.scripts.get(question_of(context_text), self.default)
+        index = turn_index(context_text)
+        return turns[min(index, len(turns) - 1)]
+
+
+def fake_log_prob(context_length: int, token_id: int) -> float:
+    """A deterministic, strictly negative log prob that differs by position and token."""
+    return -((zlib.crc32(f"{context_length}:{token_id}".encode()) % 9000) + 1) / 1000.0
+
+
+@dataclass
+class EngineCall:
+    input_ids: list[int]
+    sent_text: bool
+    sampling_params: dict
+    return_logprob: bool
+    output_ids: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    finish: dict = field(default_factory=dict)
+
+
+class FakeSGLangEngine:
+    def __init__(
+        self,
+        tokenizer,
+        policy: Callable[[str], str],
+        *,
+        eos_ids: tuple[int, ...] = (151645, 151643),
+        context_length: int = 32768,
+        honor_stop_strings: bool = True,
+        latency_s: float = 0.0,
+        record: bool = True,
+    ):
+        self.tokenizer = tokenizer
+        self.policy = policy
+        self.eos_ids = eos_ids
+        self.context_length = context_length
+        self.honor_stop_strings = honor_stop_strings
+        self.latency_s = latency_s
+        self.record = record
+        self.calls: list[EngineCall] = []
+        self.failures_left = 0
+        self.failure_status = 500
+        self.aborted = False
+        self.app = self._build_app()
+
+    # ---- test controls -------------------------------------------------------------------------
+    def fail_next(self, count: int, status: int = 500) -> None:
+        self.failures_left, self.failure_status = count, status
+
+    def calls_for(self, prompt_ids: list[int]) -> list[EngineCall]:
+        return [c for c in self.calls if c.input_ids[: len(prompt_ids)] == prompt_ids]
+
+    # ---- generation ----------------------------------------------------------------------------
+    def _sample(self, input_ids: list[int], params: dict) -> tuple[list[int], dict]:
+        tok = self.tokenizer
+        context_text = tok.decode(input_ids, skip_special_tokens=False)
+        planned = tok.encode(self.policy(context_text), add_special_tokens=False) + [self.eos_ids[0]]
+        stops = params.get("stop") or []
+        stops = [stops] if isinstance(stops, str) else list(stops)
+        stop_ids = set(params.get("stop_token_ids") or []) | (set() if params.get("ignore_eos") else set(self.eos_ids))
+        max_new = params.get("max_new_tokens", 128)
+        out: list[int] = []
+        for token in planned:
+            if len(out) >= max_new:
+                return out, {"type": "length", "length": len(out)}
+            out.append(token)
+            if token in stop_ids:
+                return out, {"type": "stop", "matched": token}
+            if self.honor_stop_strings and stops:
+                tail = tok.decode(out[-24:], skip_special_tokens=False)
+                for stop in stops:
+                    if stop in tail:
+                        return out, {"type": "stop", "matched": stop}
+        return out, {"type": "length", "length": len(out)}
+
+    def _build_app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.get("/health")
+        async def health():
+            return {}
+
+        @app.get("/model_info")
+        async def model_info():
+            return {"model_path": "Qwen/Qwen2.5-3B (scripted stand-in)", "is_generation": True}
+
+        @app.post("/abort_request")
+        async def abort_request(request: Request):
+            body = await request.json()
+            if body.get("abort_all"):
+                self.aborted = True
+            return {}
+
+        @app.post("/generate")
+        async def generate(request: Request):
+            body = await request.json()
+            if self.failures_left > 0:
+                self.failures_left -= 1
+                return JSONResponse({"error": {"message": "injected failure"}}, status_code=self.failure_status)
+            params = body.get("sampling_params") or {}
+            if "input_ids" in body:
+                input_ids, sent_text = [int(i) for i in body["input_ids"]], False
+            elif "text" in body:
+                input_ids, sent_text = self.tokenizer.encode(body["text"], add_special_tokens=False), True
+            else:
+                return JSONResponse({"error": {"message": "Either text or input_ids should be provided."}}, 400)
+            max_new = params.get("max_new_tokens", 128)
+            if not isinstance(max_new, int) or max_new < 0:
+                return JSONResponse({"error": {"message": f"max_new_tokens must be >= 0, got {max_new}"}}, 400)
+            if len(input_ids) + max_new > self.context_length:
+                message = (
+                    f"Requested token count exceeds the model's maximum context length of {self.context_length} "
+                    f"tokens. You requested a total of {len(input_ids) + max_new} tokens"
+                )
+                return JSONResponse({"error": {"message": message}}, 400)
+            call = EngineCall(input_ids, sent_text, dict(params), bool(body.get("return_logprob")))
+            if self.record:
+                self.calls.append(call)
+            if self.latency_s:
+                await asyncio.sleep(self.latency_s)
+            if self.aborted:
+                call.finish = {"type": "abort", "message": "Abort before prefill"}
+                meta = {"id": uuid.uuid4().hex, "finish_reason": call.finish, "prompt_tokens": len(input_ids)}
+                meta["completion_tokens"] = 0
+                return {"text": "", "output_ids": [], "meta_info": meta}
+            out, finish = self._sample(input_ids, params)
+            call.output_ids, call.finish = out, finish
+            call.log_probs = [fake_log_prob(len(input_ids) + i, t) for i, t in enumerate(out)]
+            skip = bool(params.get("skip_special_tokens", True))
+            meta = {
+                "id": uuid.uuid4().hex,
+                "finish_reason": finish,
+                "prompt_tokens": len(input_ids),
+                "completion_tokens": len(out),
+                "cached_tokens": 0,
+            }
+            if call.return_logprob:
+                meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(call.log_probs, out, strict=True)]
+            return {"text": self.tokenizer.decode(out, skip_special_tokens=skip), "output_ids": out, "meta_info": meta}
+
+        return app

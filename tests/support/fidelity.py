@@ -1,0 +1,65 @@
+"""The token-exactness invariants every trajectory must satisfy, checked against the engine's own record."""
+
+from support.fake_sglang import EngineCall
+
+
+def assert_faithful(
+    sample,
+    calls: list[EngineCall],
+    tokenizer,
+    prompt_ids: list[int],
+    *,
+    track_log_probs: bool = True,
+    train_observations: bool = False,
+    allow_cut: bool = False,
+) -> None:
+    """Check `sample` against the engine calls made for it.
+
+    - every id the engine conditioned on is a prefix of sample.tokens, and tokens = prompt + response;
+    - each turn's sampled ids sit right after its context with mask 1 and the engine's log probs
+      (all of them, unless `allow_cut`: an engine that ran past a stop string may be cut after it);
+    - every other response position is an observation: mask 0 (1 when trained) and log prob 0.0;
+    - len(loss_mask) == len(rollout_log_probs) == response_length; decode(response ids) == response.
+    """
+    tokens, prompt_length = sample.tokens, len(prompt_ids)
+    response_ids = tokens[prompt_length:]
+    assert tokens[:prompt_length] == prompt_ids, "sample.tokens does not start with the prompt ids"
+    assert sample.response_length == len(response_ids)
+    assert len(sample.loss_mask) == sample.response_length
+    if track_log_probs:
+        assert sample.rollout_log_probs is not None
+        assert len(sample.rollout_log_probs) == sample.response_length
+    else:
+        assert sample.rollout_log_probs is None
+    assert tokenizer.decode(response_ids, skip_special_tokens=False) == sample.response
+
+    generated = [False] * len(response_ids)
+    previous_end = 0
+    for call in calls:
+        assert not call.sent_text, "the engine was sent text instead of token ids"
+        context = call.input_ids
+        assert tokens[: len(context)] == context, "the engine conditioned on ids that are not a prefix of tokens"
+        start = len(context) - prompt_length
+        assert start >= previous_end, "an engine call overlaps the previous turn's tokens"
+        kept = 0
+        while kept < len(call.output_ids) and start + kept < len(response_ids):
+            if response_ids[start + kept] != call.output_ids[kept]:
+                break
+            kept += 1
+        if not allow_cut and call.finish.get("type") != "abort":
+            assert kept == len(call.output_ids), f"turn sampled {len(call.output_ids)} ids but {kept} were kept"
+        for offset in range(kept):
+            position = start + offset
+            generated[position] = True
+            assert sample.loss_mask[position] == 1, f"sampled token at {position} has loss mask 0"
+            if track_log_probs:
+                assert sample.rollout_log_probs[position] == call.log_probs[offset], f"log prob differs at {position}"
+        previous_end = start + kept
+
+    observation_mask = 1 if train_observations else 0
+    for position, is_generated in enumerate(generated):
+        if is_generated:
+            continue
+        assert sample.loss_mask[position] == observation_mask, f"observation token at {position} has the wrong mask"
+        if track_log_probs:
+            assert sample.rollout_log_probs[position] == 0.0, f"observation token at {position} has a log prob"
