@@ -1,5 +1,6 @@
 """Stand-in for slime.rollout.sglang_rollout: the GenerateState singleton."""
 
+import functools
 from argparse import Namespace
 
 from transformers import AutoTokenizer
@@ -14,12 +15,18 @@ class _Singleton(type):
         return cls._instances[cls]
 
 
+@functools.cache
+def _load_tokenizer(path: str):
+    # slime loads it once per process; the tests rebuild the singleton often, so keep the loaded copy.
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=True)
+
+
 class GenerateState(metaclass=_Singleton):
     """Process-wide rollout state; the first construction fixes args and tokenizer, as in slime."""
 
     def __init__(self, args: Namespace) -> None:
         self.args = args
-        self.tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint, trust_remote_code=True)
+        self.tokenizer = _load_tokenizer(args.hf_checkpoint)
         self.reset()
 
     def reset(self) -> None:

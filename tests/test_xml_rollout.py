@@ -1,0 +1,346 @@
+"""End-to-end XML-mode rollouts: generate() against the loopback engine and retriever."""
+
+import asyncio
+import copy
+
+import pytest
+
+import generate_with_search
+from conftest import chat_prompt, slime_sampling_params
+from generate_with_search import generate, reward_func
+from slime.rollout.sglang_rollout import GenerateState
+from slime.utils.types import Sample
+from support.fidelity import assert_faithful
+from xml_actions import INVALID_ACTION_MESSAGE
+
+QUESTION = "What is the capital of France"
+SEARCH_TURN = "<think>I need to look this up.</think>\n<search> capital of France </search>"
+ANSWER_TURN = "<think>The documents say Paris.</think>\n<answer> Paris </answer>"
+WRONG_TURN = "<think>The documents say Berlin.</think>\n<answer> Berlin </answer>"
+
+
+def label(*answers):
+    return {"style": "rule", "ground_truth": {"target": list(answers)}}
+
+
+async def rollout(
+    make_args, tokenizer, *, max_new_tokens=1024, evaluation=False, sample=None, question=QUESTION, **kw
+):
+    args = make_args(**kw)
+    prompt = chat_prompt(tokenizer, question)
+    sample = sample or Sample(prompt=prompt, label=label("Paris"))
+    params = slime_sampling_params(max_new_tokens)
+    out = await generate(args, sample, params, evaluation=evaluation)
+    return args, out, tokenizer.encode(prompt, add_special_tokens=False)
+
+
+def info(sample):
+    return sample.metadata["search_r1"]
+
+
+async def test_search_then_right_answer(make_args, tokenizer, engine, policy, retriever, search_config):
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    args, sample, prompt_ids = await rollout(make_args, tokenizer)
+
+    assert sample.status == Sample.Status.COMPLETED
+    assert retriever.queries == ["capital of France"]
+    assert '<information>Doc 1(Title: "Paris") Paris is the capital' in sample.response
+    assert sample.response.endswith("<answer> Paris </answer>")
+    assert info(sample)["turns"] == 2 and info(sample)["searches"] == 1 and info(sample)["finish_reason"] == "answer"
+    calls = engine.calls_for(prompt_ids)
+    assert len(calls) == 2 and all(c.return_logprob for c in calls)
+    assert_faithful(sample, calls, tokenizer, prompt_ids)
+    assert await reward_func(args, sample) == 1.0
+
+
+async def test_wrong_answer_gets_the_format_bonus_in_training_and_zero_in_evaluation(
+    make_args, tokenizer, engine, policy, search_config
+):
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, WRONG_TURN]
+    args, sample, _ = await rollout(make_args, tokenizer)
+    assert sample.status == Sample.Status.COMPLETED
+    assert await reward_func(args, sample) == pytest.approx(0.2)
+
+    args, sample, _ = await rollout(make_args, tokenizer, evaluation=True)
+    assert info(sample)["evaluation"] is True
+    assert await reward_func(args, sample) == 0.0
+
+
+async def test_format_score_setting_changes_the_reward(
+    make_args, tokenizer, engine, policy, search_config, monkeypatch
+):
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, WRONG_TURN]
+    monkeypatch.setitem(search_config, "format_score", 0.3)
+    args, sample, _ = await rollout(make_args, tokenizer)
+    assert await reward_func(args, sample) == pytest.approx(0.3)
+    monkeypatch.setitem(search_config, "format_score", 0.0)
+    assert await reward_func(args, sample) == 0.0
+
+
+async def test_text_after_the_closing_tag_in_the_same_token_is_kept_and_costs_format(
+    make_args, tokenizer, engine, policy, search_config
+):
+    # "</answer>." ends in the token ">." : the engine stops there and that token is what was sampled.
+    policy.scripts[QUESTION + "?"] = ["<think>Easy.</think>\n<answer> Paris </answer>. And then I kept writing."]
+    args, sample, prompt_ids = await rollout(make_args, tokenizer)
+    assert sample.status == Sample.Status.COMPLETED
+    assert sample.response.endswith("</answer>.")
+    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
+    assert await reward_func(args, sample) == pytest.approx(0.8)  # correct, format invalid
+
+
+async def test_tokens_sampled_past_a_stop_string_are_cut(make_args, tokenizer, engine, policy, search_config):
+    engine.honor_stop_strings = False  # an engine that runs on after </search>
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN + " and then <answer> Rome </answer> junk", ANSWER_TURN]
+    _, sample, prompt_ids = await rollout(make_args, tokenizer)
+    calls = engine.calls_for(prompt_ids)
+    assert "junk" in tokenizer.decode(calls[0].output_ids)
+    assert "Rome" not in sample.response and "junk" not in sample.response
+    assert sample.response.startswith(SEARCH_TURN + "\n\n<information>")
+    assert sample.status == Sample.Status.COMPLETED
+    assert_faithful(sample, calls, tokenizer, prompt_ids, allow_cut=True)
+    kept = len(tokenizer.encode(SEARCH_TURN))  # the turn ends in "</search>": its own tokenization is the cut
+    assert sample.tokens[len(prompt_ids) : len(prompt_ids) + kept] == calls[0].output_ids[:kept]
+    assert kept < len(calls[0].output_ids)
+
+
+async def test_invalid_action_gets_the_retry_message(make_args, tokenizer, engine, policy, search_config):
+    policy.scripts[QUESTION + "?"] = ["I think it is Paris.", ANSWER_TURN]
+    args, sample, prompt_ids = await rollout(make_args, tokenizer)
+    assert INVALID_ACTION_MESSAGE in sample.response
+    assert sample.status == Sample.Status.COMPLETED
+    assert info(sample)["searches"] == 0 and info(sample)["turns"] == 2
+    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
+    # the model's first turn ended with EOS, which makes the format invalid: correct answer, 1 - 0.2
+    assert await reward_func(args, sample) == pytest.approx(0.8)
+
+
+async def test_empty_search_query_is_an_invalid_action(make_args, tokenizer, engine, policy, retriever, search_config):
+    policy.scripts[QUESTION + "?"] = ["<think>hmm</think>\n<search>  </search>", ANSWER_TURN]
+    _, sample, _ = await rollout(make_args, tokenizer)
+    assert retriever.queries == []
+    assert INVALID_ACTION_MESSAGE in sample.response
+
+
+async def test_max_turns_stops_without_executing_the_last_search(
+    make_args, tokenizer, engine, policy, retriever, search_config, monkeypatch
+):
+    monkeypatch.setitem(search_config, "max_turns", 3)
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN]
+    args, sample, prompt_ids = await rollout(make_args, tokenizer)
+    assert len(engine.calls_for(prompt_ids)) == 3
+    assert len(retriever.queries) == 2
+    assert sample.status == Sample.Status.TRUNCATED and info(sample)["finish_reason"] == "max_turns"
+    assert sample.response.endswith("</search>")
+    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
+    assert await reward_func(args, sample) == 0.0
+
+
+async def test_length_limit_truncates_and_budget_spans_turns(make_args, tokenizer, engine, policy, search_config):
+    long_thought = "<think>" + " ".join(f"step {i} of my reasoning." for i in range(200)) + "</think>"
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, long_thought + "<answer> Paris </answer>"]
+    budget = 160
+    _, sample, prompt_ids = await rollout(make_args, tokenizer, max_new_tokens=budget)
+    calls = engine.calls_for(prompt_ids)
+    assert sample.status == Sample.Status.TRUNCATED and info(sample)["finish_reason"] == "token_budget"
+    assert sample.response_length == budget
+    # each turn is offered exactly what is left of the response budget
+    for call in calls:
+        assert call.sampling_params["max_new_tokens"] == budget - (len(call.input_ids) - len(prompt_ids))
+    assert_faithful(sample, calls, tokenizer, prompt_ids)
+
+
+async def test_observation_that_does_not_fit_ends_the_episode(make_args, tokenizer, engine, policy, search_config):
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    first_turn = len(tokenizer.encode(SEARCH_TURN)) + 1  # the token holding "</search>" may merge; +1 is slack
+    _, sample, prompt_ids = await rollout(make_args, tokenizer, max_new_tokens=first_turn + 20)
+    assert sample.status == Sample.Status.TRUNCATED
+    assert "<information>" not in sample.response
+    assert sample.response_length <= first_turn + 20
+    assert len(engine.calls_for(prompt_ids)) == 1
+
+
+async def test_context_limit_caps_each_turn(make_args, tokenizer, engine, policy, search_config):
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    prompt_length = len(tokenizer.encode(chat_prompt(tokenizer, QUESTION)))
+    limit = prompt_length + 120
+    _, sample, prompt_ids = await rollout(make_args, tokenizer, rollout_max_context_len=limit)
+    assert len(sample.tokens) <= limit
+    for call in engine.calls_for(prompt_ids):
+        assert len(call.input_ids) + call.sampling_params["max_new_tokens"] <= limit
+
+
+async def test_prompt_longer_than_the_context_is_truncated_without_calling_the_engine(
+    make_args, tokenizer, engine, search_config
+):
+    _, sample, prompt_ids = await rollout(make_args, tokenizer, rollout_max_context_len=10)
+    assert sample.status == Sample.Status.TRUNCATED
+    assert sample.response == "" and sample.response_length == 0
+    assert sample.loss_mask == [] and sample.rollout_log_probs == []
+    assert engine.calls_for(prompt_ids) == []
+
+
+async def test_long_search_results_are_cut_to_max_obs_tokens(
+    make_args, tokenizer, engine, policy, retriever, search_config, monkeypatch
+):
+    retriever.docs = [{"id": str(i), "contents": f'"Doc {i}"\n' + "France capital Paris " * 80} for i in range(3)]
+    monkeypatch.setitem(search_config, "max_obs_tokens", 100)
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    _, sample, prompt_ids = await rollout(make_args, tokenizer)
+    calls = engine.calls_for(prompt_ids)
+    observation_length = len(calls[1].input_ids) - len(calls[0].input_ids) - len(calls[0].output_ids)
+    assert observation_length == 100
+    assert "</information>\n\n<think>" in sample.response
+    assert info(sample)["truncated_observations"] == 1
+    assert_faithful(sample, calls, tokenizer, prompt_ids)
+
+
+async def test_abort_flag_before_a_turn(make_args, tokenizer, engine, policy, search_config):
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    args = make_args()
+    GenerateState(args).aborted = True
+    _, sample, prompt_ids = await rollout(lambda **_: args, tokenizer)
+    assert sample.status == Sample.Status.ABORTED
+    assert engine.calls_for(prompt_ids) == []
+
+
+async def test_engine_abort_mid_generation(make_args, tokenizer, engine, policy, search_config):
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    engine.latency_s = 0.5
+    task = asyncio.create_task(rollout(make_args, tokenizer))
+    await asyncio.sleep(0.2)
+    engine.aborted = True  # what slime's abort() does to every engine through /abort_request
+    _, sample, _ = await task
+    assert sample.status == Sample.Status.ABORTED
+    assert info(sample)["finish_reason"] == "engine_abort"
+
+
+async def test_engine_5xx_is_retried_until_it_recovers(make_args, tokenizer, engine, policy, search_config):
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    engine.fail_next(2, status=503)
+    _, sample, prompt_ids = await rollout(make_args, tokenizer)
+    assert engine.failures_left == 0
+    assert sample.status == Sample.Status.COMPLETED
+    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
+
+
+async def test_search_down_marks_the_sample_failed_with_a_reward(
+    make_args, tokenizer, engine, policy, retriever, search_config
+):
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    retriever.down = True
+    args, sample, prompt_ids = await rollout(make_args, tokenizer)
+    assert sample.status == Sample.Status.FAILED
+    assert sample.remove_sample is True
+    assert info(sample)["search_failures"] == 1 and "503" in info(sample)["search_error"]
+    assert len(engine.calls_for(prompt_ids)) == 1
+    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
+    assert await reward_func(args, sample) == 0.0
+
+
+async def test_transient_search_errors_are_retried(make_args, tokenizer, engine, policy, retriever, search_config):
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    retriever.fail_next(2, status=503)
+    _, sample, _ = await rollout(make_args, tokenizer)
+    assert sample.status == Sample.Status.COMPLETED
+    assert retriever.failures_left == 0
+
+
+async def test_a_retried_sample_starts_clean(make_args, tokenizer, engine, policy, retriever, search_config):
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    retriever.down = True
+    args, sample, prompt_ids = await rollout(make_args, tokenizer)
+    assert sample.status == Sample.Status.FAILED
+    sample.reward = 0.0
+    sample.metadata["user_key"] = "kept"
+
+    retriever.down = False
+    engine.calls.clear()
+    _, again, _ = await rollout(make_args, tokenizer, sample=sample)
+    assert again is sample
+    assert sample.status == Sample.Status.COMPLETED and sample.remove_sample is False and sample.reward is None
+    assert info(sample)["search_failures"] == 0 and info(sample)["searches"] == 1
+    assert sample.metadata["user_key"] == "kept"
+    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
+
+
+async def test_simple_loss_mask_trains_observations(make_args, tokenizer, engine, policy, search_config, monkeypatch):
+    monkeypatch.setitem(search_config, "loss_mask_mode", "simple")
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    _, sample, prompt_ids = await rollout(make_args, tokenizer)
+    assert set(sample.loss_mask) == {1}
+    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids, train_observations=True)
+
+
+async def test_strict_loss_mask_masks_observations(make_args, tokenizer, engine, policy, search_config):
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    _, sample, _ = await rollout(make_args, tokenizer)
+    assert 0 in sample.loss_mask and 1 in sample.loss_mask
+    assert sum(sample.loss_mask) < sample.response_length
+
+
+async def test_without_log_probs(make_args, tokenizer, engine, policy, search_config, monkeypatch):
+    monkeypatch.setitem(search_config, "return_logprob", False)
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    args, sample, prompt_ids = await rollout(make_args, tokenizer)
+    calls = engine.calls_for(prompt_ids)
+    assert not any(c.return_logprob for c in calls)
+    assert sample.rollout_log_probs is None
+    assert_faithful(sample, calls, tokenizer, prompt_ids, track_log_probs=False)
+    assert await reward_func(args, sample) == 1.0
+
+
+async def test_sampling_params_are_not_mutated(make_args, tokenizer, engine, policy, search_config):
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    params = slime_sampling_params(512)
+    params["stop"] = ["<|endoftext|>"]
+    before = copy.deepcopy(params)
+    args = make_args()
+    prompt = chat_prompt(tokenizer, QUESTION)
+    await generate(args, Sample(prompt=prompt, label=label("Paris")), params, evaluation=True)
+    assert params == before
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    for call in engine.calls_for(prompt_ids):
+        assert call.sampling_params["stop"] == ["<|endoftext|>", "</search>", "</answer>"]
+        assert call.sampling_params["temperature"] == 1.0 and call.sampling_params["no_stop_trim"] is True
+
+
+async def test_many_concurrent_samples(make_args, tokenizer, engine, policy, retriever, search_config):
+    questions = [f"Which city is number {i}" for i in range(64)]
+    for i, question in enumerate(questions):
+        turns = [SEARCH_TURN, ANSWER_TURN] if i % 2 else ["no tags here", SEARCH_TURN, WRONG_TURN]
+        policy.scripts[question + "?"] = turns
+    args = make_args()
+    prompts = [chat_prompt(tokenizer, q) for q in questions]
+    samples = [Sample(prompt=p, label=label("Paris")) for p in prompts]
+    results = await asyncio.gather(*(generate(args, s, slime_sampling_params(1024)) for s in samples))
+    for i, (prompt, sample) in enumerate(zip(prompts, results, strict=True)):
+        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+        assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
+        # odd: right answer, valid format; even: wrong answer after an invalid turn (EOS breaks the format)
+        assert await reward_func(args, sample) == (1.0 if i % 2 else pytest.approx(0.1))
+
+
+async def test_reward_key_returns_details(make_args, tokenizer, engine, policy, search_config):
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    args, sample, _ = await rollout(make_args, tokenizer, reward_key="score")
+    reward = await reward_func(args, sample)
+    assert reward == {"score": 1.0, "em": 1.0, "format_valid": 1.0, "retrieval_hit": 1.0}
+
+
+async def test_messages_prompt_is_rendered_with_the_chat_template(make_args, tokenizer, engine, policy, search_config):
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    from xml_actions import search_r1_prompt
+
+    messages = [{"role": "user", "content": search_r1_prompt(QUESTION)}]
+    sample = Sample(prompt=messages, label=label("Paris"))
+    args, sample, prompt_ids = await rollout(make_args, tokenizer, sample=sample)
+    assert prompt_ids == sample.tokens[: len(prompt_ids)]
+    assert sample.status == Sample.Status.COMPLETED
+    assert await reward_func(args, sample) == 1.0
+
+
+def test_configs_are_exposed_for_slime_users():
+    config = generate_with_search.SEARCH_R1_CONFIGS
+    for key in ("max_turns", "topk", "search_concurrency", "search_backend", "return_logprob", "format_score"):
+        assert key in config
