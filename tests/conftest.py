@@ -1,4 +1,5 @@
 import asyncio
+import copy
 from argparse import Namespace
 
 import pytest
@@ -81,14 +82,15 @@ def retriever():
 
 
 @pytest.fixture
-def search_config(monkeypatch, retriever):
-    """SEARCH_R1_CONFIGS pointed at the loopback retriever, with short timeouts for failure tests."""
+def search_config(retriever):
+    """SEARCH_R1_CONFIGS pointed at the loopback retriever, restored whole after the test."""
     config = generate_with_search.SEARCH_R1_CONFIGS
-    monkeypatch.setitem(config, "local", {**config["local"], "search_url": retriever.url})
-    monkeypatch.setitem(config, "search_backend", "local")
-    monkeypatch.setitem(config, "search_timeout", 2.0)
-    monkeypatch.setitem(config, "search_max_retries", 3)
-    return config
+    saved = copy.deepcopy(config)
+    config["local"] = {**config["local"], "search_url": retriever.url}
+    config.update(search_backend="local", search_timeout=2.0, search_max_retries=3)
+    yield config
+    config.clear()
+    config.update(saved)
 
 
 @pytest.fixture

@@ -74,6 +74,7 @@ class FakeSGLangEngine:
         honor_stop_strings: bool = True,
         latency_s: float = 0.0,
         record: bool = True,
+        split_every: int = 0,
     ):
         self.tokenizer = tokenizer
         self.policy = policy
@@ -82,6 +83,8 @@ class FakeSGLangEngine:
         self.honor_stop_strings = honor_stop_strings
         self.latency_s = latency_s
         self.record = record
+        self.split_every = split_every
+        self._vocab = tokenizer.get_vocab()
         self.calls: list[EngineCall] = []
         self.failures_left = 0
         self.failure_status = 500
@@ -96,10 +99,29 @@ class FakeSGLangEngine:
         return [c for c in self.calls if c.input_ids[: len(prompt_ids)] == prompt_ids]
 
     # ---- generation ----------------------------------------------------------------------------
+    def _split(self, token: int) -> list[int]:
+        """Two smaller tokens that decode to the same bytes, if the vocabulary has them."""
+        piece = self.tokenizer.convert_ids_to_tokens(token)
+        for cut in range(1, len(piece)):
+            left, right = self._vocab.get(piece[:cut]), self._vocab.get(piece[cut:])
+            if left is not None and right is not None and token < 151643:
+                return [left, right]
+        return [token]
+
+    def _non_canonical(self, planned: list[int]) -> list[int]:
+        """Real models often sample a tokenization that re-tokenizing the text would not give back."""
+        if not self.split_every:
+            return planned
+        out = []
+        for index, token in enumerate(planned):
+            out.extend(self._split(token) if index % self.split_every == 0 else [token])
+        return out
+
     def _sample(self, input_ids: list[int], params: dict) -> tuple[list[int], dict]:
         tok = self.tokenizer
         context_text = tok.decode(input_ids, skip_special_tokens=False)
-        planned = tok.encode(self.policy(context_text), add_special_tokens=False) + [self.eos_ids[0]]
+        planned = self._non_canonical(tok.encode(self.policy(context_text), add_special_tokens=False))
+        planned.append(self.eos_ids[0])
         stops = params.get("stop") or []
         stops = [stops] if isinstance(stops, str) else list(stops)
         stop_ids = set(params.get("stop_token_ids") or []) | (set() if params.get("ignore_eos") else set(self.eos_ids))
