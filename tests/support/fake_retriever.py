@@ -23,13 +23,19 @@ DEFAULT_DOCS = [
 
 
 class FakeRetriever:
-    def __init__(self, docs: list[str] | None = None, *, latency_s: float = 0.0):
+    def __init__(self, docs: list[str] | None = None, *, latency_s: float = 0.0, scores_shape: bool | None = None):
+        """`scores_shape` forces one result shape whatever the request asks (None: honour return_scores)."""
         self.docs = [{"id": str(i), "contents": text} for i, text in enumerate(docs or DEFAULT_DOCS)]
         self.latency_s = latency_s
+        self.scores_shape = scores_shape
         self.queries: list[str] = []
         self.failures_left = 0
         self.failure_status = 503
         self.down = False
+        self.requests = 0
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.bodies: list[dict] = []
         self.app = self._build_app()
 
     def fail_next(self, count: int, status: int = 503) -> None:
@@ -37,7 +43,9 @@ class FakeRetriever:
 
     def rank(self, query: str, topk: int) -> list[tuple[dict, float]]:
         words = set(_WORD.findall(query.lower()))
-        scored = [(doc, float(len(words & set(_WORD.findall(doc["contents"].lower()))))) for doc in self.docs]
+        scored = [
+            (doc, float(len(words & set(_WORD.findall(str(doc.get("contents", "")).lower()))))) for doc in self.docs
+        ]
         scored.sort(key=lambda pair: -pair[1])
         return scored[:topk]
 
@@ -50,26 +58,36 @@ class FakeRetriever:
 
         @app.post("/retrieve")
         async def retrieve(request: Request):
-            body = await request.json()
-            if self.down:
-                return JSONResponse({"detail": "down"}, status_code=503)
-            if self.failures_left > 0:
-                self.failures_left -= 1
-                return JSONResponse({"detail": "injected failure"}, status_code=self.failure_status)
-            queries = body.get("queries")
-            if not isinstance(queries, list) or not queries or not all(isinstance(q, str) and q for q in queries):
-                return JSONResponse({"detail": "queries must be a non-empty list of non-empty strings"}, 422)
-            if self.latency_s:
-                await asyncio.sleep(self.latency_s)
-            self.queries.extend(queries)
-            topk = int(body.get("topk") or 3)
-            results = []
-            for query in queries:
-                ranked = self.rank(query, topk)
-                if body.get("return_scores", False):
-                    results.append([{"document": doc, "score": score} for doc, score in ranked])
-                else:
-                    results.append([doc for doc, _ in ranked])
-            return {"result": results}
+            self.requests += 1
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            try:
+                return await self._retrieve(await request.json())
+            finally:
+                self.in_flight -= 1
 
         return app
+
+    async def _retrieve(self, body: dict):
+        self.bodies.append(body)
+        if self.down:
+            return JSONResponse({"detail": "down"}, status_code=503)
+        if self.failures_left > 0:
+            self.failures_left -= 1
+            return JSONResponse({"detail": "injected failure"}, status_code=self.failure_status)
+        queries = body.get("queries")
+        if not isinstance(queries, list) or not queries or not all(isinstance(q, str) and q for q in queries):
+            return JSONResponse({"detail": "queries must be a non-empty list of non-empty strings"}, 422)
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        self.queries.extend(queries)
+        topk = int(body.get("topk") or 3)
+        results = []
+        for query in queries:
+            ranked = self.rank(query, topk)
+            with_scores = body.get("return_scores", False) if self.scores_shape is None else self.scores_shape
+            if with_scores:
+                results.append([{"document": doc, "score": score} for doc, score in ranked])
+            else:
+                results.append([doc for doc, _ in ranked])
+        return {"result": results}

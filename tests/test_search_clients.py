@@ -1,0 +1,179 @@
+"""The search clients against loopback servers: retries, load spreading, result shapes, concurrency, Google."""
+
+import asyncio
+import time
+
+import pytest
+
+from google_search_server import google_search
+from local_search_client import LocalRetrieverClient
+from search_backend import search
+from search_http import SearchError, close_loop_sessions, loop_session
+from search_r1_config import apply_env_overrides, resolve_config
+from support.fake_retriever import FakeRetriever
+from support.fake_serper import FakeSerper
+from support.loopback import free_port, serve_in_thread
+
+import generate_with_search
+
+
+@pytest.fixture
+def two_retrievers():
+    first, second = FakeRetriever(), FakeRetriever()
+    with serve_in_thread(first.app) as url1, serve_in_thread(second.app) as url2:
+        first.url, second.url = url1, url2
+        yield first, second
+
+
+def client_for(*urls, attempts=3, timeout=2.0):
+    return LocalRetrieverClient(tuple(u + "/retrieve" for u in urls), timeout=timeout, max_attempts=attempts)
+
+
+@pytest.mark.parametrize("scores_shape", [True, False])
+async def test_both_result_shapes(retriever, scores_shape):
+    retriever.scores_shape = scores_shape
+    contents = await client_for(retriever.url).search("capital of France", 2)
+    assert contents[0].startswith('"Paris"\nParis is the capital')
+    assert len(contents) == 2
+    assert retriever.bodies[-1] == {"queries": ["capital of France"], "topk": 2, "return_scores": False}
+
+
+async def test_load_is_spread_over_servers(two_retrievers):
+    first, second = two_retrievers
+    client = client_for(first.url, second.url)
+    await asyncio.gather(*(client.search(f"query {i}", 3) for i in range(40)))
+    assert first.requests == 20 and second.requests == 20
+
+
+async def test_a_retry_moves_to_the_next_server(two_retrievers):
+    first, second = two_retrievers
+    first.down = True
+    client = client_for(first.url, second.url)
+    for i in range(6):
+        assert await client.search(f"river {i}", 1)
+    assert second.requests == 6
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+async def test_429_and_5xx_are_retried(retriever, status):
+    retriever.fail_next(2, status)
+    assert await client_for(retriever.url).search("Everest", 1)
+    assert retriever.requests == 3
+
+
+async def test_retries_are_bounded(retriever):
+    retriever.down = True
+    started = time.perf_counter()
+    with pytest.raises(SearchError, match="HTTP 503"):
+        await client_for(retriever.url, attempts=3).search("Everest", 1)
+    assert retriever.requests == 3
+    assert time.perf_counter() - started < 10
+
+
+async def test_4xx_is_not_retried(retriever):
+    retriever.fail_next(5, 400)
+    with pytest.raises(SearchError, match="rejected the request with HTTP 400"):
+        await client_for(retriever.url).search("Everest", 1)
+    assert retriever.requests == 1
+
+
+async def test_connection_refused_fails_after_retries():
+    with pytest.raises(SearchError, match="ClientConnectorError"):
+        await client_for(f"http://127.0.0.1:{free_port()}", attempts=2).search("x", 1)
+
+
+async def test_timeouts_are_retried_then_fail(retriever):
+    retriever.latency_s = 1.0
+    with pytest.raises(SearchError, match="TimeoutError"):
+        await client_for(retriever.url, attempts=2, timeout=0.2).search("x", 1)
+    assert retriever.requests == 2
+
+
+async def test_malformed_answer_is_a_clear_error(retriever):
+    retriever.docs = [{"id": "0", "text_only": "no contents"}]
+    with pytest.raises(SearchError, match="without a usable 'result' list"):
+        await client_for(retriever.url).search("x", 1)
+
+
+async def test_one_session_per_event_loop():
+    made = []
+    first = loop_session("probe", lambda: made.append(1) or __import__("aiohttp").ClientSession())
+    second = loop_session("probe", lambda: made.append(1) or __import__("aiohttp").ClientSession())
+    assert first is second and len(made) == 1
+    await close_loop_sessions()
+
+
+async def test_search_concurrency_bounds_requests_in_flight(retriever):
+    retriever.latency_s = 0.05
+    env = {"RETRIEVAL_SERVER_URL": retriever.url, "SEARCH_R1_SEARCH_CONCURRENCY": "4"}
+    config = resolve_config(apply_env_overrides(generate_with_search.SEARCH_R1_CONFIGS, env))
+    results = await asyncio.gather(*(search(config, f"Paris {i}") for i in range(40)))
+    assert len(results) == 40 and retriever.max_in_flight == 4
+
+
+# ---- Google (serper.dev) -----------------------------------------------------------------------------------
+
+LATIN1_PAGE = (
+    "<html><head><title>Café</title><script>var x = 'not text';</script></head><body>"
+    "<p>Intro paragraph that is not relevant at all.</p>"
+    "<p>Le café de Flore est un café parisien situé au coin du boulevard Saint-Germain.</p>"
+    "</body></html>"
+).encode("latin-1")
+RESULTS = [
+    {
+        "title": "Café de Flore",
+        "link": "PAGE/pages/flore",
+        "snippet": "Le café de Flore est un café parisien situé au coin du boulevard Saint-Germain ... short",
+    },
+    {"title": "Missing page", "link": "PAGE/pages/none", "snippet": "This snippet has more than five words in it."},
+    {"title": "", "snippet": ""},
+]
+
+
+@pytest.fixture
+def serper():
+    fake = FakeSerper("test-key-123", RESULTS, {"flore": (LATIN1_PAGE, "text/html")})
+    with serve_in_thread(fake.app) as url:
+        fake.url = url
+        for item in fake.results:
+            if "link" in item:
+                item["link"] = item["link"].replace("PAGE", url)
+        yield fake
+
+
+async def test_google_snippets(serper):
+    hits = await google_search("test-key-123", "cafe de flore", 3, search_url=serper.url + "/search")
+    assert serper.requests[-1] == {"q": "cafe de flore", "num": 3, "gl": "us", "hl": "en"}
+    assert hits[0] == {
+        "document": {
+            "contents": '"Café de Flore"\nLe café de Flore est un café parisien situé au coin du boulevard '
+            "Saint-Germain"
+        }
+    }
+    assert len(hits) == 2  # the item with neither title nor snippet is dropped
+
+
+async def test_google_fetched_pages_are_decoded_and_cut_to_the_snippet_paragraph(serper):
+    hits = await google_search(
+        "test-key-123", "cafe", 3, snippet_only=False, search_url=serper.url + "/search", fetch_concurrency=2
+    )
+    flore = hits[0]["document"]["contents"]
+    assert flore.startswith('"Café de Flore"\nLe café de Flore est un café parisien')
+    assert "Intro paragraph" not in flore and "not text" not in flore
+    assert hits[1]["document"]["contents"] == '"Missing page"\nThis snippet has more than five words in it.'
+
+
+async def test_google_errors_never_show_the_key(serper):
+    with pytest.raises(SearchError) as info:
+        await google_search("wrong-key-999", "x", 3, search_url=serper.url + "/search")
+    assert "403" in str(info.value) and "wrong-key-999" not in str(info.value)
+    serper.failures_left = 2
+    assert await google_search("test-key-123", "x", 3, search_url=serper.url + "/search")
+
+
+async def test_google_backend_through_the_config(serper):
+    env = {"SEARCH_BACKEND": "google", "GOOGLE_API_KEY": "test-key-123", "GOOGLE_SEARCH_URL": serper.url + "/search"}
+    config = resolve_config(apply_env_overrides(generate_with_search.SEARCH_R1_CONFIGS, env))
+    contents = await search(config, "cafe")
+    assert contents[0].startswith('"Café de Flore"')
+    assert serper.seen_keys[-1] == "test-key-123"
