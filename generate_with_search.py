@@ -22,6 +22,7 @@ SEARCH_R1_CONFIGS = apply_env_overrides(
         "token_tracking_mode": "manual",  # "manual" | "router_radix" | "router_handler"
         "loss_mask_mode": "strict",  # "strict": observations masked out | "simple": trained too
         "return_logprob": True,  # engine log probs of every sampled token (needed for TIS)
+        "engine_transport": "aiohttp",  # "aiohttp" | "slime": slime's post() (used anyway with --use-distributed-post)
         # ============== Rollout ==============
         "max_turns": 3,  # model turns per sample; a search on the last turn is not executed
         "max_context_length": 16384,  # prompt + response tokens (slime's --rollout-max-context-len also caps it)

@@ -13,7 +13,7 @@ from html.parser import HTMLParser
 import aiohttp
 import chardet
 
-from search_http import SearchError, loop_semaphore, loop_session, post_json, retrying
+from async_http import RequestFailed, loop_semaphore, loop_session, post_json, retrying
 
 SERPER_URL = "https://google.serper.dev/search"
 PAGE_TIMEOUT_S = 5.0
@@ -111,7 +111,7 @@ async def google_search(
 ) -> list[dict]:
     """Top-k Google results for `query` as [{"document": {"contents": '"title"\\ncontext'}}, ...]."""
     if not api_key:
-        raise SearchError("google search needs a serper.dev API key (GOOGLE_API_KEY)")
+        raise RequestFailed("google search needs a serper.dev API key (GOOGLE_API_KEY)")
     session = loop_session("serper", aiohttp.ClientSession)
     payload = {"q": query, "num": top_k, "gl": "us", "hl": "en"}
     headers = {"X-API-KEY": api_key, "Content-Type": "application/json"}
@@ -119,7 +119,7 @@ async def google_search(
         with attempt:
             body = await post_json(session, search_url, payload, timeout, headers=headers, proxy=proxy)
     if not isinstance(body, dict) or not isinstance(body.get("organic", []), list):
-        raise SearchError(f"{search_url} answered without an 'organic' result list")
+        raise RequestFailed(f"{search_url} answered without an 'organic' result list")
     items = [item for item in body.get("organic", []) if isinstance(item, dict)][:top_k]
 
     if snippet_only:

@@ -4,7 +4,7 @@ import itertools
 
 import aiohttp
 
-from search_http import SearchError, loop_session, post_json, retrying
+from async_http import RequestFailed, loop_session, post_json, retrying
 from search_results import hit_contents
 
 
@@ -39,4 +39,4 @@ def _first_result(body: object, url: str) -> list[str]:
         hits = body["result"][0]
         return [hit_contents(hit) for hit in hits]
     except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise SearchError(f"{url} answered without a usable 'result' list: {exc!r}") from exc
+        raise RequestFailed(f"{url} answered without a usable 'result' list: {exc!r}") from exc

@@ -1,12 +1,16 @@
 """The tool behind <search>: one query in, passage contents out, bounded by search_concurrency."""
 
+from async_http import RequestFailed, loop_semaphore
 from google_search_server import google_search
 from local_search_client import LocalRetrieverClient
-from search_http import loop_semaphore
 from search_r1_config import SearchR1Config
 from search_results import hit_contents
 
 _local_clients: dict[tuple, LocalRetrieverClient] = {}
+
+
+class SearchError(RuntimeError):
+    """The search backend failed for good: after its retries, or with an answer that cannot be used."""
 
 
 def _local_client(config: SearchR1Config) -> LocalRetrieverClient:
@@ -24,19 +28,26 @@ def _local_client(config: SearchR1Config) -> LocalRetrieverClient:
 
 
 async def search(config: SearchR1Config, query: str) -> list[str]:
-    """Contents of the top-k passages; raises search_http.SearchError when the backend fails for good."""
-    async with loop_semaphore("search", config.search_concurrency):
-        if config.search_backend == "local":
-            return await _local_client(config).search(query, config.topk)
-        hits = await google_search(
-            config.google.api_key,
-            query,
-            config.topk,
-            timeout=config.search_timeout,
-            proxy=config.google.proxy,
-            snippet_only=config.google.snippet_only,
-            search_url=config.google.search_url,
-            max_attempts=config.search_max_retries,
-            fetch_concurrency=config.google.fetch_concurrency,
-        )
-        return [hit_contents(hit) for hit in hits]
+    """Contents of the top-k passages; raises SearchError when the backend fails for good."""
+    try:
+        async with loop_semaphore("search", config.search_concurrency):
+            return await _search(config, query)
+    except (RequestFailed, ValueError) as exc:
+        raise SearchError(str(exc)) from exc
+
+
+async def _search(config: SearchR1Config, query: str) -> list[str]:
+    if config.search_backend == "local":
+        return await _local_client(config).search(query, config.topk)
+    hits = await google_search(
+        config.google.api_key,
+        query,
+        config.topk,
+        timeout=config.search_timeout,
+        proxy=config.google.proxy,
+        snippet_only=config.google.snippet_only,
+        search_url=config.google.search_url,
+        max_attempts=config.search_max_retries,
+        fetch_concurrency=config.google.fetch_concurrency,
+    )
+    return [hit_contents(hit) for hit in hits]

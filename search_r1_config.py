@@ -16,6 +16,7 @@ LLM_API_MODES = ("generate", "chat")
 TOKEN_TRACKING_MODES = ("manual", "router_radix", "router_handler")
 LOSS_MASK_MODES = ("strict", "simple")
 SEARCH_BACKENDS = ("local", "google")
+ENGINE_TRANSPORTS = ("aiohttp", "slime")
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
 
@@ -81,6 +82,7 @@ ENV_OVERRIDES: list[tuple[str, tuple[str, ...], Callable[[str], Any]]] = [
     ("SEARCH_R1_SEARCH_TIMEOUT", ("search_timeout",), _parse_float),
     ("SEARCH_R1_SEARCH_RETRIES", ("search_max_retries",), _parse_int),
     ("SEARCH_R1_DROP_FAILED_SAMPLES", ("drop_failed_samples",), _parse_bool),
+    ("SEARCH_R1_ENGINE_TRANSPORT", ("engine_transport",), _parse_choice(ENGINE_TRANSPORTS)),
     ("GOOGLE_SEARCH_URL", ("google", "search_url"), _parse_text),
     ("GOOGLE_SNIPPET_ONLY", ("google", "snippet_only"), _parse_bool),
 ]
@@ -146,6 +148,7 @@ class SearchR1Config:
     token_tracking_mode: str
     loss_mask_mode: str
     return_logprob: bool
+    engine_transport: str
     max_turns: int
     topk: int
     search_concurrency: int
@@ -226,6 +229,7 @@ def resolve_config(config: Mapping[str, Any]) -> SearchR1Config:
         token_tracking_mode=_choice(config, "token_tracking_mode", TOKEN_TRACKING_MODES),
         loss_mask_mode=_choice(config, "loss_mask_mode", LOSS_MASK_MODES),
         return_logprob=_flag(config, "return_logprob"),
+        engine_transport=_choice(config, "engine_transport", ENGINE_TRANSPORTS),
         max_turns=_number(config, "max_turns", int, 1, 64),
         topk=_number(config, "topk", int, 1, 100),
         search_concurrency=_number(config, "search_concurrency", int, 1),

@@ -1,14 +1,29 @@
 """One generation turn against SGLang's native /generate: token ids in, token ids and log probs out."""
 
+import logging
 from dataclasses import dataclass
 
-from slime.utils.http_utils import post
+import aiohttp
+from tenacity import before_sleep_log, wait_fixed
+
+from async_http import RequestFailed, RetryableRequestFailed, loop_session, post_json, retrying
+from slime.utils.http_utils import post as slime_post
+
+logger = logging.getLogger(__name__)
+
+# Like slime's post(): an engine that restarts or is briefly overloaded gets 60 tries, 1 s apart.
+ENGINE_ATTEMPTS = 60
+ENGINE_RETRY_WAIT_S = 1.0
 
 _TOP_P_KEYS = ("top_p_token_ids", "top_p_token_offsets")
 
 
 class EngineProtocolError(RuntimeError):
-    """The engine answered without what token-exact training needs."""
+    """The engine rejected the request (4xx) or answered without what token-exact training needs."""
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine kept failing (connection errors, 5xx) for every attempt."""
 
 
 @dataclass
@@ -23,9 +38,45 @@ def engine_url(args) -> str:
     return f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
 
 
-async def generate_turn(url: str, input_ids: list[int], sampling_params: dict, return_logprob: bool) -> EngineTurn:
+def routing_headers(args, sample) -> dict | None:
+    """Keep every turn of a sample on one engine when slime's router hashes on a key (prefix cache hits)."""
+    if getattr(args, "router_policy", None) == "consistent_hashing" and getattr(sample, "session_id", None):
+        return {"X-SMG-Routing-Key": sample.session_id}
+    return None
+
+
+async def _post_aiohttp(url: str, payload: dict, headers: dict | None) -> object:
+    session = loop_session("sglang", lambda: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
+    try:
+        async for attempt in retrying(
+            ENGINE_ATTEMPTS,
+            wait=wait_fixed(ENGINE_RETRY_WAIT_S),
+            before_sleep=before_sleep_log(logger, logging.WARNING),
+        ):
+            with attempt:
+                return await post_json(session, url, payload, None, headers=headers)
+    except RetryableRequestFailed as exc:
+        raise EngineUnavailable(f"SGLang did not answer after {ENGINE_ATTEMPTS} attempts: {exc}") from exc
+    except RequestFailed as exc:
+        raise EngineProtocolError(str(exc)) from exc
+
+
+async def generate_turn(
+    url: str,
+    input_ids: list[int],
+    sampling_params: dict,
+    return_logprob: bool,
+    *,
+    use_slime_post: bool = False,
+    headers: dict | None = None,
+) -> EngineTurn:
+    """One /generate call; slime's own post() when asked (e.g. its Ray-distributed posts), else aiohttp."""
     payload = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": return_logprob}
-    return parse_engine_output(await post(url, payload), return_logprob)
+    if use_slime_post:
+        output = await slime_post(url, payload, headers=headers)
+    else:
+        output = await _post_aiohttp(url, payload, headers)
+    return parse_engine_output(output, return_logprob)
 
 
 def parse_engine_output(output: object, return_logprob: bool) -> EngineTurn:

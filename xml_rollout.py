@@ -9,10 +9,9 @@ import logging
 import time
 
 from observations import information_ids, invalid_action_ids
-from search_backend import search
-from search_http import SearchError
+from search_backend import SearchError, search
 from search_r1_config import SearchR1Config
-from sglang_engine import EngineTurn, engine_url, generate_turn, keep_first_tokens
+from sglang_engine import EngineTurn, engine_url, generate_turn, keep_first_tokens, routing_headers
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
 from trajectory import Trajectory
@@ -82,6 +81,8 @@ async def run_xml_episode(args, sample: Sample, sampling_params: dict, config: S
     stats.evaluation = evaluation
     response_budget = int(sampling_params.get("max_new_tokens") or args.rollout_max_response_len)
     max_context = context_limit(args, config, evaluation)
+    use_slime_post = config.engine_transport == "slime" or bool(getattr(args, "use_distributed_post", False))
+    headers = routing_headers(args, sample)
     # A new dict per turn: in evaluation slime shares one sampling_params dict across all samples.
     base_params = {**sampling_params, "stop": with_stop_strings(sampling_params.get("stop"))}
 
@@ -99,6 +100,8 @@ async def run_xml_episode(args, sample: Sample, sampling_params: dict, config: S
             list(trajectory.sample.tokens),
             {**base_params, "max_new_tokens": tokens_left()},
             config.return_logprob,
+            use_slime_post=use_slime_post,
+            headers=headers,
         )
         if turn.finish_type == "abort":
             return trajectory.finish(Sample.Status.ABORTED, "engine_abort", tokenizer)

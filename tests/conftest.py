@@ -6,7 +6,7 @@ import pytest
 from transformers import AutoTokenizer
 
 import generate_with_search
-from search_http import close_loop_sessions
+from async_http import close_loop_sessions
 from slime.rollout.sglang_rollout import reset_generate_state
 from support.fake_retriever import FakeRetriever
 from support.fake_sglang import FakeSGLangEngine, ScriptedPolicy

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from conftest import chat_prompt, slime_sampling_params
 from generate_with_search import generate, reward_func
-from search_http import close_loop_sessions
+from async_http import close_loop_sessions
 from slime.utils.types import Sample
 from support.fidelity import assert_faithful
 

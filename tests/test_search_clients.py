@@ -8,7 +8,7 @@ import pytest
 from google_search_server import google_search
 from local_search_client import LocalRetrieverClient
 from search_backend import search
-from search_http import SearchError, close_loop_sessions, loop_session
+from async_http import RequestFailed, close_loop_sessions, loop_session
 from search_r1_config import apply_env_overrides, resolve_config
 from support.fake_retriever import FakeRetriever
 from support.fake_serper import FakeSerper
@@ -64,7 +64,7 @@ async def test_429_and_5xx_are_retried(retriever, status):
 async def test_retries_are_bounded(retriever):
     retriever.down = True
     started = time.perf_counter()
-    with pytest.raises(SearchError, match="HTTP 503"):
+    with pytest.raises(RequestFailed, match="HTTP 503"):
         await client_for(retriever.url, attempts=3).search("Everest", 1)
     assert retriever.requests == 3
     assert time.perf_counter() - started < 10
@@ -72,26 +72,26 @@ async def test_retries_are_bounded(retriever):
 
 async def test_4xx_is_not_retried(retriever):
     retriever.fail_next(5, 400)
-    with pytest.raises(SearchError, match="rejected the request with HTTP 400"):
+    with pytest.raises(RequestFailed, match="rejected the request with HTTP 400"):
         await client_for(retriever.url).search("Everest", 1)
     assert retriever.requests == 1
 
 
 async def test_connection_refused_fails_after_retries():
-    with pytest.raises(SearchError, match="ClientConnectorError"):
+    with pytest.raises(RequestFailed, match="ClientConnectorError"):
         await client_for(f"http://127.0.0.1:{free_port()}", attempts=2).search("x", 1)
 
 
 async def test_timeouts_are_retried_then_fail(retriever):
     retriever.latency_s = 1.0
-    with pytest.raises(SearchError, match="TimeoutError"):
+    with pytest.raises(RequestFailed, match="TimeoutError"):
         await client_for(retriever.url, attempts=2, timeout=0.2).search("x", 1)
     assert retriever.requests == 2
 
 
 async def test_malformed_answer_is_a_clear_error(retriever):
     retriever.docs = [{"id": "0", "text_only": "no contents"}]
-    with pytest.raises(SearchError, match="without a usable 'result' list"):
+    with pytest.raises(RequestFailed, match="without a usable 'result' list"):
         await client_for(retriever.url).search("x", 1)
 
 
@@ -164,7 +164,7 @@ async def test_google_fetched_pages_are_decoded_and_cut_to_the_snippet_paragraph
 
 
 async def test_google_errors_never_show_the_key(serper):
-    with pytest.raises(SearchError) as info:
+    with pytest.raises(RequestFailed) as info:
         await google_search("wrong-key-999", "x", 3, search_url=serper.url + "/search")
     assert "403" in str(info.value) and "wrong-key-999" not in str(info.value)
     serper.failures_left = 2

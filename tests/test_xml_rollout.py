@@ -6,9 +6,11 @@ import copy
 import pytest
 
 import generate_with_search
+import sglang_engine
 from conftest import chat_prompt, slime_sampling_params
 from generate_with_search import generate, reward_func
 from slime.rollout.sglang_rollout import GenerateState
+from sglang_engine import EngineProtocolError, EngineUnavailable
 from slime.utils.types import Sample
 from support.fidelity import assert_faithful
 from xml_actions import INVALID_ACTION_MESSAGE
@@ -344,3 +346,37 @@ def test_configs_are_exposed_for_slime_users():
     config = generate_with_search.SEARCH_R1_CONFIGS
     for key in ("max_turns", "topk", "search_concurrency", "search_backend", "return_logprob", "format_score"):
         assert key in config
+
+
+async def test_slime_post_transport(make_args, tokenizer, engine, policy, search_config):
+    search_config["engine_transport"] = "slime"
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    _, sample, prompt_ids = await rollout(make_args, tokenizer)
+    assert sample.status == Sample.Status.COMPLETED
+    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
+
+
+async def test_consistent_hashing_keeps_a_sample_on_one_engine(make_args, tokenizer, engine, policy, search_config):
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    sample = Sample(prompt=chat_prompt(tokenizer, QUESTION), label=label("Paris"), session_id="session-42")
+    _, sample, prompt_ids = await rollout(make_args, tokenizer, sample=sample, router_policy="consistent_hashing")
+    calls = engine.calls_for(prompt_ids)
+    assert len(calls) == 2 and all(c.headers.get("x-smg-routing-key") == "session-42" for c in calls)
+
+
+async def test_engine_4xx_fails_fast_with_the_engine_message(make_args, tokenizer, engine, search_config):
+    engine.fail_next(1, status=400)
+    with pytest.raises(EngineProtocolError, match="HTTP 400: .*injected failure"):
+        await rollout(make_args, tokenizer)
+    assert engine.failures_left == 0
+
+
+async def test_engine_that_never_recovers_raises_after_its_attempts(
+    make_args, tokenizer, engine, search_config, monkeypatch
+):
+    monkeypatch.setattr(sglang_engine, "ENGINE_ATTEMPTS", 3)
+    monkeypatch.setattr(sglang_engine, "ENGINE_RETRY_WAIT_S", 0.01)
+    engine.fail_next(10, status=502)
+    with pytest.raises(EngineUnavailable, match="did not answer after 3 attempts.*HTTP 502"):
+        await rollout(make_args, tokenizer)
+    assert engine.failures_left == 7

@@ -61,6 +61,7 @@ class EngineCall:
     output_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     finish: dict = field(default_factory=dict)
+    headers: dict = field(default_factory=dict)
 
 
 class FakeSGLangEngine:
@@ -181,6 +182,7 @@ class FakeSGLangEngine:
                 )
                 return JSONResponse({"error": {"message": message}}, 400)
             call = EngineCall(input_ids, sent_text, dict(params), bool(body.get("return_logprob")))
+            call.headers = dict(request.headers)
             if self.record:
                 self.calls.append(call)
             if self.latency_s:
