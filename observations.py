@@ -6,9 +6,9 @@ from search_results import format_documents
 from xml_actions import INFORMATION_CLOSE, INFORMATION_OPEN, INVALID_ACTION_MESSAGE
 
 
-def encode_text(tokenizer, text: str) -> list[int]:
-    # Observations are tokenized on their own, and special-token strings inside retrieved text stay text.
-    return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+def encode_text(tokenizer, text: str, *, special_tokens_as_text: bool = True) -> list[int]:
+    """Token ids of `text` on its own; by default a special-token string in retrieved text stays text."""
+    return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=special_tokens_as_text)
 
 
 @lru_cache(maxsize=8)

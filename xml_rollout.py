@@ -7,8 +7,9 @@ Nothing is ever re-tokenized, so the engine's context is always a prefix of `sam
 
 import logging
 import time
+from functools import lru_cache
 
-from observations import information_ids, invalid_action_ids
+from observations import encode_text, information_ids, invalid_action_ids
 from search_backend import SearchError, search
 from search_r1_config import SearchR1Config
 from sglang_engine import EngineTurn, engine_url, generate_turn, keep_first_tokens, routing_headers
@@ -20,6 +21,12 @@ from xml_actions import STOP_STRINGS, parse_action, with_stop_strings
 logger = logging.getLogger(__name__)
 
 
+@lru_cache(maxsize=4096)
+def _prompt_ids(tokenizer, prompt: str) -> tuple[int, ...]:
+    # GRPO rolls out every prompt n_samples_per_prompt times: tokenize it once.
+    return tuple(encode_text(tokenizer, prompt, special_tokens_as_text=False))
+
+
 def encode_prompt(tokenizer, sample: Sample) -> list[int]:
     """Prompt ids as slime computes them: the chat-templated string (or messages rendered here)."""
     prompt = sample.prompt
@@ -27,7 +34,7 @@ def encode_prompt(tokenizer, sample: Sample) -> list[int]:
         prompt = tokenizer.apply_chat_template(
             prompt, tokenize=False, add_generation_prompt=True, **(sample.apply_chat_template_kwargs or {})
         )
-    return tokenizer.encode(prompt, add_special_tokens=False)
+    return list(_prompt_ids(tokenizer, prompt))
 
 
 def context_limit(args, config: SearchR1Config, evaluation: bool) -> int:
