@@ -40,7 +40,7 @@ class Trajectory:
         self.track_log_probs = track_log_probs
         self.train_observations = train_observations
         self.stats = EpisodeStats()
-        _reset_response_fields(sample, prompt_ids, track_log_probs)
+        reset_response_fields(sample, prompt_ids, track_log_probs)
 
     @property
     def response_length(self) -> int:
@@ -76,13 +76,17 @@ class Trajectory:
     def finish(self, status: Sample.Status, reason: str, tokenizer) -> Sample:
         sample = self.sample
         sample.response = tokenizer.decode(sample.tokens[self.prompt_length :], skip_special_tokens=False)
-        sample.status = status
-        self.stats.finish_reason = reason
-        sample.metadata[METADATA_KEY] = asdict(self.stats)
-        return sample
+        return record_finish(sample, self.stats, status, reason)
 
 
-def _reset_response_fields(sample: Sample, prompt_ids: list[int], track_log_probs: bool) -> None:
+def record_finish(sample: Sample, stats: EpisodeStats, status: Sample.Status, reason: str) -> Sample:
+    sample.status = status
+    stats.finish_reason = reason
+    sample.metadata[METADATA_KEY] = asdict(stats)
+    return sample
+
+
+def reset_response_fields(sample: Sample, prompt_ids: list[int], track_log_probs: bool) -> None:
     """slime may call generate() again on the same Sample (retry, partial rollout): start clean."""
     sample.tokens = list(prompt_ids)
     sample.response = ""

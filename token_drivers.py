@@ -1,0 +1,151 @@
+"""Where a turn's tokens come from: the engine itself (manual) or the slime router's radix cache (router_radix).
+
+Both drivers serve the XML and the chat-template rollouts: `generate` runs one model turn and returns
+its text, `add_observation` appends environment ids, `finish` puts the trajectory on the Sample.
+"""
+
+from dataclasses import dataclass
+
+from async_http import RequestFailed, post_json
+from router_tracking import RouterTrackingError, fill_sample_from_router, retrieve, router_base_url, router_session
+from sglang_engine import engine_url, generate_turn, keep_first_tokens, routing_headers
+from slime.utils.types import Sample
+from trajectory import EpisodeStats, Trajectory, record_finish, reset_response_fields
+
+
+@dataclass
+class GeneratedTurn:
+    text: str
+    finish_type: str  # "stop" | "length" | "abort"
+    ids: list[int]
+
+
+def cut_after_first_stop(ids: list[int], tokenizer, text: str, stops: tuple[str, ...]) -> int:
+    """How many of `ids` to keep so the turn ends with the token that completes its first stop string.
+
+    An engine that honours stop strings already ends there; one that ran past them is cut, which keeps
+    every kept token and log prob exact (they are a prefix of what was sampled).
+    """
+    hits = [(pos, stop) for stop in stops if (pos := text.find(stop)) >= 0]
+    if not hits or len(ids) <= 1:
+        return len(ids)
+    pos, stop = min(hits)
+
+    def holds_stop(count: int) -> bool:
+        return tokenizer.decode(ids[:count], skip_special_tokens=False).find(stop) == pos
+
+    if not holds_stop(len(ids) - 1):  # the usual case: the stop string ends in the last token
+        return len(ids)
+    low, high = 1, len(ids) - 1
+    while low < high:
+        mid = (low + high) // 2
+        if holds_stop(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
+class ExactDriver:
+    """TOKEN_TRACKING_MODE=manual: `input_ids` in, the engine's ids and log probs out, nothing re-tokenized."""
+
+    def __init__(self, args, sample, tokenizer, prompt_ids, config, *, cut_at_stops: tuple[str, ...] = ()):
+        self.tokenizer = tokenizer
+        self.trajectory = Trajectory(
+            args,
+            sample,
+            prompt_ids,
+            track_log_probs=config.return_logprob,
+            train_observations=config.train_observations,
+        )
+        self.stats = self.trajectory.stats
+        self.return_logprob = config.return_logprob
+        self.url = engine_url(args)
+        self.use_slime_post = config.engine_transport == "slime" or bool(getattr(args, "use_distributed_post", False))
+        self.headers = routing_headers(args, sample)
+        self.cut_at_stops = cut_at_stops
+
+    @property
+    def context_length(self) -> int:
+        return self.trajectory.context_length
+
+    @property
+    def response_length(self) -> int:
+        return self.trajectory.response_length
+
+    async def generate(self, sampling_params: dict) -> GeneratedTurn:
+        turn = await generate_turn(
+            self.url,
+            list(self.trajectory.sample.tokens),
+            sampling_params,
+            self.return_logprob,
+            use_slime_post=self.use_slime_post,
+            headers=self.headers,
+        )
+        if turn.finish_type == "abort":
+            return GeneratedTurn("", "abort", [])
+        text = self.tokenizer.decode(turn.ids, skip_special_tokens=False)
+        keep = cut_after_first_stop(turn.ids, self.tokenizer, text, self.cut_at_stops)
+        if keep < len(turn.ids):
+            turn = keep_first_tokens(turn, keep)
+            text = self.tokenizer.decode(turn.ids, skip_special_tokens=False)
+        self.trajectory.add_generated(turn.ids, turn.log_probs, turn.meta_info)
+        return GeneratedTurn(text, turn.finish_type, turn.ids)
+
+    def add_observation(self, ids: list[int]) -> None:
+        self.trajectory.add_observation(ids)
+
+    async def finish(self, status: Sample.Status, reason: str) -> Sample:
+        return self.trajectory.finish(status, reason, self.tokenizer)
+
+
+class RadixDriver:
+    """TOKEN_TRACKING_MODE=router_radix: text through the router's /generate, the trajectory from its cache."""
+
+    def __init__(self, args, sample, tokenizer, prompt_ids, config, *, prompt_text: str):
+        self.args, self.sample, self.tokenizer = args, sample, tokenizer
+        self.prompt_ids = list(prompt_ids)
+        self.config = config
+        self.text = prompt_text
+        self.stats = EpisodeStats()
+        self.base_url = router_base_url(args)
+        self.context_length = len(prompt_ids)
+        self.response_length = 0
+        reset_response_fields(sample, prompt_ids, config.return_logprob)
+
+    async def generate(self, sampling_params: dict) -> GeneratedTurn:
+        payload = {"text": self.text, "sampling_params": sampling_params, "return_logprob": self.config.return_logprob}
+        try:
+            output = await post_json(router_session(), self.base_url + "/generate", payload, None)
+        except RequestFailed as exc:
+            raise RouterTrackingError(f"the router's /generate failed: {exc}") from exc
+        meta = output.get("meta_info") or {}
+        finish = (meta.get("finish_reason") or {}).get("type", "stop")
+        if finish == "abort":
+            return GeneratedTurn("", "abort", [])
+        ids = output.get("output_ids") or []
+        count = int(meta.get("completion_tokens", len(ids)))
+        self.text += output["text"]
+        self.context_length += count
+        self.response_length += count
+        return GeneratedTurn(output["text"], finish, ids)
+
+    def add_observation(self, ids: list[int]) -> None:
+        self.text += self.tokenizer.decode(ids, skip_special_tokens=False)
+        self.context_length += len(ids)
+        self.response_length += len(ids)
+        self.stats.observation_tokens += len(ids)
+
+    async def finish(self, status: Sample.Status, reason: str) -> Sample:
+        if status != Sample.Status.ABORTED:  # slime drops aborted samples: no trajectory needed
+            retrieved = await retrieve(self.base_url, "/retrieve_from_text", {"text": self.text, "return_logp": True})
+            fill_sample_from_router(
+                self.args,
+                self.sample,
+                self.prompt_ids,
+                retrieved,
+                self.tokenizer,
+                track_log_probs=self.config.return_logprob,
+                train_observations=self.config.train_observations,
+            )
+        return record_finish(self.sample, self.stats, status, reason)
