@@ -8,12 +8,19 @@ Edit SEARCH_R1_CONFIGS below or set the environment variables listed in search_r
 GOOGLE_API_KEY, SEARCH_R1_*). A bad value stops the import with a message saying what is accepted.
 """
 
+import logging
+
+from chat_reward import score_conversation
+from chat_rollout import run_chat_episode
 from qa_em_format import FormatWeights, golden_answers, score_response
+from router_tracking import require_endpoint, router_base_url
 from search_r1_config import ConfigError, SearchR1Config, apply_env_overrides, resolve_config
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
 from trajectory import METADATA_KEY
 from xml_rollout import run_xml_episode
+
+logger = logging.getLogger(__name__)
 
 SEARCH_R1_CONFIGS = apply_env_overrides(
     {
@@ -70,11 +77,27 @@ def check_slime_args(args, config: SearchR1Config) -> None:
         )
 
 
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning(message)
+
+
 async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
     config = resolve_config(SEARCH_R1_CONFIGS)
     check_slime_args(args, config)
     if config.llm_api_mode == "chat":
-        raise ConfigError("LLM_API_MODE=chat is not available yet; use LLM_API_MODE=generate")
+        if config.token_tracking_mode == "router_radix":
+            _warn_once(
+                "LLM_API_MODE=chat with TOKEN_TRACKING_MODE=router_radix works but sends rendered text, not "
+                "messages, through the router; router_handler or manual keep the messages"
+            )
+        return await run_chat_episode(args, sample, sampling_params, config, evaluation=evaluation)
+    if config.token_tracking_mode == "router_radix":
+        await require_endpoint(router_base_url(args), "/retrieve_from_text", "router_radix")
     return await run_xml_episode(args, sample, sampling_params, config, evaluation=evaluation)
 
 
@@ -97,7 +120,11 @@ async def reward_func(args, sample: Sample, **kwargs) -> float | dict:
         if evaluation
         else FormatWeights(config.format_score, config.final_format_score, config.retrieval_score)
     )
-    details = score_response(_prompt_text(args, sample), sample.response, golden_answers(sample.label), weights)
+    conversation = (sample.metadata or {}).get(METADATA_KEY, {}).get("conversation")
+    if conversation is not None:
+        details = score_conversation(conversation, golden_answers(sample.label), weights)
+    else:
+        details = score_response(_prompt_text(args, sample), sample.response, golden_answers(sample.label), weights)
     if getattr(args, "reward_key", None) or getattr(args, "eval_reward_key", None):
         return {
             "score": details.score,

@@ -115,11 +115,8 @@ def retrieval_hit(text: str, golden_answers: Iterable[str]) -> bool:
     return any(gold in block for block in blocks for gold in golds)
 
 
-def score_response(prompt: str, response: str, golden_answers: list[str], weights: FormatWeights) -> ScoreDetails:
-    text = prompt + response
-    format_valid = format_problem(text) is None
-    hit = format_valid and retrieval_hit(response, golden_answers)
-    answer = last_answer(response)
+def table_score(answer: str | None, golden_answers: list[str], format_valid: bool, hit: bool, weights) -> ScoreDetails:
+    """The reward table at the top of this module."""
     em = answer is not None and em_check(answer, golden_answers)
     if em:
         score = weights.correct_score if format_valid else weights.correct_score - weights.format_score
@@ -128,6 +125,13 @@ def score_response(prompt: str, response: str, golden_answers: list[str], weight
     else:
         score = weights.final_format_score if answer is not None else 0.0
     return ScoreDetails(score=score, em=float(em), format_valid=format_valid, retrieval_hit=hit, answer=answer)
+
+
+def score_response(prompt: str, response: str, golden_answers: list[str], weights: FormatWeights) -> ScoreDetails:
+    """XML mode: the format is checked on prompt + response, the answer read from the response."""
+    format_valid = format_problem(prompt + response) is None
+    hit = format_valid and retrieval_hit(response, golden_answers)
+    return table_score(last_answer(response), golden_answers, format_valid, hit, weights)
 
 
 def golden_answers(label) -> list[str]:

@@ -123,12 +123,14 @@ class RadixDriver:
         finish = (meta.get("finish_reason") or {}).get("type", "stop")
         if finish == "abort":
             return GeneratedTurn("", "abort", [])
-        ids = output.get("output_ids") or []
-        count = int(meta.get("completion_tokens", len(ids)))
-        self.text += output["text"]
+        ids = output.get("output_ids")
+        # Decode the ids when given: the engine's text drops special tokens if skip_special_tokens is set.
+        text = self.tokenizer.decode(ids, skip_special_tokens=False) if ids is not None else output["text"]
+        count = int(meta.get("completion_tokens", len(ids or [])))
+        self.text += text
         self.context_length += count
         self.response_length += count
-        return GeneratedTurn(output["text"], finish, ids)
+        return GeneratedTurn(text, finish, ids or [])
 
     def add_observation(self, ids: list[int]) -> None:
         self.text += self.tokenizer.decode(ids, skip_special_tokens=False)

@@ -9,6 +9,7 @@ can check what the engine conditioned on and what it sampled.
 """
 
 import asyncio
+import json
 import re
 import uuid
 import zlib
@@ -18,15 +19,21 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-QUESTION_PATTERN = re.compile(r"Question: (.*?)\n")
+QUESTION_PATTERN = re.compile(r"Question: (.*?)(?:\n|<\|im_end\|>)")
+TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 ASSISTANT_MARKER = "<|im_start|>assistant"
-OBSERVATION_ENDS = ("</information>", "Let me try again.")
+OBSERVATION_ENDS = (
+    "</information>",
+    "Let me try again.",
+    "</tool_response>\n<|im_start|>assistant",
+    "<|im_start|>user\nYour last reply",
+)
 
 
 def turn_index(context_text: str) -> int:
-    """How many environment replies the current assistant turn already holds."""
-    reply = context_text.rsplit(ASSISTANT_MARKER, 1)[-1]
-    return sum(reply.count(end) for end in OBSERVATION_ENDS)
+    """How many turns the model already took: earlier assistant turns (chat) plus replies inside this one (XML)."""
+    earlier, _, reply = context_text.rpartition(ASSISTANT_MARKER)
+    return earlier.count(ASSISTANT_MARKER) + sum(reply.count(end) for end in OBSERVATION_ENDS)
 
 
 def question_of(context_text: str) -> str:
@@ -159,6 +166,19 @@ class FakeSGLangEngine:
                 self.aborted = True
             return {}
 
+        @app.post("/v1/chat/completions")
+        async def chat_completions(request: Request):
+            body = await request.json()
+            prompt = render_openai_messages(self.tokenizer, body["messages"], body.get("tools"), True)
+            params = {"max_new_tokens": body.get("max_tokens", 512)}
+            for name in ("temperature", "top_p", "top_k", "stop", "stop_token_ids"):
+                if name in body:
+                    params[name] = body[name]
+            output = await generate_ids(self.tokenizer.encode(prompt, add_special_tokens=False), False, params, False)
+            if isinstance(output, JSONResponse):
+                return output
+            return openai_response(output, self.tokenizer)
+
         @app.post("/generate")
         async def generate(request: Request):
             body = await request.json()
@@ -172,6 +192,9 @@ class FakeSGLangEngine:
                 input_ids, sent_text = self.tokenizer.encode(body["text"], add_special_tokens=False), True
             else:
                 return JSONResponse({"error": {"message": "Either text or input_ids should be provided."}}, 400)
+            return await generate_ids(input_ids, sent_text, params, bool(body.get("return_logprob")), request)
+
+        async def generate_ids(input_ids, sent_text, params, return_logprob, request=None):
             max_new = params.get("max_new_tokens", 128)
             if not isinstance(max_new, int) or max_new < 0:
                 return JSONResponse({"error": {"message": f"max_new_tokens must be >= 0, got {max_new}"}}, 400)
@@ -181,8 +204,8 @@ class FakeSGLangEngine:
                     f"tokens. You requested a total of {len(input_ids) + max_new} tokens"
                 )
                 return JSONResponse({"error": {"message": message}}, 400)
-            call = EngineCall(input_ids, sent_text, dict(params), bool(body.get("return_logprob")))
-            call.headers = dict(request.headers)
+            call = EngineCall(input_ids, sent_text, dict(params), return_logprob)
+            call.headers = dict(request.headers) if request is not None else {}
             if self.record:
                 self.calls.append(call)
             if self.latency_s:
@@ -203,8 +226,53 @@ class FakeSGLangEngine:
                 "completion_tokens": len(out),
                 "cached_tokens": 0,
             }
-            if call.return_logprob:
+            if return_logprob:
                 meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(call.log_probs, out, strict=True)]
             return {"text": self.tokenizer.decode(out, skip_special_tokens=skip), "output_ids": out, "meta_info": meta}
 
         return app
+
+
+def render_openai_messages(tokenizer, messages: list[dict], tools, add_generation_prompt: bool) -> str:
+    """Apply the chat template to OpenAI messages, tool-call arguments turned into objects as SGLang does."""
+    messages = json.loads(json.dumps(messages))
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            if isinstance(call["function"].get("arguments"), str):
+                call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+    return tokenizer.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+
+
+def openai_response(output: dict, tokenizer) -> dict:
+    """An SGLang /generate answer as a /v1/chat/completions answer, tool calls parsed Qwen-style."""
+    meta = output["meta_info"]
+    finish = meta["finish_reason"]["type"]
+    text = tokenizer.decode(output["output_ids"], skip_special_tokens=True)
+    calls, content = [], text
+    if "<tool_call>" in text:
+        try:
+            parsed = [json.loads(block) for block in TOOL_CALL.findall(text)]
+            calls = [
+                {
+                    "id": f"call_{i}",
+                    "type": "function",
+                    "function": {"name": p["name"], "arguments": json.dumps(p.get("arguments", {}))},
+                }
+                for i, p in enumerate(parsed)
+            ]
+            content = text[: text.index("<tool_call>")].rstrip("\n")
+        except (json.JSONDecodeError, KeyError, TypeError):
+            calls = []  # SGLang leaves an unparsable call in the content
+    reason = "abort" if finish == "abort" else "length" if finish == "length" else "tool_calls" if calls else "stop"
+    message = {"role": "assistant", "content": content, "tool_calls": calls or None}
+    return {
+        "id": meta.get("id", "chatcmpl"),
+        "object": "chat.completion",
+        "choices": [{"index": 0, "message": message, "finish_reason": reason}],
+        "usage": {
+            "prompt_tokens": meta.get("prompt_tokens", 0),
+            "completion_tokens": meta.get("completion_tokens", 0),
+        },
+    }

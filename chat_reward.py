@@ -1,0 +1,56 @@
+"""Reward for chat-mode conversations: Search-R1's EM and format table, with a format rule for tool calls.
+
+A conversation is format-valid when every assistant turn but the last makes only well-formed `search`
+calls (each answered by its tool message) and writes no <answer>, no retry hint was needed, and the last
+assistant turn makes no call and holds exactly one <answer>…</answer> with nothing after it.
+The answer scored is the last <answer> of the final assistant message.
+"""
+
+from chat_tools import ANSWER_PATTERN, parse_openai_message
+from qa_em_format import FormatWeights, ScoreDetails, normalize_answer, table_score
+
+
+def conversation_format_problem(conversation: list[dict]) -> str | None:
+    assistants = [i for i, m in enumerate(conversation) if m.get("role") == "assistant"]
+    if not assistants:
+        return "no assistant turn"
+    for position, message in enumerate(conversation):
+        role = message.get("role")
+        if role == "user":
+            return "a retry hint was needed"
+        if role != "assistant":
+            continue
+        turn = parse_openai_message(message, position)
+        if turn.unparsable:
+            return "unparsable tool call"
+        if position != assistants[-1]:
+            if not turn.tool_calls:
+                return "an assistant turn before the last made no tool call"
+            if any(call.error for call in turn.tool_calls):
+                return "malformed search call"
+            if turn.answers:
+                return "<answer> before the final turn"
+            replies = conversation[position + 1 : position + 1 + len(turn.tool_calls)]
+            if len(replies) != len(turn.tool_calls) or any(r.get("role") != "tool" for r in replies):
+                return "a tool call without its tool message"
+        else:
+            if turn.tool_calls:
+                return "the last turn is a tool call"
+            if len(turn.answers) != 1:
+                return f"{len(turn.answers)} <answer> blocks in the final turn"
+            if turn.content[turn.content.rindex("</answer>") + len("</answer>") :].strip():
+                return "text after </answer>"
+    return None
+
+
+def score_conversation(conversation: list[dict], golden_answers: list[str], weights: FormatWeights) -> ScoreDetails:
+    final = next((m for m in reversed(conversation) if m.get("role") == "assistant"), None)
+    answers = (
+        ANSWER_PATTERN.findall((final or {}).get("content") or "") if final and not final.get("tool_calls") else []
+    )
+    answer = answers[-1].strip() if answers else None
+    format_valid = conversation_format_problem(conversation) is None
+    tool_text = [normalize_answer(m.get("content") or "") for m in conversation if m.get("role") == "tool"]
+    golds = [normalize_answer(gold) for gold in golden_answers]
+    hit = format_valid and any(gold in text for text in tool_text for gold in golds)
+    return table_score(answer, golden_answers, format_valid, hit, weights)

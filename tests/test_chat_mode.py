@@ -1,0 +1,189 @@
+"""LLM_API_MODE=chat and the router token-tracking modes, end to end on loopback."""
+
+import copy
+import json
+
+import pytest
+
+from chat_tools import CHAT_SYSTEM_PROMPT, SEARCH_TOOL, chat_question
+from conftest import chat_prompt, slime_sampling_params
+from generate_with_search import generate, reward_func
+from router_tracking import RouterTrackingError
+from slime.utils.types import Sample
+from support.fake_router import FakeSlimeRouter
+from support.fidelity import assert_faithful
+from support.loopback import serve_in_thread
+
+QUESTION = "What is the capital of France"
+CALL = (
+    "<think>I should search.</think>\n"
+    '<tool_call>\n{"name": "search", "arguments": {"query": "capital of France"}}\n</tool_call>'
+)
+CALL_TWO = '<tool_call>\n{"name": "search", "arguments": {"query": ["capital of France", "Berlin"]}}\n</tool_call>'
+ANSWER = "<think>The passage says Paris.</think>\n<answer> Paris </answer>"
+WRONG = "<think>Maybe Berlin.</think>\n<answer> Berlin </answer>"
+MALFORMED = '<tool_call>\n{"name": "search", "arguments": {"query": \n</tool_call>'
+WRONG_TOOL = '<tool_call>\n{"name": "lookup", "arguments": {"query": "France"}}\n</tool_call>'
+LABEL = {"ground_truth": {"target": ["Paris"]}}
+
+
+def chat_messages(question=QUESTION):
+    return [{"role": "system", "content": CHAT_SYSTEM_PROMPT}, {"role": "user", "content": chat_question(question)}]
+
+
+def chat_sample(question=QUESTION):
+    return Sample(prompt=chat_messages(question), label=LABEL, metadata={"tools": [copy.deepcopy(SEARCH_TOOL)]})
+
+
+def prompt_ids_of(tokenizer, sample_prompt):
+    text = tokenizer.apply_chat_template(
+        sample_prompt, tools=[SEARCH_TOOL], tokenize=False, add_generation_prompt=True
+    )
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+@pytest.fixture
+def router(tokenizer, engine):
+    router = FakeSlimeRouter(tokenizer, engine.url)
+    with serve_in_thread(router.app) as url:
+        router.url = url
+        yield router
+
+
+@pytest.fixture
+def router_args(make_args, router):
+    def make(**overrides):
+        host, port = router.url.removeprefix("http://").split(":")
+        return make_args(sglang_router_ip=host, sglang_router_port=int(port), **overrides)
+
+    return make
+
+
+def conversation(sample):
+    return sample.metadata["search_r1"]["conversation"]
+
+
+async def run_chat(args, config, mode, *, tracking="manual", sample=None, evaluation=False, budget=1024):
+    config.update(llm_api_mode=mode, token_tracking_mode=tracking)
+    sample = sample or chat_sample()
+    return await generate(args, sample, slime_sampling_params(budget), evaluation=evaluation)
+
+
+async def test_chat_manual_search_then_answer(make_args, tokenizer, engine, policy, retriever, search_config):
+    policy.scripts[QUESTION + "?"] = [CALL, ANSWER]
+    args = make_args()
+    sample = chat_sample()
+    prompt_before = copy.deepcopy(sample.prompt)
+    sample = await run_chat(args, search_config, "chat", sample=sample)
+
+    assert sample.prompt == prompt_before  # the caller's messages are untouched
+    assert sample.status == Sample.Status.COMPLETED
+    assert retriever.queries == ["capital of France"]
+    turns = conversation(sample)
+    assert [m["role"] for m in turns] == ["assistant", "tool", "assistant"]
+    assert json.loads(turns[0]["tool_calls"][0]["function"]["arguments"]) == {"query": "capital of France"}
+    assert turns[1]["content"].startswith('Doc 1(Title: "Paris")')
+    prompt_ids = prompt_ids_of(tokenizer, sample.prompt)
+    calls = engine.calls_for(prompt_ids)
+    assert len(calls) == 2
+    assert_faithful(sample, calls, tokenizer, prompt_ids)
+    # the tool-call tokens the model sampled are in the trajectory as sampled, with mask 1
+    assert "<tool_call>" in tokenizer.decode(calls[0].output_ids) and calls[0].output_ids[-1] == 151645
+    # the follow-up is the template's: end of turn, tool response, next generation prompt
+    followup = tokenizer.decode(calls[1].input_ids[len(calls[0].input_ids) + len(calls[0].output_ids) :])
+    assert followup.startswith("\n<|im_start|>user\n<tool_response>\nDoc 1(Title:")
+    assert followup.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    assert await reward_func(args, sample) == 1.0
+
+
+async def test_chat_manual_matches_a_full_template_render(make_args, tokenizer, engine, policy, search_config):
+    # With a canonical tool call, the exact trajectory equals the template's own render of the conversation.
+    policy.scripts[QUESTION + "?"] = [CALL, ANSWER]
+    sample = await run_chat(make_args(), search_config, "chat")
+    messages = sample.prompt + conversation(sample)
+    from support.fake_sglang import render_openai_messages
+
+    rendered = render_openai_messages(tokenizer, messages, [SEARCH_TOOL], False)
+    assert tokenizer.decode(sample.tokens) + "\n" == rendered
+
+
+async def test_chat_wrong_answer_and_eval(make_args, tokenizer, engine, policy, search_config):
+    policy.scripts[QUESTION + "?"] = [CALL, WRONG]
+    args = make_args()
+    sample = await run_chat(args, search_config, "chat")
+    assert await reward_func(args, sample) == pytest.approx(0.2)
+    sample = await run_chat(args, search_config, "chat", evaluation=True)
+    assert await reward_func(args, sample) == 0.0
+
+
+async def test_chat_malformed_tool_call_gets_a_hint(make_args, tokenizer, engine, policy, retriever, search_config):
+    policy.scripts[QUESTION + "?"] = [MALFORMED, CALL, ANSWER]
+    args = make_args()
+    sample = await run_chat(args, search_config, "chat")
+    turns = conversation(sample)
+    assert [m["role"] for m in turns] == ["assistant", "user", "assistant", "tool", "assistant"]
+    assert "neither a search tool call nor a final answer" in turns[1]["content"]
+    prompt_ids = prompt_ids_of(tokenizer, sample.prompt)
+    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
+    assert await reward_func(args, sample) == pytest.approx(0.8)  # right answer, format broken by the hint
+
+
+async def test_chat_wrong_tool_gets_an_error_message(make_args, tokenizer, engine, policy, retriever, search_config):
+    policy.scripts[QUESTION + "?"] = [WRONG_TOOL, ANSWER]
+    sample = await run_chat(make_args(), search_config, "chat")
+    turns = conversation(sample)
+    assert turns[1]["role"] == "tool" and turns[1]["content"].startswith("Error: unknown tool 'lookup'")
+    assert retriever.queries == []
+
+
+async def test_chat_query_list_searches_each(make_args, tokenizer, engine, policy, retriever, search_config):
+    policy.scripts[QUESTION + "?"] = [CALL_TWO, ANSWER]
+    sample = await run_chat(make_args(), search_config, "chat")
+    assert sorted(retriever.queries) == ["Berlin", "capital of France"]
+    assert "Doc 4(Title:" in conversation(sample)[1]["content"]  # one numbering across both queries
+
+
+async def test_chat_max_turns_and_budget(make_args, tokenizer, engine, policy, retriever, search_config):
+    search_config["max_turns"] = 2
+    policy.scripts[QUESTION + "?"] = [CALL]
+    sample = await run_chat(make_args(), search_config, "chat")
+    assert sample.status == Sample.Status.TRUNCATED and sample.metadata["search_r1"]["finish_reason"] == "max_turns"
+    sample = await run_chat(make_args(), search_config, "chat", budget=40)
+    assert sample.status == Sample.Status.TRUNCATED and sample.response_length <= 40
+
+
+@pytest.mark.parametrize(
+    ("mode", "tracking"), [("generate", "router_radix"), ("chat", "router_radix"), ("chat", "router_handler")]
+)
+async def test_router_modes_are_token_exact(
+    router_args, tokenizer, engine, policy, retriever, search_config, mode, tracking
+):
+    if mode == "chat":
+        policy.scripts[QUESTION + "?"] = [CALL, ANSWER]
+        sample = chat_sample()
+        prompt_ids = prompt_ids_of(tokenizer, sample.prompt)
+    else:
+        policy.scripts[QUESTION + "?"] = [
+            "<think>I need to look this up.</think>\n<search> capital of France </search>",
+            "<think>Paris.</think>\n<answer> Paris </answer>",
+        ]
+        sample = Sample(prompt=chat_prompt(tokenizer, QUESTION), label=LABEL)
+        prompt_ids = tokenizer.encode(sample.prompt, add_special_tokens=False)
+    args = router_args()
+    sample = await run_chat(args, search_config, mode, tracking=tracking, sample=sample)
+    assert sample.status == Sample.Status.COMPLETED
+    calls = engine.calls_for(prompt_ids)
+    assert len(calls) == 2
+    assert_faithful(sample, calls, tokenizer, prompt_ids)
+    assert await reward_func(args, sample) == 1.0
+
+
+async def test_today_s_slime_router_is_rejected_with_advice(tokenizer, engine, make_args, search_config):
+    router = FakeSlimeRouter(tokenizer, engine.url, legacy_endpoints=False)
+    with serve_in_thread(router.app) as url:
+        host, port = url.removeprefix("http://").split(":")
+        args = make_args(sglang_router_ip=host, sglang_router_port=int(port))
+        for mode, tracking in (("generate", "router_radix"), ("chat", "router_handler")):
+            with pytest.raises(RouterTrackingError, match="answers 404.*TOKEN_TRACKING_MODE=manual is token-exact"):
+                await run_chat(args, search_config, mode, tracking=tracking, sample=chat_sample())
+    assert engine.calls == []
