@@ -82,6 +82,12 @@ def fill_sample_from_router(
         )
     if track_log_probs and logp is None:
         raise RouterTrackingError("the router returned no log probs; set TRACK_LOG_PROBS=false or use manual mode")
+    # Template text after the model's last token (an end of turn it never wrote) is not part of the episode.
+    end = len(tokens)
+    while end > prompt_length and not mask[end - 1]:
+        end -= 1
+    tokens, mask = tokens[:end], mask[:end]
+    logp = None if logp is None else logp[:end]
     response_ids = tokens[prompt_length:]
     reset_response_fields(sample, tokens, track_log_probs)
     sample.response_length = len(response_ids)

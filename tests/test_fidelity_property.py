@@ -2,6 +2,8 @@
 
 import asyncio
 
+import pytest
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -105,3 +107,124 @@ def test_random_episodes_are_token_exact(
     assert 0.0 <= reward <= 1.0
     if evaluation:
         assert reward in (0.0, 1.0)
+
+
+# ---- chat mode and the router token-tracking modes -----------------------------------------------------------
+
+
+def tool_call(queries) -> str:
+    import json
+
+    query = queries[0] if len(queries) == 1 else queries
+    # written the way the chat template renders it (router_handler re-renders the model's turns)
+    payload = json.dumps({"name": "search", "arguments": {"query": query}}, ensure_ascii=False)
+    return "<tool_call>\n" + payload + "\n</tool_call>"
+
+
+words = st.lists(st.sampled_from(["Paris", "river", "東京", "🙂", "42", "capital"]), min_size=1, max_size=6).map(
+    " ".join
+)
+chat_turn = st.one_of(
+    st.builds(lambda t, qs: f"<think>{t}</think>\n{tool_call(qs)}", text, st.lists(words, min_size=1, max_size=3)),
+    st.builds(lambda qs: tool_call(qs), st.lists(words, min_size=1, max_size=2)),
+    st.builds(lambda t, a: f"<think>{t}</think>\n<answer> {a} </answer>", text, text),
+    st.builds(lambda t: f'<tool_call>\n{{"name": "search", "arguments": {{"query": {t}\n</tool_call>', text),
+    st.builds(lambda t: f'<tool_call>\n{{"name": "lookup", "arguments": {{"query": "{t}"}}}}\n</tool_call>', words),
+    text,
+    st.builds(lambda n: "<think>" + "long thought " * n + "</think>", st.integers(10, 300)),
+)
+MODES = [("chat", "manual"), ("chat", "router_radix"), ("chat", "router_handler"), ("generate", "router_radix")]
+
+
+@pytest.fixture
+def router(tokenizer, engine):
+    from support.fake_router import FakeSlimeRouter
+    from support.loopback import serve_in_thread
+
+    router = FakeSlimeRouter(tokenizer, engine.url)
+    with serve_in_thread(router.app) as url:
+        router.url = url
+        yield router
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    mode=st.sampled_from(MODES),
+    chat_turns=st.lists(chat_turn, min_size=1, max_size=5),
+    xml_turns=st.lists(turn, min_size=1, max_size=5),
+    corpus=docs,
+    max_turns=st.integers(1, 4),
+    budget=st.integers(1, 700),
+    max_obs_tokens=st.integers(16, 200),
+    simple_mask=st.booleans(),
+    non_canonical=st.booleans(),
+)
+def test_random_chat_and_router_episodes_are_token_exact(
+    make_args,
+    tokenizer,
+    engine,
+    policy,
+    retriever,
+    search_config,
+    router,
+    mode,
+    chat_turns,
+    xml_turns,
+    corpus,
+    max_turns,
+    budget,
+    max_obs_tokens,
+    simple_mask,
+    non_canonical,
+):
+    from chat_tools import CHAT_SYSTEM_PROMPT, SEARCH_TOOL, chat_question
+    from conftest import chat_prompt
+    from support.fake_router import RadixCache
+
+    api_mode, tracking = mode
+    question = "Where is the thing"
+    policy.scripts = {question + "?": chat_turns if api_mode == "chat" else xml_turns}
+    engine.calls.clear()
+    # A text-keyed cache gives one tokenization per text: two samples that wrote the same text with different
+    # tokens would share one. Each example starts with an empty cache so it only holds this episode.
+    router.cache = RadixCache(tokenizer)
+    # the handler re-renders the model's turns: exact only for the tokenization the template gives back
+    engine.split_every = 2 if non_canonical and tracking != "router_handler" else 0
+    retriever.docs = [{"id": str(i), "contents": c} for i, c in enumerate(corpus)]
+    search_config.update(
+        llm_api_mode=api_mode,
+        token_tracking_mode=tracking,
+        max_turns=max_turns,
+        max_obs_tokens=max_obs_tokens,
+        loss_mask_mode="simple" if simple_mask else "strict",
+    )
+    host, port = router.url.removeprefix("http://").split(":")
+    args = make_args(**({} if tracking == "manual" else {"sglang_router_ip": host, "sglang_router_port": int(port)}))
+    if api_mode == "chat":
+        prompt = [
+            {"role": "system", "content": CHAT_SYSTEM_PROMPT},
+            {"role": "user", "content": chat_question(question)},
+        ]
+        text = tokenizer.apply_chat_template(prompt, tools=[SEARCH_TOOL], tokenize=False, add_generation_prompt=True)
+    else:
+        prompt = text = chat_prompt(tokenizer, question)
+    prompt_ids = tokenizer.encode(text, add_special_tokens=False)
+
+    async def episode():
+        try:
+            sample = Sample(prompt=prompt, label={"ground_truth": {"target": ["Paris"]}})
+            sample = await generate(args, sample, slime_sampling_params(budget))
+            return sample, await reward_func(args, sample)
+        finally:
+            await close_loop_sessions()
+
+    sample, reward = asyncio.run(episode())
+    calls = engine.calls_for(prompt_ids)
+    assert_faithful(sample, calls, tokenizer, prompt_ids, train_observations=simple_mask)
+    assert len(calls) <= max_turns
+    assert sample.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
+    assert 0.0 <= reward <= 1.0

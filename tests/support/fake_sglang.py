@@ -251,7 +251,7 @@ def openai_response(output: dict, tokenizer) -> dict:
     finish = meta["finish_reason"]["type"]
     text = tokenizer.decode(output["output_ids"], skip_special_tokens=True)
     calls, content = [], text
-    if "<tool_call>" in text:
+    if TOOL_CALL.search(text):
         try:
             parsed = [json.loads(block) for block in TOOL_CALL.findall(text)]
             calls = [
