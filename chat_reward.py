@@ -14,11 +14,10 @@ def conversation_format_problem(conversation: list[dict]) -> str | None:
     assistants = [i for i, m in enumerate(conversation) if m.get("role") == "assistant"]
     if not assistants:
         return "no assistant turn"
+    if any(message.get("role") == "user" for message in conversation):
+        return "a retry hint was needed"
     for position, message in enumerate(conversation):
-        role = message.get("role")
-        if role == "user":
-            return "a retry hint was needed"
-        if role != "assistant":
+        if message.get("role") != "assistant":
             continue
         turn = parse_openai_message(message, position)
         if turn.unparsable:

@@ -187,3 +187,48 @@ async def test_today_s_slime_router_is_rejected_with_advice(tokenizer, engine, m
             with pytest.raises(RouterTrackingError, match="answers 404.*TOKEN_TRACKING_MODE=manual is token-exact"):
                 await run_chat(args, search_config, mode, tracking=tracking, sample=chat_sample())
     assert engine.calls == []
+
+
+async def test_engine_speaks_openai_chat_completions_with_tools(tokenizer, engine, policy):
+    import httpx
+
+    policy.scripts[QUESTION + "?"] = [CALL, ANSWER]
+    request = {"model": "default", "messages": chat_messages(), "tools": [SEARCH_TOOL], "max_tokens": 200}
+    async with httpx.AsyncClient() as client:
+        first = (await client.post(engine.url + "/v1/chat/completions", json=request)).json()
+        choice = first["choices"][0]
+        assert choice["finish_reason"] == "tool_calls"
+        assert choice["message"]["content"] == "<think>I should search.</think>"
+        function = choice["message"]["tool_calls"][0]["function"]
+        assert function["name"] == "search" and json.loads(function["arguments"]) == {"query": "capital of France"}
+        assert first["usage"]["completion_tokens"] == len(engine.calls[-1].output_ids)
+
+        request["messages"] += [choice["message"], {"role": "tool", "content": "Paris is the capital."}]
+        second = (await client.post(engine.url + "/v1/chat/completions", json=request)).json()
+    assert second["choices"][0]["finish_reason"] == "stop"
+    assert second["choices"][0]["message"]["content"] == ANSWER
+
+
+async def test_router_handler_cannot_keep_what_the_template_renders_differently(
+    make_args, router_args, tokenizer, engine, policy, retriever, search_config
+):
+    # The model writes compact JSON; the template re-renders the call with spaces. manual keeps the sampled
+    # tokens; router_handler gets the re-rendered ones back as cache misses (loss mask 0, log prob 0.0).
+    compact = '<tool_call>\n{"name":"search","arguments":{"query":"capital of France"}}\n</tool_call>'
+    policy.scripts[QUESTION + "?"] = [compact, ANSWER]
+    prompt_ids = prompt_ids_of(tokenizer, chat_messages())
+
+    manual = await run_chat(make_args(), search_config, "chat")
+    assert_faithful(manual, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
+
+    engine.calls.clear()
+    handler = await run_chat(router_args(), search_config, "chat", tracking="router_handler")
+    assert handler.status == Sample.Status.COMPLETED
+    calls = engine.calls_for(prompt_ids)
+    for call in calls:  # what the engine conditioned on is still a prefix of the trajectory
+        assert handler.tokens[: len(call.input_ids)] == call.input_ids
+    first_turn = handler.tokens[len(prompt_ids) : len(prompt_ids) + len(calls[0].output_ids)]
+    assert first_turn != calls[0].output_ids
+    assert tokenizer.decode(first_turn).startswith('<tool_call>\n{"name": "search", "arguments": ')
+    masked = handler.loss_mask[: len(calls[0].output_ids)]
+    assert 0 in masked

@@ -1,0 +1,145 @@
+"""Convert Search-R1 parquet data into the chat format LLM_API_MODE=chat trains on.
+
+Input: Search-R1's parquet (a local file, or a Hugging Face dataset id such as PeterJinGo/nq_hotpotqa_train)
+with columns question, golden_answers/reward_model, data_source (id, ability, extra_info kept when present).
+Output: parquet with
+  prompt        [{"role": "system", ...}, {"role": "user", "content": "Question: ...?"}]
+  tools         the tool list as a JSON string (slime's --tool-key tools puts it in sample.metadata["tools"])
+  reward_model  {"style": "rule", "ground_truth": {"target": [...]}}
+  data_source, and the other columns of the input.
+Train with --input-key prompt --label-key reward_model --tool-key tools and WITHOUT --apply-chat-template.
+
+    python oai_format_data_preprocess.py --input PeterJinGo/nq_hotpotqa_train --split train --output train.parquet
+    python oai_format_data_preprocess.py --input test.parquet --output test_chat.parquet --data-sources nq,hotpotqa
+"""
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Iterable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from tqdm import tqdm
+
+from chat_tools import CHAT_SYSTEM_PROMPT, SEARCH_TOOL, chat_question
+from qa_em_format import golden_answers
+
+REQUIRED_COLUMNS = ("question", "data_source")
+PASSED_THROUGH = ("id", "ability", "extra_info", "golden_answers")
+
+
+class DataError(ValueError):
+    """The input does not have the Search-R1 schema; the message names the row and field."""
+
+
+def _targets(row: dict, index: int) -> list[str]:
+    """Gold answers from reward_model (ground_truth.target), else golden_answers."""
+    label = row.get("reward_model") if row.get("reward_model") is not None else row.get("golden_answers")
+    try:
+        return golden_answers(label)
+    except ValueError as exc:
+        raise DataError(f"row {index}: no gold answers in reward_model or golden_answers: {exc}") from None
+
+
+def convert_row(row: dict, index: int, system_prompt: str, tools_json: str) -> dict:
+    question = row.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise DataError(f"row {index}: 'question' must be a non-empty string, got {question!r}")
+    if not isinstance(row.get("data_source"), str):
+        raise DataError(f"row {index}: 'data_source' must be a string, got {row.get('data_source')!r}")
+    converted = {key: row[key] for key in PASSED_THROUGH if key in row}
+    converted.update(
+        data_source=row["data_source"],
+        question=question,
+        prompt=[{"role": "system", "content": system_prompt}, {"role": "user", "content": chat_question(question)}],
+        tools=tools_json,
+        reward_model={"style": "rule", "ground_truth": {"target": _targets(row, index)}},
+    )
+    return converted
+
+
+def read_rows(source: str, split: str) -> tuple[Iterable[dict], int]:
+    """Rows of a local parquet file, or of a Hugging Face dataset split."""
+    if os.path.exists(source):
+        table = pq.read_table(source)
+        missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
+        if missing:
+            raise DataError(f"{source} has no column(s) {missing}; Search-R1 data has {list(REQUIRED_COLUMNS)}")
+        return iter(table.to_pylist()), table.num_rows
+    if source.endswith(".parquet"):
+        raise DataError(f"{source} does not exist")
+    import datasets  # only for hub ids
+
+    dataset = datasets.load_dataset(source, split=split)
+    missing = [c for c in REQUIRED_COLUMNS if c not in dataset.column_names]
+    if missing:
+        raise DataError(f"{source}[{split}] has no column(s) {missing}")
+    return iter(dataset), len(dataset)
+
+
+def convert(
+    source: str,
+    output: str,
+    *,
+    split: str = "train",
+    data_sources: set[str] | None = None,
+    limit: int | None = None,
+    system_prompt: str = CHAT_SYSTEM_PROMPT,
+) -> int:
+    rows, total = read_rows(source, split)
+    tools_json = json.dumps([SEARCH_TOOL], ensure_ascii=False)
+    converted = []
+    for index, row in enumerate(tqdm(rows, total=total, desc="converting", unit="row")):
+        if data_sources and row.get("data_source") not in data_sources:
+            continue
+        converted.append(convert_row(row, index, system_prompt, tools_json))
+        if limit is not None and len(converted) >= limit:
+            break
+    if not converted:
+        raise DataError(f"no rows left to write (data sources {sorted(data_sources or [])} not found?)")
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(converted), output)
+    return len(converted)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--input", required=True, help="Search-R1 parquet file, or a Hugging Face dataset id")
+    parser.add_argument("--output", required=True, help="where to write the chat-format parquet")
+    parser.add_argument("--split", default="train", help="dataset split when --input is a hub id (default: train)")
+    parser.add_argument("--data-sources", default=None, help="keep only these data_source values, comma-separated")
+    parser.add_argument("--limit", type=int, default=None, help="stop after this many rows (default: all)")
+    parser.add_argument("--system-prompt-file", default=None, help="text file replacing the built-in system prompt")
+    options = parser.parse_args(argv)
+    if options.limit is not None and options.limit < 1:
+        parser.error("--limit must be at least 1")
+    if not options.output.endswith(".parquet"):
+        parser.error(f"--output must end with .parquet, got {options.output!r}")
+    system_prompt = CHAT_SYSTEM_PROMPT
+    if options.system_prompt_file:
+        try:
+            with open(options.system_prompt_file, encoding="utf-8") as handle:
+                system_prompt = handle.read().strip()
+        except OSError as exc:
+            parser.error(f"--system-prompt-file: {exc}")
+    sources = {s.strip() for s in options.data_sources.split(",") if s.strip()} if options.data_sources else None
+    try:
+        count = convert(
+            options.input,
+            options.output,
+            split=options.split,
+            data_sources=sources,
+            limit=options.limit,
+            system_prompt=system_prompt,
+        )
+    except DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {count} rows to {options.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The chat-mode format rule and reward, and the tool-call parsing it relies on."""
+
+import json
+
+import pytest
+
+from chat_reward import conversation_format_problem, score_conversation
+from chat_tools import parse_generated_turn, parse_openai_message
+from qa_em_format import FormatWeights
+
+WEIGHTS = FormatWeights(format_score=0.2, final_format_score=0.1, retrieval_score=0.1)
+
+
+def call(query, name="search", call_id="call_0"):
+    arguments = json.dumps({"query": query})
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def assistant(content="", *calls):
+    message = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = list(calls)
+    return message
+
+
+def tool(content):
+    return {"role": "tool", "tool_call_id": "call_0", "name": "search", "content": content}
+
+
+GOOD = [
+    assistant("<think>look</think>", call("capital of France")),
+    tool("Doc 1(Title: Paris) Paris is..."),
+    assistant("<answer> Paris </answer>"),
+]
+
+
+@pytest.mark.parametrize(
+    ("conversation", "problem"),
+    [
+        (GOOD, None),
+        ([assistant("<answer> Paris </answer>")], None),
+        ([assistant("no answer")], "0 <answer> blocks in the final turn"),
+        ([assistant("<answer>a</answer><answer>b</answer>")], "2 <answer> blocks in the final turn"),
+        ([assistant("<answer> Paris </answer> and more")], "text after </answer>"),
+        ([assistant("x", call("q")), tool("r")], "the last turn is a tool call"),
+        ([assistant("x", call("")), tool("Error"), assistant("<answer>a</answer>")], "malformed search call"),
+        ([assistant("x", call("q", name="lookup")), tool("Error"), assistant("<answer>a</answer>")], "malformed"),
+        ([assistant("hm"), {"role": "user", "content": "hint"}, assistant("<answer>a</answer>")], "retry hint"),
+        ([assistant("<answer>a</answer>", call("q")), tool("r"), assistant("<answer>a</answer>")], "before the final"),
+        ([assistant("x", call("q")), assistant("<answer>a</answer>")], "without its tool message"),
+        ([assistant('<tool_call>{"name": </tool_call>')], "unparsable tool call"),
+        ([], "no assistant turn"),
+    ],
+)
+def test_format_rule(conversation, problem):
+    found = conversation_format_problem(conversation)
+    assert found == problem if problem is None else problem in found
+
+
+def test_score_table_for_conversations():
+    assert score_conversation(GOOD, ["Paris"], WEIGHTS).score == 1.0
+    wrong = [*GOOD[:2], assistant("<answer> Rome </answer>")]
+    assert score_conversation(wrong, ["Paris"], WEIGHTS).score == pytest.approx(0.3)  # valid, gold retrieved
+    assert score_conversation(wrong, ["Lyon"], WEIGHTS).score == pytest.approx(0.2)
+    invalid = [assistant("<answer> Paris </answer> extra")]
+    assert score_conversation(invalid, ["Paris"], WEIGHTS).score == pytest.approx(0.8)
+    assert score_conversation([assistant("<answer> Rome </answer> x")], ["Paris"], WEIGHTS).score == pytest.approx(0.1)
+    assert score_conversation([assistant("I give up")], ["Paris"], WEIGHTS).score == 0.0
+    # several answers: the last one of the final message is scored (and the format is invalid)
+    several = [assistant("<answer> Rome </answer> no wait <answer> Paris </answer>")]
+    details = score_conversation(several, ["Paris"], WEIGHTS)
+    assert details.answer == "Paris" and details.em == 1.0 and not details.format_valid
+
+
+def test_generated_turn_parsing():
+    text = (
+        '<think>a</think>\n<tool_call>\n{"name": "search", "arguments": {"query": ["x", "y"]}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "search", "arguments": "{\\"query\\": \\"z\\"}"}\n</tool_call><|im_end|>'
+    )
+    turn = parse_generated_turn(text, "<|im_end|>", 2)
+    assert turn.content == "<think>a</think>"
+    assert [c.queries for c in turn.tool_calls] == [["x", "y"], ["z"]]
+    assert [c.call_id for c in turn.tool_calls] == ["call_2_0", "call_2_1"]
+    assert turn.message()["tool_calls"][0]["function"] == {"name": "search", "arguments": '{"query": ["x", "y"]}'}
+
+    broken = parse_generated_turn('<tool_call>\n{"name": "search", "arg', "<|im_end|>", 0)
+    assert broken.unparsable and not broken.tool_calls and not broken.is_final_answer
+    too_many = parse_generated_turn(
+        '<tool_call>{"name": "search", "arguments": {"query": ["a","b","c","d","e","f"]}}</tool_call>', "", 0
+    )
+    assert too_many.tool_calls[0].error == "at most 5 queries per call"
+    assert parse_generated_turn("<answer> x </answer><|im_end|>", "<|im_end|>", 0).is_final_answer
+
+
+def test_openai_message_parsing():
+    turn = parse_openai_message({"role": "assistant", "content": None, "tool_calls": [call("q", call_id="abc")]}, 0)
+    assert turn.content == "" and turn.tool_calls[0].call_id == "abc" and turn.tool_calls[0].queries == ["q"]
+    bad = parse_openai_message({"content": "", "tool_calls": [{"function": {"name": "search", "arguments": "{"}}]}, 1)
+    assert bad.tool_calls[0].error == "arguments are not valid JSON"

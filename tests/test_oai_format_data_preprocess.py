@@ -1,0 +1,138 @@
+"""oai_format_data_preprocess.py on small local parquet files shaped like Search-R1's."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from chat_tools import CHAT_SYSTEM_PROMPT, SEARCH_TOOL
+from conftest import slime_sampling_params
+from generate_with_search import generate, reward_func
+from oai_format_data_preprocess import main
+from slime.utils.types import Sample
+from xml_actions import search_r1_prompt
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def search_r1_rows():
+    rows = []
+    for i, (source, question, answers) in enumerate(
+        [
+            ("nq", "what is the capital of france", ["Paris"]),
+            ("nq", "who wrote hamlet", ["William Shakespeare", "Shakespeare"]),
+            ("hotpotqa", "Which river is longer, the Amazon or the Nile?", ["Nile"]),
+        ]
+    ):
+        rows.append(
+            {
+                "id": f"{source}_{i}",
+                "question": question,
+                "golden_answers": answers,
+                "data_source": source,
+                "prompt": [{"role": "user", "content": search_r1_prompt(question)}],
+                "ability": "fact-reasoning",
+                "reward_model": {"style": "rule", "ground_truth": {"target": answers}},
+                "extra_info": {"split": "test", "index": i},
+            }
+        )
+    return rows
+
+
+@pytest.fixture
+def search_r1_parquet(tmp_path):
+    path = tmp_path / "test.parquet"
+    pq.write_table(pa.Table.from_pylist(search_r1_rows()), path)
+    return path
+
+
+def read_like_slime(path):
+    """slime's read_file: ParquetFile batches to Python objects."""
+    return [row for batch in pq.ParquetFile(path).iter_batches() for row in batch.to_pylist()]
+
+
+def test_converts_to_chat_format(search_r1_parquet, tmp_path):
+    out = tmp_path / "chat.parquet"
+    assert main(["--input", str(search_r1_parquet), "--output", str(out)]) == 0
+    rows = read_like_slime(out)
+    assert len(rows) == 3
+    first = rows[0]
+    assert first["prompt"] == [
+        {"role": "system", "content": CHAT_SYSTEM_PROMPT},
+        {"role": "user", "content": "Question: what is the capital of france?"},
+    ]
+    assert json.loads(first["tools"]) == [SEARCH_TOOL]
+    assert first["reward_model"] == {"style": "rule", "ground_truth": {"target": ["Paris"]}}
+    assert (
+        first["data_source"] == "nq" and first["id"] == "nq_0" and first["extra_info"] == {"split": "test", "index": 0}
+    )
+    assert rows[2]["prompt"][1]["content"] == "Question: Which river is longer, the Amazon or the Nile?"
+
+
+def test_data_source_filter_limit_and_system_prompt(search_r1_parquet, tmp_path):
+    prompt_file = tmp_path / "system.txt"
+    prompt_file.write_text("Be brief.\n")
+    out = tmp_path / "chat.parquet"
+    args = ["--input", str(search_r1_parquet), "--output", str(out), "--data-sources", "nq", "--limit", "1"]
+    assert main([*args, "--system-prompt-file", str(prompt_file)]) == 0
+    rows = read_like_slime(out)
+    assert len(rows) == 1 and rows[0]["data_source"] == "nq" and rows[0]["prompt"][0]["content"] == "Be brief."
+
+
+def test_golden_answers_are_used_without_reward_model(tmp_path):
+    path = tmp_path / "plain.parquet"
+    pq.write_table(pa.Table.from_pylist([{"question": "q", "data_source": "nq", "golden_answers": ["a"]}]), path)
+    assert main(["--input", str(path), "--output", str(tmp_path / "o.parquet")]) == 0
+    assert read_like_slime(tmp_path / "o.parquet")[0]["reward_model"]["ground_truth"]["target"] == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([{"question": "q"}], "has no column(s) ['data_source']"),
+        ([{"question": " ", "data_source": "nq", "golden_answers": ["a"]}], "row 0: 'question' must be a non-empty"),
+        ([{"question": "q", "data_source": "nq", "golden_answers": []}], "row 0: no gold answers"),
+    ],
+)
+def test_schema_errors_name_the_problem(tmp_path, capsys, rows, message):
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    assert main(["--input", str(path), "--output", str(tmp_path / "o.parquet")]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_errors_and_help(tmp_path, capsys):
+    assert main(["--input", str(tmp_path / "missing.parquet"), "--output", str(tmp_path / "o.parquet")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--input", "x.parquet", "--output", "out.json"])
+    assert "--output must end with .parquet" in capsys.readouterr().err
+    result = subprocess.run(
+        [sys.executable, "oai_format_data_preprocess.py", "--help"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert result.returncode == 0
+    for option in ("--input", "--output", "--split", "--data-sources", "--limit", "--system-prompt-file"):
+        assert option in result.stdout
+
+
+async def test_converted_rows_train_in_chat_mode(
+    search_r1_parquet, tmp_path, make_args, engine, policy, search_config
+):
+    out = tmp_path / "chat.parquet"
+    main(["--input", str(search_r1_parquet), "--output", str(out)])
+    row = read_like_slime(out)[0]
+    # what slime builds from a row with --input-key prompt --label-key reward_model --tool-key tools
+    sample = Sample(prompt=row["prompt"], label=row["reward_model"], metadata={"tools": json.loads(row["tools"])})
+    policy.scripts["what is the capital of france?"] = [
+        '<tool_call>\n{"name": "search", "arguments": {"query": "capital of France"}}\n</tool_call>',
+        "<answer> Paris </answer>",
+    ]
+    search_config["llm_api_mode"] = "chat"
+    args = make_args()
+    sample = await generate(args, sample, slime_sampling_params(1024))
+    assert sample.status == Sample.Status.COMPLETED
+    assert await reward_func(args, sample) == 1.0
