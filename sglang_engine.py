@@ -76,7 +76,15 @@ async def generate_turn(
         output = await slime_post(url, payload, headers=headers)
     else:
         output = await _post_aiohttp(url, payload, headers)
-    return parse_engine_output(output, return_logprob)
+    turn = parse_engine_output(output, return_logprob)
+    seen = turn.meta_info.get("prompt_tokens")
+    if isinstance(seen, int) and seen != len(input_ids):
+        raise EngineProtocolError(
+            f"the engine conditioned on {seen} tokens but {len(input_ids)} were sent: something between the plugin "
+            "and SGLang rewrote input_ids (the old slime router's radix middleware does; use TOKEN_TRACKING_MODE="
+            "router_radix with it, or route through sglang-router)"
+        )
+    return turn
 
 
 def parse_engine_output(output: object, return_logprob: bool) -> EngineTurn:

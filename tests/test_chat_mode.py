@@ -232,3 +232,57 @@ async def test_router_handler_cannot_keep_what_the_template_renders_differently(
     assert tokenizer.decode(first_turn).startswith('<tool_call>\n{"name": "search", "arguments": ')
     masked = handler.loss_mask[: len(calls[0].output_ids)]
     assert 0 in masked
+
+
+XML_SEARCH = "<think>I need to look this up.</think>\n<search> capital of France </search>"
+SCENARIOS = {
+    # scenario: (chat turns, XML turns, expected reward)
+    "right": ([CALL, ANSWER], [XML_SEARCH, "<think>Paris.</think>\n<answer> Paris </answer>"], 1.0),
+    "wrong": ([CALL, WRONG], [XML_SEARCH, "<think>Berlin.</think>\n<answer> Berlin </answer>"], 0.2),
+    "malformed": ([MALFORMED, CALL, ANSWER], ["<search capital", XML_SEARCH, ANSWER], 0.8),
+}
+COMBINATIONS = [
+    ("generate", "manual"),
+    ("generate", "router_radix"),
+    ("chat", "manual"),
+    ("chat", "router_handler"),
+    ("chat", "router_radix"),
+]
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+@pytest.mark.parametrize(("mode", "tracking"), COMBINATIONS)
+async def test_every_valid_mode_combination(
+    make_args, router_args, tokenizer, engine, policy, retriever, search_config, mode, tracking, scenario
+):
+    chat_turns, xml_turns, expected = SCENARIOS[scenario]
+    policy.scripts[QUESTION + "?"] = chat_turns if mode == "chat" else xml_turns
+    if mode == "chat":
+        sample = chat_sample()
+        prompt_ids = prompt_ids_of(tokenizer, sample.prompt)
+    else:
+        sample = Sample(prompt=chat_prompt(tokenizer, QUESTION), label=LABEL)
+        prompt_ids = tokenizer.encode(sample.prompt, add_special_tokens=False)
+    prompt_before = copy.deepcopy(sample.prompt)
+    # manual talks to the engine (today's sglang-router forwards input_ids untouched); the others to the router
+    args = make_args() if tracking == "manual" else router_args()
+    sample = await run_chat(args, search_config, mode, tracking=tracking, sample=sample)
+
+    assert sample.prompt == prompt_before
+    assert sample.status == Sample.Status.COMPLETED
+    assert retriever.queries and set(retriever.queries) == {"capital of France"}
+    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
+    assert await reward_func(args, sample) == pytest.approx(expected)
+
+
+async def test_chat_with_router_radix_warns_once(router_args, engine, policy, search_config, caplog, monkeypatch):
+    import generate_with_search
+
+    monkeypatch.setattr(generate_with_search, "_warned", set())
+    policy.scripts[QUESTION + "?"] = [ANSWER]
+    for _ in range(2):
+        await run_chat(router_args(), search_config, "chat", tracking="router_radix")
+    assert caplog.text.count("sends rendered text, not messages, through the router") == 1
+    caplog.clear()
+    await run_chat(router_args(), search_config, "chat", tracking="router_handler")
+    assert "sends rendered text" not in caplog.text

@@ -380,3 +380,24 @@ async def test_engine_that_never_recovers_raises_after_its_attempts(
     with pytest.raises(EngineUnavailable, match="did not answer after 3 attempts.*HTTP 502"):
         await rollout(make_args, tokenizer)
     assert engine.failures_left == 7
+
+
+async def test_a_proxy_that_rewrites_input_ids_is_caught(make_args, tokenizer, engine, search_config):
+    import httpx
+    from fastapi import FastAPI, Request
+
+    from support.loopback import serve_in_thread
+
+    proxy = FastAPI()
+
+    @proxy.post("/generate")
+    async def rewrite(request: Request):
+        body = await request.json()
+        body["input_ids"] = body["input_ids"][:-1]  # e.g. a middleware that re-tokenizes the decoded text
+        async with httpx.AsyncClient() as client:
+            return (await client.post(engine.url + "/generate", json=body)).json()
+
+    with serve_in_thread(proxy) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with pytest.raises(EngineProtocolError, match="rewrote input_ids"):
+            await rollout(lambda **kw: make_args(sglang_router_ip=host, sglang_router_port=int(port), **kw), tokenizer)
