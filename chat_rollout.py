@@ -11,26 +11,17 @@ router_handler messages go through the router's /v1/chat/completions; the trajec
 import asyncio
 import copy
 
-from async_http import RequestFailed, post_json
 from chat_template import ChatRenderer
 from chat_tools import NO_ACTION_HINT, SEARCH_TOOL, AssistantTurn, parse_generated_turn, parse_openai_message
+from episode import encode_prompt, episode_budget, run_episode, timed_search
 from observations import encode_text
-from router_tracking import (
-    RouterTrackingError,
-    fill_sample_from_router,
-    require_endpoint,
-    retrieve,
-    router_base_url,
-    router_session,
-)
-from search_backend import SearchError
+from router_tracking import require_endpoint, router_base_url
 from search_r1_config import SearchR1Config
 from search_results import format_documents
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
-from token_drivers import ExactDriver, RadixDriver
-from trajectory import METADATA_KEY, EpisodeStats, record_finish, reset_response_fields
-from xml_rollout import context_limit, encode_prompt, timed_search
+from token_drivers import ExactDriver, GeneratedTurn, HandlerDriver, RadixDriver
+from trajectory import METADATA_KEY, EpisodeStats
 
 
 def initial_messages(prompt) -> list[dict]:
@@ -77,150 +68,60 @@ async def tool_results(turn: AssistantTurn, config: SearchR1Config, stats: Episo
     return messages
 
 
-def _finish_chat(sample: Sample, conversation: list[dict]) -> Sample:
-    sample.metadata[METADATA_KEY]["conversation"] = conversation
-    return sample
+class ChatProtocol:
+    def __init__(self, renderer: ChatRenderer, messages, conversation, config, stats, tokenizer, sampling_params):
+        self.renderer, self.messages, self.conversation = renderer, messages, conversation
+        self.config, self.stats, self.tokenizer = config, stats, tokenizer
+        self.end_of_turn = renderer.end_of_turn_text(messages)
+        # The assistant turn ends with the template's end-of-turn token (<|im_end|> for Qwen2.5).
+        stop_ids = list(sampling_params.get("stop_token_ids") or [])
+        eot_token = renderer.end_of_turn_token(messages)
+        if eot_token is not None and eot_token not in stop_ids:
+            stop_ids.append(eot_token)
+        self.sampling_params = {**sampling_params, "stop_token_ids": stop_ids}
+        self.turn: AssistantTurn | None = None
+        self.pending: list[dict] = []
+
+    def read(self, turn: GeneratedTurn, turn_index: int) -> bool:
+        if turn.message is not None:
+            self.turn = parse_openai_message(turn.message, turn_index)
+        else:
+            self.turn = parse_generated_turn(turn.text, self.end_of_turn.strip(), turn_index)
+        self.conversation.append(self.turn.message())
+        return self.turn.is_final_answer
+
+    async def respond(self, turn: GeneratedTurn) -> list[int]:
+        self.pending = await tool_results(self.turn, self.config, self.stats, self.tokenizer)
+        history = self.messages + self.conversation[:-1]
+        return self.renderer.followup_ids(history, self.pending, turn.ids)
+
+    def accept(self) -> None:
+        self.conversation.extend(self.pending)
+
+    def on_finish(self, sample: Sample) -> None:
+        sample.metadata[METADATA_KEY]["conversation"] = self.conversation
 
 
 async def run_chat_episode(args, sample: Sample, sampling_params: dict, config: SearchR1Config, evaluation: bool):
-    if config.token_tracking_mode == "router_handler":
-        return await run_chat_handler_episode(args, sample, sampling_params, config, evaluation)
     state = GenerateState(args)
     tokenizer = state.tokenizer
-    messages = initial_messages(sample.prompt)
-    renderer = ChatRenderer(tokenizer, sample_tools(sample), sample.apply_chat_template_kwargs)
-    prompt_text = renderer.render(messages, add_generation_prompt=True)
-    prompt_ids = encode_prompt(tokenizer, prompt_text)
-    if config.token_tracking_mode == "router_radix":
-        await require_endpoint(router_base_url(args), "/retrieve_from_text", "router_radix")
-        driver = RadixDriver(args, sample, tokenizer, prompt_ids, config, prompt_text=prompt_text)
-    else:
-        driver = ExactDriver(args, sample, tokenizer, prompt_ids, config)
-    stats = driver.stats
-    stats.evaluation = evaluation
-    response_budget = int(sampling_params.get("max_new_tokens") or args.rollout_max_response_len)
-    max_context = context_limit(args, config, evaluation)
-    end_of_turn = renderer.end_of_turn_text(messages)
-    stop_ids = list(sampling_params.get("stop_token_ids") or [])
-    eot_token = renderer.end_of_turn_token(messages)
-    if eot_token is not None and eot_token not in stop_ids:
-        stop_ids.append(eot_token)
-    base_params = {**sampling_params, "stop_token_ids": stop_ids}
-    conversation: list[dict] = []
-
-    def tokens_left() -> int:
-        return min(response_budget - driver.response_length, max_context - driver.context_length)
-
-    async def finish(status: Sample.Status, reason: str) -> Sample:
-        return _finish_chat(await driver.finish(status, reason), conversation)
-
-    for turn_index in range(config.max_turns):
-        if state.aborted:
-            return await finish(Sample.Status.ABORTED, "rollout_aborted")
-        if tokens_left() <= 0:
-            return await finish(Sample.Status.TRUNCATED, "token_budget")
-        generated = await driver.generate({**base_params, "max_new_tokens": tokens_left()})
-        if generated.finish_type == "abort":
-            return await finish(Sample.Status.ABORTED, "engine_abort")
-        stats.turns += 1
-        turn = parse_generated_turn(generated.text, end_of_turn.strip(), turn_index)
-        conversation.append(turn.message())
-        if turn.is_final_answer:
-            return await finish(Sample.Status.COMPLETED, "answer")
-        if generated.finish_type == "length":
-            return await finish(Sample.Status.TRUNCATED, "token_budget")
-        if turn_index == config.max_turns - 1:
-            return await finish(Sample.Status.TRUNCATED, "max_turns")
-        try:
-            replies = await tool_results(turn, config, stats, tokenizer)
-        except SearchError:
-            sample.remove_sample = config.drop_failed_samples
-            return await finish(Sample.Status.FAILED, "search_failed")
-        followup = renderer.followup_ids(messages + conversation[:-1], replies, generated.ids)
-        if len(followup) >= tokens_left():
-            return await finish(Sample.Status.TRUNCATED, "token_budget")
-        driver.add_observation(followup)
-        conversation.extend(replies)
-    raise AssertionError("unreachable: the last turn always returns")
-
-
-def openai_sampling(sampling_params: dict, max_tokens: int) -> dict:
-    """slime's SGLang sampling params as /v1/chat/completions fields (SGLang accepts top_k and stop_token_ids)."""
-    fields = {"max_tokens": max_tokens}
-    for name in ("temperature", "top_p", "top_k", "stop", "stop_token_ids", "skip_special_tokens"):
-        if sampling_params.get(name) is not None:
-            fields[name] = sampling_params[name]
-    return fields
-
-
-async def run_chat_handler_episode(args, sample, sampling_params: dict, config: SearchR1Config, evaluation: bool):
-    """TOKEN_TRACKING_MODE=router_handler: messages in and out, tokens from the router's messages cache."""
-    state = GenerateState(args)
-    tokenizer = state.tokenizer
-    base_url = router_base_url(args)
-    await require_endpoint(base_url, "/retrieve_from_messages_template", "router_handler")
     messages = initial_messages(sample.prompt)
     tools = sample_tools(sample)
     renderer = ChatRenderer(tokenizer, tools, sample.apply_chat_template_kwargs)
-    prompt_ids = encode_prompt(tokenizer, renderer.render(messages, add_generation_prompt=True))
-    reset_response_fields(sample, prompt_ids, config.return_logprob)
-    stats = EpisodeStats(evaluation=evaluation)
-    response_budget = int(sampling_params.get("max_new_tokens") or args.rollout_max_response_len)
-    max_context = context_limit(args, config, evaluation)
+    prompt_text = renderer.render(messages, add_generation_prompt=True)
+    prompt_ids = encode_prompt(tokenizer, prompt_text)
     conversation: list[dict] = []
-    used = 0  # response tokens so far: generated plus template follow-ups
-
-    async def finish(status: Sample.Status, reason: str) -> Sample:
-        if status != Sample.Status.ABORTED:
-            payload = {"messages": messages + conversation, "tools": tools, "add_generation_prompt": False}
-            retrieved = await retrieve(base_url, "/retrieve_from_messages_template", payload)
-            fill_sample_from_router(
-                args,
-                sample,
-                prompt_ids,
-                retrieved,
-                tokenizer,
-                track_log_probs=config.return_logprob,
-                train_observations=config.train_observations,
-            )
-        return _finish_chat(record_finish(sample, stats, status, reason), conversation)
-
-    def tokens_left() -> int:
-        return min(response_budget - used, max_context - len(prompt_ids) - used)
-
-    for turn_index in range(config.max_turns):
-        if state.aborted:
-            return await finish(Sample.Status.ABORTED, "rollout_aborted")
-        if tokens_left() <= 0:
-            return await finish(Sample.Status.TRUNCATED, "token_budget")
-        request = {"model": "default", "messages": messages + conversation, "tools": tools, "stream": False}
-        request.update(openai_sampling(sampling_params, tokens_left()))
-        try:
-            output = await post_json(router_session(), base_url + "/v1/chat/completions", request, None)
-            choice = output["choices"][0]
-        except (RequestFailed, KeyError, IndexError, TypeError) as exc:
-            raise RouterTrackingError(f"the router's /v1/chat/completions failed: {exc}") from exc
-        if choice.get("finish_reason") == "abort":
-            return await finish(Sample.Status.ABORTED, "engine_abort")
-        stats.turns += 1
-        used += int((output.get("usage") or {}).get("completion_tokens", 0))
-        turn = parse_openai_message(choice.get("message") or {}, turn_index)
-        conversation.append(turn.message())
-        if turn.is_final_answer:
-            return await finish(Sample.Status.COMPLETED, "answer")
-        if choice.get("finish_reason") == "length":
-            return await finish(Sample.Status.TRUNCATED, "token_budget")
-        if turn_index == config.max_turns - 1:
-            return await finish(Sample.Status.TRUNCATED, "max_turns")
-        try:
-            replies = await tool_results(turn, config, stats, tokenizer)
-        except SearchError:
-            sample.remove_sample = config.drop_failed_samples
-            return await finish(Sample.Status.FAILED, "search_failed")
-        # The router adds the template's follow-up; count it the same way to keep the budget.
-        followup = len(renderer.followup_ids(messages + conversation[:-1], replies, []))
-        if followup >= tokens_left():
-            return await finish(Sample.Status.TRUNCATED, "token_budget")
-        used += followup
-        conversation.extend(replies)
-    raise AssertionError("unreachable: the last turn always returns")
+    base_url = router_base_url(args)
+    if config.token_tracking_mode == "router_handler":
+        await require_endpoint(base_url, "/retrieve_from_messages_template", "router_handler")
+        driver = HandlerDriver(
+            args, sample, tokenizer, prompt_ids, config, messages=messages, conversation=conversation, tools=tools
+        )
+    elif config.token_tracking_mode == "router_radix":
+        await require_endpoint(base_url, "/retrieve_from_text", "router_radix")
+        driver = RadixDriver(args, sample, tokenizer, prompt_ids, config, prompt_text=prompt_text)
+    else:
+        driver = ExactDriver(args, sample, tokenizer, prompt_ids, config)
+    protocol = ChatProtocol(renderer, messages, conversation, config, driver.stats, tokenizer, sampling_params)
+    budget = episode_budget(args, sampling_params, config, evaluation)
+    return await run_episode(state, driver, protocol, config, budget, evaluation)

@@ -18,6 +18,7 @@ class GeneratedTurn:
     text: str
     finish_type: str  # "stop" | "length" | "abort"
     ids: list[int]
+    message: dict | None = None  # the assistant message, when the server parsed it (router_handler)
 
 
 def cut_after_first_stop(ids: list[int], tokenizer, text: str, stops: tuple[str, ...]) -> int:
@@ -58,6 +59,7 @@ class ExactDriver:
             track_log_probs=config.return_logprob,
             train_observations=config.train_observations,
         )
+        self.sample = sample
         self.stats = self.trajectory.stats
         self.return_logprob = config.return_logprob
         self.url = engine_url(args)
@@ -141,6 +143,69 @@ class RadixDriver:
     async def finish(self, status: Sample.Status, reason: str) -> Sample:
         if status != Sample.Status.ABORTED:  # slime drops aborted samples: no trajectory needed
             retrieved = await retrieve(self.base_url, "/retrieve_from_text", {"text": self.text, "return_logp": True})
+            fill_sample_from_router(
+                self.args,
+                self.sample,
+                self.prompt_ids,
+                retrieved,
+                self.tokenizer,
+                track_log_probs=self.config.return_logprob,
+                train_observations=self.config.train_observations,
+            )
+        return record_finish(self.sample, self.stats, status, reason)
+
+
+def openai_sampling(sampling_params: dict) -> dict:
+    """slime's SGLang sampling params as /v1/chat/completions fields (SGLang accepts top_k and stop_token_ids)."""
+    fields = {"max_tokens": sampling_params["max_new_tokens"]}
+    for name in ("temperature", "top_p", "top_k", "stop", "stop_token_ids", "skip_special_tokens"):
+        if sampling_params.get(name) is not None:
+            fields[name] = sampling_params[name]
+    return fields
+
+
+class HandlerDriver:
+    """TOKEN_TRACKING_MODE=router_handler: messages through the router's /v1/chat/completions, tokens from its
+    /retrieve_from_messages_template at the end (prompt tokens sliced off)."""
+
+    def __init__(self, args, sample, tokenizer, prompt_ids, config, *, messages, conversation, tools):
+        self.args, self.sample, self.tokenizer, self.config = args, sample, tokenizer, config
+        self.prompt_ids = list(prompt_ids)
+        self.messages, self.conversation, self.tools = messages, conversation, tools
+        self.stats = EpisodeStats()
+        self.base_url = router_base_url(args)
+        self.context_length = len(prompt_ids)
+        self.response_length = 0
+        reset_response_fields(sample, prompt_ids, config.return_logprob)
+
+    async def generate(self, sampling_params: dict) -> GeneratedTurn:
+        request = {"model": "default", "messages": self.messages + self.conversation, "tools": self.tools}
+        request.update(stream=False, **openai_sampling(sampling_params))
+        try:
+            output = await post_json(router_session(), self.base_url + "/v1/chat/completions", request, None)
+            choice = output["choices"][0]
+            message = choice.get("message") or {}
+        except (RequestFailed, KeyError, IndexError, TypeError) as exc:
+            raise RouterTrackingError(f"the router's /v1/chat/completions failed: {exc}") from exc
+        finish = choice.get("finish_reason")
+        finish_type = finish if finish in ("abort", "length") else "stop"
+        count = int((output.get("usage") or {}).get("completion_tokens", 0))
+        self.context_length += count
+        self.response_length += count
+        return GeneratedTurn(message.get("content") or "", finish_type, [], message)
+
+    def add_observation(self, ids: list[int]) -> None:
+        # The router renders the follow-up itself; these ids (the same template) only keep the budget.
+        self.context_length += len(ids)
+        self.response_length += len(ids)
+        self.stats.observation_tokens += len(ids)
+
+    async def finish(self, status: Sample.Status, reason: str) -> Sample:
+        if status != Sample.Status.ABORTED:
+            payload = {"messages": self.messages + self.conversation, "tools": self.tools}
+            retrieved = await retrieve(
+                self.base_url, "/retrieve_from_messages_template", payload | {"add_generation_prompt": False}
+            )
             fill_sample_from_router(
                 self.args,
                 self.sample,
