@@ -101,19 +101,54 @@ class ExactDriver:
         return self.trajectory.finish(status, reason, self.tokenizer)
 
 
-class RadixDriver:
-    """TOKEN_TRACKING_MODE=router_radix: text through the router's /generate, the trajectory from its cache."""
+class _RouterDriver:
+    """Counts tokens as the episode goes; the trajectory itself comes from the router's cache at the end."""
 
-    def __init__(self, args, sample, tokenizer, prompt_ids, config, *, prompt_text: str):
-        self.args, self.sample, self.tokenizer = args, sample, tokenizer
+    retrieve_endpoint = ""
+
+    def __init__(self, args, sample, tokenizer, prompt_ids, config):
+        self.args, self.sample, self.tokenizer, self.config = args, sample, tokenizer, config
         self.prompt_ids = list(prompt_ids)
-        self.config = config
-        self.text = prompt_text
         self.stats = EpisodeStats()
         self.base_url = router_base_url(args)
         self.context_length = len(prompt_ids)
         self.response_length = 0
         reset_response_fields(sample, prompt_ids, config.return_logprob)
+
+    def _count(self, tokens: int) -> None:
+        self.context_length += tokens
+        self.response_length += tokens
+
+    def add_observation(self, ids: list[int]) -> None:
+        self._count(len(ids))
+        self.stats.observation_tokens += len(ids)
+
+    def retrieve_payload(self) -> dict:
+        raise NotImplementedError
+
+    async def finish(self, status: Sample.Status, reason: str) -> Sample:
+        if status != Sample.Status.ABORTED:  # slime drops aborted samples: no trajectory needed
+            retrieved = await retrieve(self.base_url, self.retrieve_endpoint, self.retrieve_payload())
+            fill_sample_from_router(
+                self.args,
+                self.sample,
+                self.prompt_ids,
+                retrieved,
+                self.tokenizer,
+                track_log_probs=self.config.return_logprob,
+                train_observations=self.config.train_observations,
+            )
+        return record_finish(self.sample, self.stats, status, reason)
+
+
+class RadixDriver(_RouterDriver):
+    """TOKEN_TRACKING_MODE=router_radix: text through the router's /generate, the trajectory from its cache."""
+
+    retrieve_endpoint = "/retrieve_from_text"
+
+    def __init__(self, args, sample, tokenizer, prompt_ids, config, *, prompt_text: str):
+        super().__init__(args, sample, tokenizer, prompt_ids, config)
+        self.text = prompt_text
 
     async def generate(self, sampling_params: dict) -> GeneratedTurn:
         payload = {"text": self.text, "sampling_params": sampling_params, "return_logprob": self.config.return_logprob}
@@ -128,31 +163,16 @@ class RadixDriver:
         ids = output.get("output_ids")
         # Decode the ids when given: the engine's text drops special tokens if skip_special_tokens is set.
         text = self.tokenizer.decode(ids, skip_special_tokens=False) if ids is not None else output["text"]
-        count = int(meta.get("completion_tokens", len(ids or [])))
+        self._count(int(meta.get("completion_tokens", len(ids or []))))
         self.text += text
-        self.context_length += count
-        self.response_length += count
         return GeneratedTurn(text, finish, ids or [])
 
     def add_observation(self, ids: list[int]) -> None:
+        super().add_observation(ids)
         self.text += self.tokenizer.decode(ids, skip_special_tokens=False)
-        self.context_length += len(ids)
-        self.response_length += len(ids)
-        self.stats.observation_tokens += len(ids)
 
-    async def finish(self, status: Sample.Status, reason: str) -> Sample:
-        if status != Sample.Status.ABORTED:  # slime drops aborted samples: no trajectory needed
-            retrieved = await retrieve(self.base_url, "/retrieve_from_text", {"text": self.text, "return_logp": True})
-            fill_sample_from_router(
-                self.args,
-                self.sample,
-                self.prompt_ids,
-                retrieved,
-                self.tokenizer,
-                track_log_probs=self.config.return_logprob,
-                train_observations=self.config.train_observations,
-            )
-        return record_finish(self.sample, self.stats, status, reason)
+    def retrieve_payload(self) -> dict:
+        return {"text": self.text, "return_logp": True}
 
 
 def openai_sampling(sampling_params: dict) -> dict:
@@ -164,19 +184,15 @@ def openai_sampling(sampling_params: dict) -> dict:
     return fields
 
 
-class HandlerDriver:
+class HandlerDriver(_RouterDriver):
     """TOKEN_TRACKING_MODE=router_handler: messages through the router's /v1/chat/completions, tokens from its
     /retrieve_from_messages_template at the end (prompt tokens sliced off)."""
 
+    retrieve_endpoint = "/retrieve_from_messages_template"
+
     def __init__(self, args, sample, tokenizer, prompt_ids, config, *, messages, conversation, tools):
-        self.args, self.sample, self.tokenizer, self.config = args, sample, tokenizer, config
-        self.prompt_ids = list(prompt_ids)
+        super().__init__(args, sample, tokenizer, prompt_ids, config)
         self.messages, self.conversation, self.tools = messages, conversation, tools
-        self.stats = EpisodeStats()
-        self.base_url = router_base_url(args)
-        self.context_length = len(prompt_ids)
-        self.response_length = 0
-        reset_response_fields(sample, prompt_ids, config.return_logprob)
 
     async def generate(self, sampling_params: dict) -> GeneratedTurn:
         request = {"model": "default", "messages": self.messages + self.conversation, "tools": self.tools}
@@ -188,31 +204,11 @@ class HandlerDriver:
         except (RequestFailed, KeyError, IndexError, TypeError) as exc:
             raise RouterTrackingError(f"the router's /v1/chat/completions failed: {exc}") from exc
         finish = choice.get("finish_reason")
-        finish_type = finish if finish in ("abort", "length") else "stop"
-        count = int((output.get("usage") or {}).get("completion_tokens", 0))
-        self.context_length += count
-        self.response_length += count
-        return GeneratedTurn(message.get("content") or "", finish_type, [], message)
+        self._count(int((output.get("usage") or {}).get("completion_tokens", 0)))
+        return GeneratedTurn(
+            message.get("content") or "", finish if finish in ("abort", "length") else "stop", [], message
+        )
 
-    def add_observation(self, ids: list[int]) -> None:
-        # The router renders the follow-up itself; these ids (the same template) only keep the budget.
-        self.context_length += len(ids)
-        self.response_length += len(ids)
-        self.stats.observation_tokens += len(ids)
-
-    async def finish(self, status: Sample.Status, reason: str) -> Sample:
-        if status != Sample.Status.ABORTED:
-            payload = {"messages": self.messages + self.conversation, "tools": self.tools}
-            retrieved = await retrieve(
-                self.base_url, "/retrieve_from_messages_template", payload | {"add_generation_prompt": False}
-            )
-            fill_sample_from_router(
-                self.args,
-                self.sample,
-                self.prompt_ids,
-                retrieved,
-                self.tokenizer,
-                track_log_probs=self.config.return_logprob,
-                train_observations=self.config.train_observations,
-            )
-        return record_finish(self.sample, self.stats, status, reason)
+    def retrieve_payload(self) -> dict:
+        # The router renders the follow-ups itself; the ids counted in add_observation only keep the budget.
+        return {"messages": self.messages + self.conversation, "tools": self.tools, "add_generation_prompt": False}

@@ -9,6 +9,7 @@ import generate_with_search
 from async_http import close_loop_sessions
 from slime.rollout.sglang_rollout import reset_generate_state
 from support.fake_retriever import FakeRetriever
+from support.fake_router import FakeSlimeRouter
 from support.fake_sglang import FakeSGLangEngine, ScriptedPolicy
 from support.loopback import serve_in_thread
 from support.qwen_tokenizer import qwen25_tokenizer_dir
@@ -113,5 +114,25 @@ def make_args(tokenizer_dir, engine):
         )
         values.update(overrides)
         return Namespace(**values)
+
+    return make
+
+
+@pytest.fixture
+def router(tokenizer, engine):
+    """The old slime router (radix-tree middleware) in front of the loopback engine."""
+    router = FakeSlimeRouter(tokenizer, engine.url)
+    with serve_in_thread(router.app) as url:
+        router.url = url
+        yield router
+
+
+@pytest.fixture
+def router_args(make_args, router):
+    """slime args whose router address is the stand-in router."""
+
+    def make(**overrides):
+        host, port = router.url.removeprefix("http://").split(":")
+        return make_args(sglang_router_ip=host, sglang_router_port=int(port), **overrides)
 
     return make

@@ -42,23 +42,6 @@ def prompt_ids_of(tokenizer, sample_prompt):
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-@pytest.fixture
-def router(tokenizer, engine):
-    router = FakeSlimeRouter(tokenizer, engine.url)
-    with serve_in_thread(router.app) as url:
-        router.url = url
-        yield router
-
-
-@pytest.fixture
-def router_args(make_args, router):
-    def make(**overrides):
-        host, port = router.url.removeprefix("http://").split(":")
-        return make_args(sglang_router_ip=host, sglang_router_port=int(port), **overrides)
-
-    return make
-
-
 def conversation(sample):
     return sample.metadata["search_r1"]["conversation"]
 

@@ -2,8 +2,6 @@
 
 import asyncio
 
-import pytest
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,14 +24,15 @@ turn = st.one_of(
     st.builds(lambda n: "<think>" + "long thought " * n + "</think>", st.integers(10, 300)),
 )
 
+# Every example runs a whole episode against loopback servers that live as long as the test function.
+EPISODES = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+
 docs = st.lists(st.builds(lambda title, body: f'"{title}"\n{body}', text, text), min_size=1, max_size=5)
 
 
-@settings(
-    max_examples=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@EPISODES
 @given(
     turns=st.lists(turn, min_size=1, max_size=5),
     corpus=docs,
@@ -136,22 +135,7 @@ chat_turn = st.one_of(
 MODES = [("chat", "manual"), ("chat", "router_radix"), ("chat", "router_handler"), ("generate", "router_radix")]
 
 
-@pytest.fixture
-def router(tokenizer, engine):
-    from support.fake_router import FakeSlimeRouter
-    from support.loopback import serve_in_thread
-
-    router = FakeSlimeRouter(tokenizer, engine.url)
-    with serve_in_thread(router.app) as url:
-        router.url = url
-        yield router
-
-
-@settings(
-    max_examples=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
+@EPISODES
 @given(
     mode=st.sampled_from(MODES),
     chat_turns=st.lists(chat_turn, min_size=1, max_size=5),
