@@ -3,6 +3,10 @@
     --custom-generate-function-path generate_with_search.generate
     --custom-rm-path generate_with_search.reward_func
 
+LLM_API_MODE=generate speaks Search-R1's XML tags (xml_rollout.py), chat speaks OpenAI tool calls
+(chat_rollout.py); TOKEN_TRACKING_MODE=manual keeps the trajectory token-exact with any SGLang engine,
+the router modes take it from the old slime router's cache (router_tracking.py).
+
 Edit SEARCH_R1_CONFIGS below or set the environment variables listed in search_r1_config.ENV_OVERRIDES
 (LLM_API_MODE, SEARCH_BACKEND, TOKEN_TRACKING_MODE, TRACK_LOG_PROBS, LOSS_MASK_MODE, RETRIEVAL_SERVER_URL,
 GOOGLE_API_KEY, SEARCH_R1_*). A bad value stops the import with a message saying what is accepted.
@@ -13,7 +17,6 @@ import logging
 from chat_reward import score_conversation
 from chat_rollout import run_chat_episode
 from qa_em_format import FormatWeights, golden_answers, score_response
-from router_tracking import require_endpoint, router_base_url
 from search_r1_config import ConfigError, SearchR1Config, apply_env_overrides, resolve_config
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
@@ -96,8 +99,6 @@ async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool
                 "messages, through the router; router_handler or manual keep the messages"
             )
         return await run_chat_episode(args, sample, sampling_params, config, evaluation=evaluation)
-    if config.token_tracking_mode == "router_radix":
-        await require_endpoint(router_base_url(args), "/retrieve_from_text", "router_radix")
     return await run_xml_episode(args, sample, sampling_params, config, evaluation=evaluation)
 
 
@@ -108,11 +109,14 @@ def _prompt_text(args, sample: Sample) -> str:
     return GenerateState(args).tokenizer.decode(prompt_ids, skip_special_tokens=False)
 
 
-async def reward_func(args, sample: Sample, **kwargs) -> float | dict:
+async def reward_func(args, sample: Sample | list[Sample], **kwargs) -> float | dict | list:
     """Search-R1 EM with the configured format bonus; evaluation samples get pure EM.
 
-    Returns a float, or {"score", "em", "format_valid", "retrieval_hit"} when slime's --reward-key is set.
+    Returns a float, or {"score", "em", "format_valid", "retrieval_hit"} when slime's --reward-key is set;
+    with --group-rm slime passes the group and gets one reward per sample.
     """
+    if isinstance(sample, list):
+        return [await reward_func(args, one) for one in sample]
     config = resolve_config(SEARCH_R1_CONFIGS)
     evaluation = bool((sample.metadata or {}).get(METADATA_KEY, {}).get("evaluation"))
     weights = (

@@ -401,3 +401,11 @@ async def test_a_proxy_that_rewrites_input_ids_is_caught(make_args, tokenizer, e
         host, port = url.removeprefix("http://").split(":")
         with pytest.raises(EngineProtocolError, match="rewrote input_ids"):
             await rollout(lambda **kw: make_args(sglang_router_ip=host, sglang_router_port=int(port), **kw), tokenizer)
+
+
+async def test_group_reward_returns_one_reward_per_sample(make_args, tokenizer, engine, policy, search_config):
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    args, right, _ = await rollout(make_args, tokenizer)
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, WRONG_TURN]
+    _, wrong, _ = await rollout(make_args, tokenizer)
+    assert await reward_func(args, [right, wrong]) == [1.0, pytest.approx(0.2)]
