@@ -112,6 +112,8 @@ class TextEncoder:
     @torch.inference_mode()
     def encode(self, texts: list[str], on_batch: Callable[[int], object] | None = None) -> np.ndarray:
         """Vectors in input order; `on_batch(n)` is called after each forward pass (progress bars)."""
+        if not texts:
+            return np.empty((0, self.dim), dtype=np.float32)
         token_ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         for rows in self._micro_batches([len(ids) for ids in token_ids]):

@@ -28,12 +28,27 @@ def health_status(url: str, timeout: float = 2.0) -> int | None:
 
 
 class ServerProcess:
-    """`with ServerProcess([...flags]) as server:` runs `python -m local_dense_retriever.retrieval_server`."""
+    """`with ServerProcess([...flags]) as server:` runs `python -m local_dense_retriever.retrieval_server`.
 
-    def __init__(self, flags: list[str], log_path: Path, port: int | None = None, startup_timeout: float = 600.0):
+    With `as_script` it runs `python local_dense_retriever/retrieval_server.py` instead, as the original is run.
+    """
+
+    def __init__(
+        self,
+        flags: list[str],
+        log_path: Path,
+        port: int | None = None,
+        startup_timeout: float = 600.0,
+        as_script: bool = False,
+    ):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.command = [sys.executable, "-m", "local_dense_retriever.retrieval_server", *flags]
+        target = (
+            [str(Path(__file__).with_name("retrieval_server.py"))]
+            if as_script
+            else ["-m", f"{__package__}.retrieval_server"]
+        )
+        self.command = [sys.executable, *target, *flags]
         self.command += ["--host", "127.0.0.1", "--port", str(self.port)]
         self.log_path = log_path
         self.startup_timeout = startup_timeout
