@@ -115,7 +115,9 @@ decide_what_to_start() {
   START_LOCAL=0
   if [[ "$START_RETRIEVER" == auto && ${#SERVER_BASES[@]} -eq 1 ]]; then
     parse_url "${SERVER_BASES[0]}"
-    is_local_host "$URL_HOST" && START_LOCAL=1
+    if is_local_host "$URL_HOST"; then
+      START_LOCAL=1
+    fi
   fi
 }
 
