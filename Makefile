@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The CPU wheel of torch 2.13.0 is preinstalled on the project's machines; elsewhere pick your build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install test lint demo bench clean
+.PHONY: install test lint demo bench clean shellcheck
 
 $(STAMP): pyproject.toml requirements-assets.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,3 +27,7 @@ test: lint
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache
+
+# The launch scripts (needs shellcheck: apt-get install shellcheck); tests/test_launch_scripts.py runs it too.
+shellcheck:
+	shellcheck run_qwen2.5_3B.sh run_qwen2.5_3B_with_retrieval.sh

@@ -320,11 +320,10 @@ write_runtime_env() {
   local pythonpath="${MEGATRON_PATH}:${SCRIPT_DIR}:${SLIME_DIR}${PYTHONPATH:+:${PYTHONPATH}}"
   local -a extra_names
   read -r -a extra_names <<<"${EXTRA_RUNTIME_ENV_VARS//,/ }"
+  # LLM_API_MODE always has a value here (default generate): the job sees the mode this command was built for.
   for name in "${PLUGIN_ENV_VARS[@]}" WANDB_API_KEY "${extra_names[@]}"; do
     [[ -n "${!name:-}" ]] && passed+=("$name")
   done
-  # LLM_API_MODE has a default here, so the job always sees the mode this command line was built for.
-  [[ " ${passed[*]} " == *" LLM_API_MODE "* ]] || passed+=(LLM_API_MODE)
   (
     umask 077
     LLM_API_MODE=$LLM_API_MODE "$PYTHON_BIN" - "$target" "$mode" "$pythonpath" "${passed[@]}" <<'PY'
