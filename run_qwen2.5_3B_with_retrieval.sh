@@ -7,7 +7,7 @@
 # 2. starts the retrieval server in tmux window 0 ("retriever") with a timestamped log,
 # 3. waits until GET /health answers 200 (RETRIEVER_STARTUP_TIMEOUT s, 120 by default),
 # 4. starts training (TRAIN_CMD, run_qwen2.5_3B.sh by default) in window 1 ("training") with a timestamped log,
-# 5. on exit, Ctrl-C or a retriever crash stops exactly what it started and exits with training's exit code.
+# 5. on exit or Ctrl-C stops exactly what it started; exits with training's exit code (1 if the server dies first).
 # RETRIEVAL_SERVER_URL (default http://127.0.0.1:8000) gives the port; a non-local URL (or START_RETRIEVER=0)
 # uses that server as it is and starts none. Watch it with: tmux attach -t slime-search-r1
 set -euo pipefail
@@ -25,7 +25,7 @@ info() {
 }
 
 usage() {
-  sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,12p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
   echo "Settings (environment variables) and their defaults are at the top of load_settings() in this file."
 }
 
