@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
@@ -83,6 +84,7 @@ class Resources:
 
 def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda stage: None) -> Resources:
     """Model, index and corpus, checked against each other, plus the batching worker."""
+    report("importing torch and faiss")
     from local_dense_retriever import backends
 
     if config.is_bm25:
@@ -140,6 +142,8 @@ class Runtime:
         self._load = load
         self.status = "loading"
         self.stage = "starting"
+        self.load_seconds: dict[str, float] = {}  # per stage, so slow startups say where the time went
+        self._stage_started = time.perf_counter()
         self.error: str | None = None
         self.resources: Resources | None = None
         self.on_failure: Callable[[], None] = lambda: None
@@ -155,11 +159,17 @@ class Runtime:
             self.status, self.error = "failed", f"{type(err).__name__}: {err}"
             self.on_failure()
             return
+        self._close_stage("ready")
         self.status = "ok"
-        logger.info("retriever ready: %s", self.resources.description)
+        logger.info("retriever ready in %.1f s: %s", sum(self.load_seconds.values()), self.resources.description)
+
+    def _close_stage(self, next_stage: str) -> None:
+        now = time.perf_counter()
+        self.load_seconds[self.stage] = round(now - self._stage_started, 3)
+        self.stage, self._stage_started = next_stage, now
 
     def _report(self, stage: str) -> None:
-        self.stage = stage
+        self._close_stage(stage)
         logger.info("%s ...", stage)
 
 
@@ -240,6 +250,7 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
                 "max_batch_size": resources.batcher.max_batch_size,
                 "max_wait_ms": resources.batcher.max_wait * 1000.0,
                 "batches": resources.batcher.stats.as_dict(),
+                "load_seconds": runtime.load_seconds,
                 "config": asdict(config),
             }
         )
@@ -383,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
 
     config, args = parse_config(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # it logs every SIMD variant it tries
     app = create_app(config)
     # Access logs cost more CPU than a batched search at hundreds of requests per second.
     server = uvicorn.Server(
