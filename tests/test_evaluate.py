@@ -241,3 +241,19 @@ def test_interrupted_run_keeps_finished_trajectories_and_resumes(
 def test_help_runs_as_a_script():
     result = subprocess.run([sys.executable, str(REPO / "evaluate.py"), "--help"], capture_output=True, text=True)
     assert result.returncode == 0 and "--data-sources" in result.stdout and "--concurrency" in result.stdout
+
+
+def test_chat_mode_keeps_the_messages_and_reads_tools_from_the_file(
+    data_file, engine, policy, retriever, search_config, tokenizer_dir, tmp_path
+):
+    converter = pytest.importorskip("oai_format_data_preprocess", reason="chat mode is not on this branch yet")
+    chat_file = tmp_path / "test_chat.parquet"
+    assert converter.main(["--input", str(data_file), "--output", str(chat_file), "--data-sources", "nq"]) in (0, None)
+    call = '<tool_call>\n{"name": "search", "arguments": {"query": "capital of France"}}\n</tool_call>'
+    policy.scripts["What is the capital of France?"] = [call, "<think>Paris.</think>\n<answer> Paris </answer>"]
+    out = tmp_path / "out"
+    assert evaluate.main(cli(chat_file, engine, tokenizer_dir, out, "--llm-api-mode", "chat", "--limit", "1")) == 0
+    record = trajectories(out)[0]
+    assert record["status"] == "completed" and record["searches"] == 1 and record["em"] == 1.0
+    assert retriever.queries == ["capital of France"]
+    assert json.loads((out / "run_config.json").read_text())["llm_api_mode"] == "chat"
