@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The CPU wheel of torch 2.13.0 is preinstalled on the project's machines; elsewhere pick your build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install test lint demo bench clean
+.PHONY: install test lint demo bench bench-retriever clean shellcheck
 
 $(STAMP): pyproject.toml requirements-assets.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,5 +25,18 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/python -m pytest
 
+# Main job on the embedded default: mini-Wikipedia + MiniLM index (built once), served on 127.0.0.1 and measured.
+demo: $(STAMP)
+	$(BIN)/python -m local_dense_retriever.embedded_default
+
+# Retriever load benchmark (10k real + 100k synthetic; add SIZES=1m for the 1M corpus); writes bench/RESULTS.md.
+SIZES ?= 10k,100k
+bench-retriever: $(STAMP)
+	$(BIN)/python bench/retriever_load.py --sizes $(SIZES)
+
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache
+
+# The launch scripts (needs shellcheck: apt-get install shellcheck); tests/test_launch_scripts.py runs it too.
+shellcheck:
+	shellcheck run_qwen2.5_3B.sh run_qwen2.5_3B_with_retrieval.sh

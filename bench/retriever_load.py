@@ -1,0 +1,453 @@
+"""Load benchmark of the retrieval server: single-query requests at several concurrencies, batching on vs off.
+
+    python bench/retriever_load.py                      # 10k real + 100k synthetic (about 10 minutes here)
+    python bench/retriever_load.py --sizes 1m           # the 1M synthetic corpus (about 15 minutes here)
+
+For each corpus size it measures, in the same run:
+- the ceiling: encode + search of a full batch (the server's max batch size) in-process, no HTTP, as queries/s;
+- the server (real CLI in a child process, 127.0.0.1) with dynamic batching on (defaults) and off
+  (`--max_batch_size 1`: one encode and one search per request, as the public servers do), each at every
+  concurrency: closed-loop clients sending one query per request, QPS, p50/p99 latency, errors, mean batch
+  size, startup seconds (spawn to /health ok) and peak RSS.
+Corpora: 10k is the embedded mini-Wikipedia (10,033 real summaries, real MiniLM embeddings). 100k and 1M are
+synthetic: row i repeats summary i mod 10,033 with a "[copy k]" title, and its vector is that summary's real
+MiniLM embedding plus Gaussian noise (sigma 0.04 per dimension, then re-normalised; cosine ~0.8 to the source);
+rows below 10,033 are the real ones. Queries are real FanOutQA sub-questions encoded by the real MiniLM.
+Results go to the `## Retriever load` section of bench/RESULTS.md (other sections are left alone).
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from local_dense_retriever import embedded_default, mini_wiki  # noqa: E402
+from local_dense_retriever.launcher import ServerProcess  # noqa: E402
+
+RESULTS_PATH = REPO / "bench" / "RESULTS.md"
+SECTION = "## Retriever load"
+CACHE_DIR = REPO / ".cache" / "bench"
+SIZES = {"10k": 10_033, "100k": 100_000, "1m": 1_000_000}
+NOISE_SIGMA = 0.04
+TOPK = 3
+
+
+@dataclass
+class Point:
+    size: str
+    mode: str
+    concurrency: int
+    qps: float
+    p50_ms: float
+    p99_ms: float
+    requests: int
+    errors: int
+    seconds: float
+    mean_batch: float
+    other_cores: float  # CPU used meanwhile by processes outside this benchmark (the machine is shared)
+
+
+@dataclass
+class ServerRun:
+    size: str
+    mode: str
+    startup_s: float
+    load_seconds: dict
+    peak_rss_mb: float
+    points: list[Point] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------------------------------------- corpora
+
+
+def synthetic_corpus(n: int, assets: embedded_default.MiniWikiAssets) -> tuple[Path, Path]:
+    """Corpus jsonl + Flat index of n rows derived from the real summaries and their MiniLM vectors (cached)."""
+    import faiss
+
+    out = CACHE_DIR / f"synthetic_{n}"
+    corpus_path, index_path, manifest_path = out / "corpus.jsonl", out / "minilm_Flat.index", out / "manifest.json"
+    manifest = {"n": n, "sigma": NOISE_SIGMA, "seed": 0, "source": str(assets.embeddings_path)}
+    if manifest_path.exists() and json.loads(manifest_path.read_text()) == manifest and index_path.exists():
+        return corpus_path, index_path
+    out.mkdir(parents=True, exist_ok=True)
+    summaries = mini_wiki.load_summaries()
+    real = np.load(assets.embeddings_path)
+    base = len(summaries)
+    started = time.perf_counter()
+    with open(corpus_path, "wb") as f:
+        for row in range(n):
+            summary = summaries[row % base]
+            title = summary["title"] if row < base else f"{summary['title']} [copy {row // base}]"
+            contents = mini_wiki.format_contents(title, summary["extract"].strip())
+            f.write(orjson.dumps({"id": str(row), "contents": contents}) + b"\n")
+    rng = np.random.default_rng(0)
+    index = faiss.IndexFlatIP(real.shape[1])
+    for start in range(0, n, 100_000):
+        rows = np.arange(start, min(n, start + 100_000))
+        vectors = real[rows % base].copy()
+        copies = rows >= base
+        vectors[copies] += rng.normal(0.0, NOISE_SIGMA, size=(int(copies.sum()), real.shape[1])).astype(np.float32)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        index.add(vectors)
+    faiss.write_index(index, str(index_path))
+    manifest_path.write_text(json.dumps(manifest))
+    print(f"  generated the {n}-row synthetic corpus and index in {time.perf_counter() - started:.0f} s")
+    return corpus_path, index_path
+
+
+def load_questions() -> list[str]:
+    questions = []
+    for top in json.loads(mini_wiki.fanoutqa_dev_file().read_text()):
+        stack = list(top["decomposition"])
+        while stack:
+            sub = stack.pop()
+            questions.append(sub["question"])
+            stack.extend(sub["decomposition"])
+    return questions
+
+
+# ---------------------------------------------------------------------------------------------- ceiling
+
+
+def measure_ceiling(model_dir: Path, index_path: Path, questions: list[str], batch: int, reps: int) -> dict:
+    """Best-case throughput: the batched encode + FAISS search the server does, timed in-process."""
+    from local_dense_retriever.backends import DenseSearcher, FaissIndex
+    from local_dense_retriever.encoders import TextEncoder, configure_cpu_threads
+
+    encoder = TextEncoder(str(model_dir), retriever_name=embedded_default.RETRIEVER_NAME, device="cpu")
+    configure_cpu_threads()
+    searcher = DenseSearcher(encoder, FaissIndex(index_path))
+    rng = np.random.default_rng(1)
+    searcher.search(questions[:batch], TOPK)  # warm-up
+    encode_s, search_s = [], []
+    for _ in range(reps):
+        sample = [questions[i] for i in rng.choice(len(questions), batch, replace=False)]
+        started = time.perf_counter()
+        vectors = encoder.encode_queries(sample)
+        encoded = time.perf_counter()
+        searcher.index.search_vectors(vectors, TOPK)
+        encode_s.append(encoded - started)
+        search_s.append(time.perf_counter() - encoded)
+    per_batch = float(np.median(np.array(encode_s) + np.array(search_s)))
+    return {
+        "batch": batch,
+        "encode_ms": 1000 * float(np.median(encode_s)),
+        "search_ms": 1000 * float(np.median(search_s)),
+        "qps": batch / per_batch,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- load
+
+
+async def closed_loop(url: str, questions: list[str], concurrency: int, warmup: float, duration: float,
+                      max_seconds: float) -> tuple[list[float], int, float]:  # fmt: skip
+    """`concurrency` clients, each sending its next request when the last one is answered.
+
+    Warm-up lasts at least `warmup` s and one full wave (as many answers as clients), so queues are in steady
+    state; the measured window lasts at least `duration` s and one more full wave, capped at `max_seconds`.
+    """
+    import aiohttp
+
+    latencies: list[float] = []
+    errors = 0
+    state = {"measuring": False, "stop": False, "answered": 0}
+    counter = iter(range(1 << 62))
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        nonlocal errors
+        while not state["stop"]:
+            question = questions[next(counter) % len(questions)]
+            started = time.perf_counter()
+            ok = False
+            try:
+                async with session.post(f"{url}/retrieve", json={"queries": [question], "topk": TOPK}) as response:
+                    body = await response.read()
+                    ok = response.status == 200 and len(orjson.loads(body)["result"][0]) == TOPK
+            except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, orjson.JSONDecodeError):
+                ok = False
+            if state["stop"]:
+                return
+            state["answered"] += 1
+            if state["measuring"]:
+                if ok:
+                    latencies.append(time.perf_counter() - started)
+                else:
+                    errors += 1
+
+    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
+        tasks = [asyncio.create_task(client(session)) for _ in range(concurrency)]
+        began = time.perf_counter()
+        while time.perf_counter() - began < warmup or state["answered"] < concurrency:
+            if time.perf_counter() - began > max_seconds:
+                break
+            await asyncio.sleep(0.05)
+        state["measuring"], window_start = True, time.perf_counter()
+        while True:
+            elapsed = time.perf_counter() - window_start
+            if elapsed >= duration and len(latencies) + errors >= concurrency or elapsed >= max_seconds:
+                break
+            await asyncio.sleep(0.05)
+        state["stop"] = True
+        window = time.perf_counter() - window_start
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return latencies, errors, window
+
+
+class RssMonitor:
+    def __init__(self, pid: int):
+        import psutil
+
+        self.process = psutil.Process(pid)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.peak = max(self.peak, self.process.memory_info().rss)
+            except Exception:
+                return
+            self._stop.wait(0.2)
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        return self.peak / 2**20
+
+
+class ForeignCpu:
+    """Average cores used by processes other than this benchmark and its server over an interval."""
+
+    def __init__(self, server_pid: int | None = None):
+        import psutil
+
+        self._psutil = psutil
+        self._ours = [psutil.Process()] + ([psutil.Process(server_pid)] if server_pid else [])
+
+    def _busy(self) -> tuple[float, float, float]:
+        times = self._psutil.cpu_times()
+        busy = sum(getattr(times, name, 0.0) for name in ("user", "nice", "system", "irq", "softirq", "steal"))
+        ours = sum(sum(p.cpu_times()[:2]) for p in self._ours)  # user + system
+        return busy, ours, time.perf_counter()
+
+    def __enter__(self) -> "ForeignCpu":
+        self._start = self._busy()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        busy, ours, now = self._busy()
+        self.cores = max(0.0, ((busy - self._start[0]) - (ours - self._start[1])) / (now - self._start[2]))
+
+
+def wait_until_quiet(max_wait: float, server_pid: int | None = None, threshold: float = 0.25) -> None:
+    """On a shared machine, wait (bounded) for other processes to stop using the CPU before measuring."""
+    deadline = time.perf_counter() + max_wait
+    while time.perf_counter() < deadline:
+        with ForeignCpu(server_pid) as foreign:
+            time.sleep(1.0)
+        if foreign.cores < threshold:
+            return
+    if max_wait > 0:
+        print(f"  (other processes still busy after {max_wait:.0f} s; measuring anyway)", flush=True)
+
+
+def batches_seen(url: str) -> tuple[int, int]:
+    import httpx
+
+    stats = httpx.get(f"{url}/health", timeout=30).json()["batches"]
+    return stats["batches"], stats["queries"]
+
+
+def run_server(size: str, mode: str, flags: list[str], questions: list[str], args) -> ServerRun:
+    import httpx
+
+    log_path = CACHE_DIR / f"server_{size}_{mode}.log"
+    server = ServerProcess(flags, log_path=log_path, startup_timeout=900)
+    server.start()
+    monitor = RssMonitor(server.process.pid)
+    try:
+        load_seconds = httpx.get(f"{server.url}/health", timeout=30).json()["load_seconds"]
+        run = ServerRun(size, mode, server.startup_seconds, load_seconds, 0.0)
+        for concurrency in args.concurrency:
+            wait_until_quiet(args.wait_for_quiet, server.process.pid)
+            batches_before, queries_before = batches_seen(server.url)
+            with ForeignCpu(server.process.pid) as foreign:
+                latencies, errors, window = asyncio.run(
+                    closed_loop(server.url, questions, concurrency, args.warmup, args.duration, args.max_seconds)
+                )
+            batches_after, queries_after = batches_seen(server.url)
+            lat = np.array(latencies) * 1000 if latencies else np.array([np.nan])
+            point = Point(
+                size=size,
+                mode=mode,
+                concurrency=concurrency,
+                qps=len(latencies) / window,
+                p50_ms=float(np.percentile(lat, 50)),
+                p99_ms=float(np.percentile(lat, 99)),
+                requests=len(latencies),
+                errors=errors,
+                seconds=window,
+                mean_batch=(queries_after - queries_before) / max(1, batches_after - batches_before),
+                other_cores=foreign.cores,
+            )
+            run.points.append(point)
+            print(
+                f"  {size:>4} batching {mode:<3} c={concurrency:<3} {point.qps:7.1f} QPS  p50 {point.p50_ms:8.0f} ms"
+                f"  p99 {point.p99_ms:8.0f} ms  errors {errors}  mean batch {point.mean_batch:5.1f}"
+                f"  ({point.requests} requests in {window:.0f} s; other processes {foreign.cores:.2f} cores)",
+                flush=True,
+            )
+    finally:
+        server.stop()
+        peak_rss_mb = monitor.stop()
+    run.peak_rss_mb = peak_rss_mb
+    return run
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def render(ceilings: dict, runs: list[ServerRun], sizes: list[str], started: str) -> str:
+    lines = [
+        f"### Corpora {', '.join(sizes)}",
+        "",
+        f"Measured by `python bench/retriever_load.py {' '.join(sys.argv[1:])}`".rstrip() + f" on {started}; "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, no GPU. "
+        "MiniLM-L6 encoder (fp32, CPU), FAISS Flat inner product, top-3, one query per request, closed-loop "
+        "aiohttp clients on the same machine. Batching on = the server's defaults (max batch 64, no extra wait); "
+        "off = `--max_batch_size 1` (one encode + one search per request, like the public servers). "
+        "Ceiling = in-process encode + search of a 64-query batch, no HTTP. Corpora: see the docstring of "
+        "bench/retriever_load.py (100k and 1M are synthetic: real texts and MiniLM vectors plus noise).",
+        "",
+        "| corpus | batching | concurrency | QPS | p50 ms | p99 ms | p99/p50 | errors | mean batch | vs off | "
+        "of ceiling | other procs (cores) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    off = {(p.size, p.concurrency): p for run in runs if run.mode == "off" for p in run.points}
+    for run in runs:
+        for p in run.points:
+            base = off.get((p.size, p.concurrency))
+            ratio = f"{p.qps / base.qps:.1f}x" if base and run.mode == "on" and base.qps else ""
+            ceiling = f"{p.qps / ceilings[p.size]['qps']:.0%}" if p.size in ceilings else ""
+            lines.append(
+                f"| {p.size} | {p.mode} | {p.concurrency} | {p.qps:.1f} | {p.p50_ms:.0f} | {p.p99_ms:.0f} | "
+                f"{p.p99_ms / p.p50_ms:.2f} | {p.errors} | {p.mean_batch:.1f} | {ratio} | {ceiling} "
+                f"| {p.other_cores:.2f} |"
+            )
+    lines += [
+        "",
+        "| corpus | ceiling QPS | encode ms / 64 | search ms / 64 | other procs (cores) |",
+        "|---|---|---|---|---|",
+    ]
+    for size, c in ceilings.items():
+        lines.append(
+            f"| {size} | {c['qps']:.0f} | {c['encode_ms']:.0f} | {c['search_ms']:.0f} | {c['other_cores']:.2f} |"
+        )
+    lines += ["", "| corpus | batching | startup s (spawn to ready) | of which index / corpus s | peak RSS MB |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for run in runs:
+        index_s = run.load_seconds.get("loading the index", float("nan"))
+        corpus_s = run.load_seconds.get("opening the corpus", float("nan"))
+        lines.append(
+            f"| {run.size} | {run.mode} | {run.startup_s:.1f} | {index_s:.2f} / {corpus_s:.2f} "
+            f"| {run.peak_rss_mb:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def write_section(text: str, key: str, path: Path = RESULTS_PATH) -> None:
+    """Replace this run's marked block (one per --sizes) inside `## Retriever load`, or add it at the section's end.
+
+    Everything else in the file, including hand-written notes in this section outside the markers, is kept.
+    """
+    existing = path.read_text() if path.exists() else "# Benchmark results\n"
+    if SECTION not in existing:
+        existing = existing.rstrip("\n") + f"\n\n{SECTION}\n"
+    begin, end = f"<!-- retriever-load {key} -->", f"<!-- end retriever-load {key} -->"
+    block = f"{begin}\n{text}{end}\n"
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end) + r"\n", re.S)
+    if pattern.search(existing):
+        existing = pattern.sub(lambda _: block, existing)
+    else:
+        section_start = existing.index(SECTION)
+        next_section = existing.find("\n## ", section_start + len(SECTION))
+        cut = len(existing) if next_section < 0 else next_section + 1
+        existing = existing[:cut].rstrip("\n") + "\n\n" + block + ("\n" + existing[cut:] if next_section >= 0 else "")
+    path.write_text(existing)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="10k,100k", help="comma-separated from 10k, 100k, 1m")
+    parser.add_argument("--concurrency", default="1,16,64,256", help="comma-separated client counts")
+    parser.add_argument("--modes", default="on,off", help="batching modes to run: on, off")
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds (and at least one full wave) per point")
+    parser.add_argument("--duration", type=float, default=15.0, help="measured seconds (and one full wave) per point")
+    parser.add_argument("--max_seconds", type=float, default=240.0, help="cap per phase of a point")
+    parser.add_argument("--ceiling_reps", type=int, default=15)
+    parser.add_argument(
+        "--wait_for_quiet", type=float, default=60.0, help="max seconds to wait for other CPU users before each point"
+    )
+    parser.add_argument("--no_write", action="store_true", help="print only; leave bench/RESULTS.md alone")
+    args = parser.parse_args(argv)
+    sizes = [s.strip().lower() for s in args.sizes.split(",")]
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        parser.error(f"--sizes: unknown {unknown}; choose from {', '.join(SIZES)}")
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    modes = [m.strip() for m in args.modes.split(",")]
+    if set(modes) - {"on", "off"}:
+        parser.error("--modes: choose from on, off")
+
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    assets = embedded_default.prepare()
+    questions = load_questions()
+    ceilings, runs = {}, []
+    for size in sizes:
+        print(f"corpus {size}:", flush=True)
+        if size == "10k":
+            corpus_path, index_path = assets.corpus_path, assets.index_path
+        else:
+            corpus_path, index_path = synthetic_corpus(SIZES[size], assets)
+        wait_until_quiet(args.wait_for_quiet)
+        with ForeignCpu() as foreign:
+            ceilings[size] = measure_ceiling(assets.model_dir, index_path, questions, 64, args.ceiling_reps)
+        c = ceilings[size]
+        c["other_cores"] = foreign.cores
+        print(f"  ceiling {c['qps']:.0f} queries/s (encode {c['encode_ms']:.0f} ms + search {c['search_ms']:.0f} ms"
+              f" per 64; other processes {foreign.cores:.2f} cores)", flush=True)  # fmt: skip
+        flags = embedded_default.server_flags(assets, topk=TOPK)
+        flags[flags.index("--index_path") + 1] = str(index_path)
+        flags[flags.index("--corpus_path") + 1] = str(corpus_path)
+        for mode in modes:
+            mode_flags = flags + (["--max_batch_size", "1"] if mode == "off" else [])
+            runs.append(run_server(size, mode, mode_flags, questions, args))
+    text = render(ceilings, runs, sizes, started)
+    print("\n" + text)
+    if not args.no_write:
+        write_section(text, key=",".join(sizes))
+        print(f"wrote {RESULTS_PATH.relative_to(REPO)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

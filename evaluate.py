@@ -1,0 +1,405 @@
+"""Evaluate a policy on Search-R1's test sets with the plugin's own generate() and reward_func().
+
+    python evaluate.py --data /root/Search-R1/data/nq_hotpotqa_train/test.parquet \\
+        --hf-checkpoint /root/Qwen2.5-3B --sglang-url http://127.0.0.1:30000 --output-dir eval/qwen2.5-3b
+
+Every row goes through generate_with_search.generate(..., evaluation=True) against a running SGLang server
+(or router) and the configured search backend, exactly as slime's in-training evaluation does, then
+reward_func() scores it (pure exact match in evaluation). Writes, under --output-dir:
+  trajectories.jsonl  one line per finished sample, written as it finishes (rerun the command to resume)
+  results.md / .json  EM per data source and their mean (Search-R1's "Avg")
+The plugin's environment variables (RETRIEVAL_SERVER_URL, SEARCH_R1_MAX_TURNS, ...) apply as in training.
+"""
+
+import argparse
+import asyncio
+import importlib
+import json
+import logging
+import sys
+import time
+import urllib.error
+import urllib.request
+from argparse import Namespace
+from collections import Counter
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from eval_dataset import ColumnNames, DatasetError, EvalRow, build_sample, read_rows, select_rows
+from eval_results import (
+    RETRIED_STATUSES,
+    ResumeMismatch,
+    TrajectoryStore,
+    check_run_config,
+    summarize,
+    write_reports,
+)
+
+logger = logging.getLogger("evaluate")
+
+
+class PreflightError(RuntimeError):
+    """A server the evaluation needs does not answer."""
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> Namespace:
+    parser = argparse.ArgumentParser(
+        description="Search-R1 evaluation: the plugin's generate + reward over a test file, EM per data source.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--data", required=True, type=Path, help="test file (.parquet or .jsonl)")
+    parser.add_argument("--hf-checkpoint", required=True, help="model folder: tokenizer and chat template")
+    parser.add_argument("--sglang-url", default="http://127.0.0.1:30000", help="SGLang server or router")
+    parser.add_argument("--output-dir", type=Path, default=Path("eval_output"))
+    parser.add_argument("--data-sources", default=None, help="comma-separated subset, e.g. nq,hotpotqa")
+    parser.add_argument("--limit", type=positive_int, default=None, help="at most this many rows per data source")
+    parser.add_argument("--concurrency", type=positive_int, default=64, help="samples in flight")
+    parser.add_argument(
+        "--max-response-len", type=positive_int, default=2048, help="token budget of the whole multi-turn response"
+    )
+    parser.add_argument("--max-context-len", type=positive_int, default=None, help="prompt + response cap")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy, as Search-R1's validation")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=-1)
+    parser.add_argument("--llm-api-mode", choices=("generate", "chat"), default=None, help="default: $LLM_API_MODE")
+    parser.add_argument("--retrieval-url", default=None, help="retrieval server(s); default: $RETRIEVAL_SERVER_URL")
+    parser.add_argument("--input-key", default="prompt")
+    parser.add_argument("--label-key", default="reward_model")
+    parser.add_argument("--tool-key", default="tools")
+    parser.add_argument("--data-source-key", default="data_source")
+    parser.add_argument("--max-errors", type=int, default=20, help="stop after this many samples raise")
+    parser.add_argument("--overwrite", action="store_true", help="discard an earlier run in --output-dir")
+    args = parser.parse_args(argv)
+
+    split = urlsplit(args.sglang_url)
+    if split.scheme != "http" or not split.hostname:
+        parser.error(f"--sglang-url must look like http://host:port, got {args.sglang_url!r}")
+    if not 0.0 < args.top_p <= 1.0:
+        parser.error(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.temperature < 0:
+        parser.error(f"--temperature must be >= 0, got {args.temperature}")
+    args.data_sources = [s.strip() for s in args.data_sources.split(",") if s.strip()] if args.data_sources else None
+    return args
+
+
+def apply_cli_overrides(cli: Namespace, search_configs: dict) -> None:
+    """--retrieval-url and --llm-api-mode take precedence over the environment (validated by resolve_config)."""
+    if cli.retrieval_url:
+        search_configs["local"] = {**search_configs["local"], "search_url": cli.retrieval_url}
+    if cli.llm_api_mode:
+        search_configs["llm_api_mode"] = cli.llm_api_mode
+
+
+def slime_args(cli: Namespace) -> Namespace:
+    """The slime arguments generate() and GenerateState read, as slime would set them for this evaluation."""
+    split = urlsplit(cli.sglang_url)
+    host = split.netloc.rsplit(":", 1)[0] if split.port else split.netloc
+    return Namespace(
+        hf_checkpoint=cli.hf_checkpoint,
+        sglang_router_ip=host,
+        sglang_router_port=split.port or 80,
+        sglang_server_concurrency=cli.concurrency,
+        rollout_num_engines=1,
+        sglang_dp_size=None,
+        sglang_enable_deterministic_inference=False,
+        rollout_seed=42,
+        rollout_temperature=cli.temperature,
+        rollout_top_p=1.0,  # top-p replay is a training feature; the eval top_p goes in the sampling params
+        rollout_top_k=cli.top_k,
+        rollout_max_response_len=cli.max_response_len,
+        rollout_max_context_len=None,
+        eval_max_context_len=cli.max_context_len,
+        rollout_stop=None,
+        rollout_stop_token_ids=None,
+        rollout_skip_special_tokens=False,
+        n_samples_per_prompt=1,
+        partial_rollout=False,
+        use_tis=False,
+        use_distributed_post=False,
+        router_policy=None,
+        reward_key=None,
+        eval_reward_key="em",  # reward_func then returns its details (em, format_valid, retrieval_hit)
+    )
+
+
+def eval_sampling_params(cli: Namespace) -> dict:
+    """slime's evaluation sampling params: ONE dict shared by every sample (the plugin must not mutate it)."""
+    return dict(
+        temperature=cli.temperature,
+        top_p=cli.top_p,
+        top_k=cli.top_k,
+        max_new_tokens=cli.max_response_len,
+        stop=None,
+        stop_token_ids=None,
+        skip_special_tokens=False,
+        no_stop_trim=True,
+        spaces_between_special_tokens=False,
+    )
+
+
+def _get(url: str, timeout: float = 5.0) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def preflight(cli: Namespace, config) -> None:
+    """Fail in seconds, not after 60 retries per sample, when a server is not there."""
+    health = cli.sglang_url.rstrip("/") + "/health"
+    try:
+        status = _get(health)
+    except OSError as exc:
+        raise PreflightError(
+            f"SGLang does not answer at {cli.sglang_url} ({exc}); start it, e.g. "
+            f"python -m sglang.launch_server --model-path {cli.hf_checkpoint} --port {urlsplit(cli.sglang_url).port}"
+        ) from None
+    if status != 200:
+        raise PreflightError(f"SGLang answered {health} with HTTP {status}; is it still loading?")
+    if config.search_backend != "local":
+        return
+    for url in config.local.urls:
+        split = urlsplit(url)
+        base = f"{split.scheme}://{split.netloc}"
+        try:
+            status = _get(base + "/health")
+        except OSError as exc:
+            raise PreflightError(
+                f"the retrieval server does not answer at {url} ({exc}); start it or set RETRIEVAL_SERVER_URL "
+                "(or --retrieval-url)"
+            ) from None
+        if status == 503:
+            raise PreflightError(f"the retrieval server at {base} is still loading (HTTP 503 on /health)")
+        if status == 404:
+            logger.warning("%s has no /health endpoint; assuming it is ready", base)
+        elif status != 200:
+            raise PreflightError(f"the retrieval server answered {base}/health with HTTP {status}")
+
+
+def trajectory_record(eval_row: EvalRow, sample, reward, seconds: float) -> dict:
+    details = reward if isinstance(reward, dict) else {"score": reward, "em": reward}
+    search_r1 = (sample.metadata or {}).get("search_r1", {})
+    row = eval_row.row
+    status = sample.status.value if hasattr(sample.status, "value") else str(sample.status)
+    return {
+        "key": eval_row.key,
+        "index": eval_row.index,
+        "id": row.get("id"),
+        "data_source": eval_row.data_source,
+        "question": row.get("question"),
+        "golden_answers": row.get("golden_answers"),
+        "em": float(details["em"]),
+        "score": float(details["score"]),
+        "format_valid": details.get("format_valid"),
+        "retrieval_hit": details.get("retrieval_hit"),
+        "status": status,
+        "finish_reason": search_r1.get("finish_reason"),
+        "turns": search_r1.get("turns", 0),
+        "searches": search_r1.get("searches", 0),
+        "search_failures": search_r1.get("search_failures", 0),
+        "search_error": search_r1.get("search_error"),
+        "response_length": sample.response_length,
+        "seconds": round(seconds, 3),
+        "response": sample.response,
+    }
+
+
+class Evaluation:
+    def __init__(self, cli: Namespace, plugin, sample_cls, config, store: TrajectoryStore):
+        from slime.rollout.sglang_rollout import GenerateState
+
+        self.cli = cli
+        self.plugin = plugin
+        self.sample_cls = sample_cls
+        self.args = slime_args(cli)
+        # slime's process-wide state: the tokenizer generate() uses is the one that renders the prompts
+        self.tokenizer = GenerateState(self.args).tokenizer
+        self.columns = ColumnNames(cli.input_key, cli.label_key, cli.tool_key, data_source_key=cli.data_source_key)
+        self.apply_chat_template = config.llm_api_mode == "generate"  # chat mode keeps the message list
+        self.sampling_params = eval_sampling_params(cli)
+        self.store = store
+        self.errors: list[str] = []
+        self.em_sum = 0.0
+        self.done = 0
+
+    async def evaluate_one(self, eval_row: EvalRow) -> dict:
+        sample = build_sample(self.sample_cls, eval_row, self.columns, self.tokenizer, self.apply_chat_template)
+        started = time.perf_counter()
+        sample = await self.plugin.generate(self.args, sample, self.sampling_params, evaluation=True)
+        reward = await self.plugin.reward_func(self.args, sample)
+        return trajectory_record(eval_row, sample, reward, time.perf_counter() - started)
+
+    async def run(self, todo: list[EvalRow]) -> None:
+        from tqdm import tqdm
+
+        queue: asyncio.Queue[EvalRow] = asyncio.Queue()
+        for eval_row in todo:
+            queue.put_nowait(eval_row)
+        progress = tqdm(total=len(todo), desc="evaluate", unit="sample", dynamic_ncols=True)
+        stop = asyncio.Event()
+
+        async def worker() -> None:
+            while not stop.is_set():
+                try:
+                    eval_row = queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    return
+                try:
+                    record = await self.evaluate_one(eval_row)
+                except self.plugin.ConfigError:
+                    stop.set()
+                    raise
+                except Exception as exc:
+                    self.errors.append(f"row {eval_row.index}: {type(exc).__name__}: {exc}")
+                    if len(self.errors) <= 3:
+                        progress.write(f"row {eval_row.index} raised {type(exc).__name__}: {exc}")
+                    if len(self.errors) > self.cli.max_errors:
+                        stop.set()
+                    continue
+                self.store.append(record)
+                self.done += 1
+                self.em_sum += record["em"]
+                progress.update(1)
+                progress.set_postfix(em=f"{self.em_sum / self.done:.3f}", errors=len(self.errors), refresh=False)
+
+        workers = [asyncio.create_task(worker()) for _ in range(min(self.cli.concurrency, len(todo)) or 1)]
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for task in workers:
+                task.cancel()
+            progress.close()
+            await _close_plugin_sessions()
+
+
+async def _close_plugin_sessions() -> None:
+    try:
+        from async_http import close_loop_sessions
+    except ImportError:  # an older plugin without pooled sessions
+        return
+    await close_loop_sessions()
+
+
+def run_config(cli: Namespace, config) -> dict:
+    """What must match for a resumed run to be one evaluation (the server address may change)."""
+    return {
+        "data": str(cli.data.resolve()),
+        "hf_checkpoint": cli.hf_checkpoint,
+        "llm_api_mode": config.llm_api_mode,
+        "temperature": cli.temperature,
+        "top_p": cli.top_p,
+        "top_k": cli.top_k,
+        "max_response_len": cli.max_response_len,
+        "max_context_len": cli.max_context_len,
+        "max_turns": config.max_turns,
+        "topk": config.topk,
+        "search_backend": config.search_backend,
+        "input_key": cli.input_key,
+        "label_key": cli.label_key,
+    }
+
+
+def load_plugin():
+    try:
+        importlib.import_module("slime.utils.types")
+    except ImportError as exc:
+        raise SystemExit(
+            f"evaluate.py: error: slime is not importable ({exc}); run it in slime's environment "
+            "(pip install -e /root/slime)"
+        ) from None
+    plugin = importlib.import_module("generate_with_search")
+    from slime.utils.types import Sample
+
+    return plugin, Sample
+
+
+def main(argv: list[str] | None = None) -> int:
+    cli = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    def fail(message: str) -> int:
+        print(f"evaluate.py: error: {message}", file=sys.stderr)
+        return 2
+
+    try:
+        rows = read_rows(cli.data)
+        columns = ColumnNames(cli.input_key, cli.label_key, cli.tool_key, data_source_key=cli.data_source_key)
+        selected = select_rows(rows, columns, cli.data_sources, cli.limit)
+    except DatasetError as exc:
+        return fail(str(exc))
+    del rows
+
+    plugin, sample_cls = load_plugin()
+    try:
+        apply_cli_overrides(cli, plugin.SEARCH_R1_CONFIGS)
+        config = plugin.resolve_config(plugin.SEARCH_R1_CONFIGS)
+    except plugin.ConfigError as exc:
+        return fail(str(exc))
+
+    cli.output_dir.mkdir(parents=True, exist_ok=True)
+    store = TrajectoryStore(cli.output_dir)
+    settings = run_config(cli, config)
+    if cli.overwrite:
+        for name in (store.path, cli.output_dir / "run_config.json"):
+            name.unlink(missing_ok=True)
+    try:
+        check_run_config(cli.output_dir, settings)
+    except ResumeMismatch as exc:
+        return fail(str(exc))
+
+    finished = {k: r for k, r in store.load().items() if r.get("status") not in RETRIED_STATUSES}
+    todo = [row for row in selected if row.key not in finished]
+    print(
+        f"evaluate.py: {len(selected)} rows selected, {len(selected) - len(todo)} already in "
+        f"{store.path}, {len(todo)} to run",
+        file=sys.stderr,
+    )
+
+    interrupted = False
+    evaluation = None
+    if todo:
+        try:
+            preflight(cli, config)
+        except PreflightError as exc:
+            return fail(str(exc))
+        evaluation = Evaluation(cli, plugin, sample_cls, config, store)
+        store.open()
+        try:
+            asyncio.run(evaluation.run(todo))
+        except KeyboardInterrupt:
+            interrupted = True
+        except plugin.ConfigError as exc:
+            return fail(str(exc))
+        finally:
+            store.close()
+
+    selected_keys = {row.key for row in selected}
+    records = [r for k, r in store.load().items() if k in selected_keys]
+    summary = summarize(records, dict(Counter(row.data_source for row in selected)))
+    write_reports(cli.output_dir, summary, settings)
+    print(json.dumps({s: v["em"] for s, v in summary["data_sources"].items()} | {"average": summary["average_em"]}))
+    print(f"evaluate.py: results in {cli.output_dir}/results.md and results.json", file=sys.stderr)
+
+    if interrupted:
+        print("evaluate.py: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130
+    if evaluation is not None and evaluation.errors:
+        print(
+            f"evaluate.py: {len(evaluation.errors)} samples raised and were not written (first: "
+            f"{evaluation.errors[0]}); rerun the same command to retry them",
+            file=sys.stderr,
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Start the retrieval server CLI as a child process on loopback and wait until `/health` says it is ready."""
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def health_status(url: str, timeout: float = 2.0) -> int | None:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=timeout) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return None
+
+
+class ServerProcess:
+    """`with ServerProcess([...flags]) as server:` runs `python -m local_dense_retriever.retrieval_server`.
+
+    With `as_script` it runs `python local_dense_retriever/retrieval_server.py` instead, as the original is run.
+    """
+
+    def __init__(
+        self,
+        flags: list[str],
+        log_path: Path,
+        port: int | None = None,
+        startup_timeout: float = 600.0,
+        as_script: bool = False,
+    ):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        target = (
+            [str(Path(__file__).with_name("retrieval_server.py"))]
+            if as_script
+            else ["-m", f"{__package__}.retrieval_server"]
+        )
+        self.command = [sys.executable, *target, *flags]
+        self.command += ["--host", "127.0.0.1", "--port", str(self.port)]
+        self.log_path = log_path
+        self.startup_timeout = startup_timeout
+        self.process: subprocess.Popen | None = None
+        self.startup_seconds: float | None = None
+
+    def __enter__(self) -> "ServerProcess":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")
+        started = time.perf_counter()
+        self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, cwd=PACKAGE_ROOT)
+        log.close()
+        deadline = started + self.startup_timeout
+        while health_status(self.url) != 200:
+            if self.process.poll() is not None:
+                code = self.process.returncode
+                raise RuntimeError(f"the retrieval server exited with code {code}:\n{self.log_tail()}")
+            if time.perf_counter() > deadline:
+                self.stop()
+                raise TimeoutError(f"the server was not ready in {self.startup_timeout} s:\n{self.log_tail()}")
+            time.sleep(0.1)
+        self.startup_seconds = time.perf_counter() - started
+
+    def log_tail(self, lines: int = 30) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()

@@ -1,0 +1,134 @@
+"""A stand-in for slime training, run by the wrapper's tests as TRAIN_CMD in its tmux window.
+
+It does what slime's rollout does with the plugin, minus the GPUs: a loopback SGLang engine (FakeSGLangEngine)
+whose scripted "model" searches the question and then answers with the title of the first document it was
+shown; GRPO-style groups of samples through generate_with_search.generate + reward_func, with the search going
+to RETRIEVAL_SERVER_URL exactly as the plugin reads it from the environment (the server the wrapper started).
+
+    STANDIN_QUESTIONS  JSON file: [[question, gold answer], ...]      (required)
+    STANDIN_REPORT     where to write what happened, as JSON          (required)
+    STANDIN_EXIT_CODE  exit code after successful rollouts (default 0)
+    STANDIN_HOLD_S     keep running this long afterwards (interrupt tests); Ctrl-C exits 130
+
+Exits 1 if any rollout did not complete, made no search or had a search fail.
+"""
+
+import asyncio
+import json
+import os
+import re
+import sys
+import time
+from argparse import Namespace
+from pathlib import Path
+
+SUPPORT = Path(__file__).resolve().parent
+sys.path[:0] = [str(SUPPORT.parent), str(SUPPORT.parent / "slime_stub"), str(SUPPORT.parents[1])]
+
+from transformers import AutoTokenizer  # noqa: E402
+
+import generate_with_search  # noqa: E402
+from async_http import close_loop_sessions  # noqa: E402
+from slime.utils.types import Sample  # noqa: E402
+from support.fake_sglang import FakeSGLangEngine, question_of  # noqa: E402
+from support.loopback import serve_in_thread  # noqa: E402
+from support.qwen_tokenizer import qwen25_tokenizer_dir  # noqa: E402
+from xml_actions import search_r1_prompt  # noqa: E402
+
+SAMPLES_PER_PROMPT = 2
+FIRST_TITLE = re.compile(r'Doc 1\(Title: "(.+?)"\)')
+
+
+def read_then_answer(context_text: str) -> str:
+    """Search the question on the first turn; then answer with the title of the first document shown."""
+    reply = context_text.rsplit("<|im_start|>assistant", 1)[-1]
+    titles = FIRST_TITLE.findall(reply)
+    if not titles:
+        return f"<think>I need to look this up.</think>\n<search> {question_of(context_text)} </search>"
+    return f"<think>The first document is about {titles[-1]}.</think>\n<answer> {titles[-1]} </answer>"
+
+
+def slime_args(tokenizer_dir: str, engine_url: str) -> Namespace:
+    host, port = engine_url.removeprefix("http://").split(":")
+    return Namespace(
+        hf_checkpoint=tokenizer_dir,
+        sglang_router_ip=host,
+        sglang_router_port=int(port),
+        rollout_max_response_len=2048,
+        rollout_max_context_len=None,
+        partial_rollout=False,
+        rollout_top_p=1.0,
+        rollout_temperature=1.0,
+        n_samples_per_prompt=SAMPLES_PER_PROMPT,
+        use_tis=False,
+        reward_key=None,
+        eval_reward_key=None,
+    )
+
+
+async def rollouts(args: Namespace, tokenizer, questions: list[list[str]]) -> list[tuple[Sample, float, str]]:
+    base_params = dict(
+        temperature=1.0,
+        top_p=1.0,
+        top_k=-1,
+        max_new_tokens=args.rollout_max_response_len,
+        stop=None,
+        stop_token_ids=None,
+        skip_special_tokens=False,
+        no_stop_trim=True,
+        spaces_between_special_tokens=False,
+    )
+
+    async def one(question: str, answer: str) -> tuple[Sample, float, str]:
+        messages = [{"role": "user", "content": search_r1_prompt(question)}]
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        label = {"style": "rule", "ground_truth": {"target": [answer]}}
+        sample = await generate_with_search.generate(args, Sample(prompt=prompt, label=label), dict(base_params))
+        return sample, await generate_with_search.reward_func(args, sample), answer
+
+    try:
+        groups = [one(q, a) for q, a in questions for _ in range(SAMPLES_PER_PROMPT)]
+        return await asyncio.gather(*groups)
+    finally:
+        await close_loop_sessions()
+
+
+def main() -> int:
+    questions = json.loads(Path(os.environ["STANDIN_QUESTIONS"]).read_text())
+    tokenizer_dir = str(qwen25_tokenizer_dir())
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    engine = FakeSGLangEngine(tokenizer, read_then_answer)
+    with serve_in_thread(engine.app) as engine_url:
+        results = asyncio.run(rollouts(slime_args(tokenizer_dir, engine_url), tokenizer, questions))
+
+    report = {
+        "retrieval_urls": list(generate_with_search.resolve_config(generate_with_search.SEARCH_R1_CONFIGS).local.urls),
+        "rollouts": len(results),
+        "statuses": [sample.status.value for sample, _, _ in results],
+        "searches": [sample.metadata["search_r1"]["searches"] for sample, _, _ in results],
+        "search_failures": sum(sample.metadata["search_r1"]["search_failures"] for sample, _, _ in results),
+        "answers": [FIRST_TITLE.findall(sample.response)[-1:] for sample, _, _ in results],
+        "rewards": [reward for _, reward, _ in results],
+        "engine_calls": len(engine.calls),
+    }
+    Path(os.environ["STANDIN_REPORT"]).write_text(json.dumps(report, indent=1))
+    problems = []
+    if any(status != "completed" for status in report["statuses"]):
+        problems.append(f"not every rollout completed: {report['statuses']}")
+    if any(count != 1 for count in report["searches"]) or report["search_failures"]:
+        problems.append(f"searches {report['searches']}, failures {report['search_failures']}")
+    if problems:
+        print("stand-in training failed: " + "; ".join(problems), flush=True)
+        return 1
+    print(f"stand-in training: {len(results)} rollouts, mean reward {sum(report['rewards']) / len(results):.2f}")
+    print("rollouts done", flush=True)
+    try:
+        time.sleep(float(os.environ.get("STANDIN_HOLD_S", "0")))
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+        return 130
+    return int(os.environ.get("STANDIN_EXIT_CODE", "0"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

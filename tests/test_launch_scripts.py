@@ -1,0 +1,334 @@
+"""run_qwen2.5_3B.sh: the command it assembles (DRY_RUN) and what it starts and stops (with a stand-in `ray`)."""
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from search_r1_config import ENV_OVERRIDES
+from support.fake_ray import VersionHandler
+from support.loopback import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "run_qwen2.5_3B.sh"
+FAKE_RAY = REPO / "tests" / "support" / "fake_ray.py"
+
+# slime's own flags used by the script (slime/utils/arguments.py and sglang_utils/arguments.py, checked by hand
+# against THUDM/slime main), so a typo here fails a test instead of a GPU job.
+SLIME_FLAGS = {
+    "--actor-num-nodes", "--actor-num-gpus-per-node", "--num-gpus-per-node", "--colocate", "--hf-checkpoint",
+    "--ref-load", "--load", "--save", "--save-interval", "--prompt-data", "--input-key", "--label-key",
+    "--apply-chat-template", "--tool-key", "--rollout-shuffle", "--num-rollout", "--rollout-batch-size",
+    "--n-samples-per-prompt", "--rollout-max-response-len", "--rollout-temperature", "--global-batch-size",
+    "--balance-data", "--eval-interval", "--eval-prompt-data", "--eval-input-key", "--eval-label-key",
+    "--eval-tool-key", "--n-samples-per-eval-prompt", "--eval-max-response-len", "--eval-temperature",
+    "--use-dynamic-batch-size", "--max-tokens-per-gpu", "--advantage-estimator", "--use-kl-loss", "--kl-loss-coef",
+    "--kl-loss-type", "--entropy-coef", "--eps-clip", "--eps-clip-high", "--use-tis", "--custom-config-path",
+    "--custom-tis-function-path", "--custom-generate-function-path", "--custom-rm-path", "--use-wandb",
+    "--wandb-project", "--wandb-group", "--rollout-num-gpus-per-engine", "--lr",
+    "--sglang-mem-fraction-static",  # SGLang's --mem-fraction-static behind slime's --sglang- prefix
+}  # fmt: skip
+MEGATRON_FLAGS = {
+    "--tensor-model-parallel-size", "--sequence-parallel", "--pipeline-model-parallel-size",
+    "--context-parallel-size", "--expert-model-parallel-size", "--expert-tensor-parallel-size",
+    "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--optimizer", "--lr-decay-style",
+    "--weight-decay", "--adam-beta1", "--adam-beta2", "--attention-dropout", "--hidden-dropout",
+    "--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32", "--attention-backend",
+}  # fmt: skip
+
+
+def clean_env(**overrides) -> dict:
+    """The caller's environment without any setting the script reads, plus `overrides`."""
+    script_vars = set(re.findall(r"\b([A-Z][A-Z0-9_]+)=\$\{\1:-", SCRIPT.read_text()))
+    plugin_vars = {name for name, _, _ in ENV_OVERRIDES}
+    drop = script_vars | plugin_vars | {"WANDB_KEY", "WANDB_API_KEY", "PYTHONPATH"}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(overrides)
+    return env
+
+
+class DryRun:
+    def __init__(self, result: subprocess.CompletedProcess):
+        self.result = result
+        out = result.stdout
+        self.runtime_env = json.loads(out.split("secrets shown as <hidden>):\n", 1)[1].split("\n# Ray head", 1)[0])
+        self.head = None
+        head_lines = out.split("# Ray head", 1)[1].split("# training job:", 1)[0].strip().splitlines()
+        if len(head_lines) > 1:
+            self.head = shlex.split(head_lines[1])
+        self.submit = shlex.split(out.split("# training job:\n", 1)[1].strip())
+        self.train_args = self.submit[self.submit.index("--") + 3 :]
+
+    def has(self, flag: str) -> bool:
+        return flag in self.train_args
+
+    def value(self, flag: str) -> str:
+        assert self.train_args.count(flag) == 1, f"{flag} appears {self.train_args.count(flag)} times"
+        return self.train_args[self.train_args.index(flag) + 1]
+
+
+def dry_run(*args, **env) -> DryRun:
+    result = subprocess.run(
+        ["bash", str(SCRIPT), "--dry-run", *args], env=clean_env(**env), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    return DryRun(result)
+
+
+def fails(*args, **env) -> str:
+    result = subprocess.run(["bash", str(SCRIPT), *args], env=clean_env(**env), capture_output=True, text=True)
+    assert result.returncode == 1, result.stdout + result.stderr
+    return result.stderr
+
+
+def test_default_command_has_the_seed_argument_groups():
+    run = dry_run()
+    assert run.submit[:3] == ["ray", "job", "submit"]
+    assert run.submit[run.submit.index("--") + 1 :][:2] == ["python3", "/root/slime/train.py"]
+    assert run.value("--hf-checkpoint") == "/root/Qwen2.5-3B"
+    assert run.value("--ref-load") == "/root/Qwen2.5-3B_torch_dist"
+    assert run.value("--prompt-data") == "/root/Search-R1/data/nq_hotpotqa_train/train.parquet"
+    assert run.value("--input-key") == "prompt" and run.value("--label-key") == "reward_model"
+    assert run.has("--apply-chat-template") and not run.has("--tool-key")
+    assert run.value("--rollout-max-response-len") == "2048"  # the whole multi-turn budget
+    assert run.value("--advantage-estimator") == "grpo" and run.has("--use-kl-loss")
+    assert run.value("--kl-loss-coef") == "0.001" and run.value("--kl-loss-type") == "low_var_kl"
+    assert run.value("--custom-generate-function-path") == "generate_with_search.generate"
+    assert run.value("--custom-rm-path") == "generate_with_search.reward_func"
+    assert run.value("--sglang-mem-fraction-static") == "0.7" and run.has("--colocate")
+    for absent in ("--use-tis", "--custom-config-path", "--use-wandb", "--eval-prompt-data", "--load", "--save"):
+        assert not run.has(absent)
+    assert run.head[:4] == ["ray", "start", "--head", "--block"]
+    assert run.runtime_env["env_vars"]["PYTHONPATH"].split(":")[:2] == ["/root/Megatron-LM", str(REPO)]
+    assert "warning: slime checkout (SLIME_DIR) not found: /root/slime/train.py" in run.result.stderr
+
+
+def test_every_flag_is_a_real_slime_or_megatron_flag(tmp_path):
+    eval_data = tmp_path / "test.parquet"
+    run = dry_run(USE_TIS="1", USE_WANDB="1", EVAL_PROMPT_DATA=str(eval_data), SAVE_DIR="/ckpt", LOAD_DIR="/ckpt")
+    flags = {arg for arg in run.train_args if arg.startswith("--")}
+    assert flags - SLIME_FLAGS - MEGATRON_FLAGS == set()
+
+
+def test_tis_is_switched_on_by_a_variable():
+    run = dry_run(USE_TIS="1", SLIME_DIR="/opt/slime")
+    assert run.has("--use-tis")
+    assert run.value("--custom-config-path") == "/opt/slime/examples/train_infer_mismatch_helper/mis.yaml"
+    assert run.value("--custom-tis-function-path") == (
+        "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp"
+    )
+    assert "/opt/slime" in run.runtime_env["env_vars"]["PYTHONPATH"].split(":")  # the TIS module imports
+    for value in ("0", "false", "off", ""):
+        assert not dry_run(USE_TIS=value).has("--use-tis")
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"USE_TIS": "1", "TRACK_LOG_PROBS": "false"}, "USE_TIS=1 needs the engine's log probs"),
+        ({"USE_TIS": "1", "LOSS_MASK_MODE": "simple"}, "USE_TIS=1 needs LOSS_MASK_MODE=strict"),
+        ({"USE_TIS": "maybe"}, "USE_TIS=maybe is not a boolean"),
+        ({"LLM_API_MODE": "xml"}, "LLM_API_MODE=xml is invalid; accepted: generate | chat"),
+        ({"START_RAY": "yes"}, "START_RAY=yes is invalid"),
+    ],
+)
+def test_bad_settings_stop_even_a_dry_run(env, message):
+    assert message in fails("--dry-run", **env)
+
+
+def test_chat_mode_keeps_messages_and_reads_tools(tmp_path):
+    run = dry_run(LLM_API_MODE="chat", EVAL_PROMPT_DATA=str(tmp_path / "test.parquet"))
+    assert not run.has("--apply-chat-template")
+    assert run.value("--tool-key") == "tools" and run.value("--eval-tool-key") == "tools"
+    assert run.runtime_env["env_vars"]["LLM_API_MODE"] == "chat"
+    assert dry_run().runtime_env["env_vars"]["LLM_API_MODE"] == "generate"
+
+
+def test_paths_and_settings_come_from_the_environment(tmp_path):
+    run = dry_run(
+        "--num-rollout",
+        "5",
+        SLIME_DIR="/opt/slime",
+        MEGATRON_PATH="/opt/Megatron-LM",
+        HF_CHECKPOINT="/models/qwen",
+        REF_LOAD="/models/qwen_dist",
+        LOAD_DIR="/ckpt/run1",
+        SAVE_DIR="/ckpt/run1",
+        PROMPT_DATA="/data/train.parquet",
+        EVAL_PROMPT_DATA="/data/test.parquet@[0:3000]",
+        ROLLOUT_MAX_RESPONSE_LEN="1536",
+        NUM_GPUS="4",
+        PYTHON_BIN="/usr/bin/python3.11",
+        EXTRA_TRAIN_ARGS="--rollout-top-p 0.99",
+    )
+    assert run.submit[run.submit.index("--") + 1 :][:2] == ["/usr/bin/python3.11", "/opt/slime/train.py"]
+    assert run.value("--hf-checkpoint") == "/models/qwen" and run.value("--ref-load") == "/models/qwen_dist"
+    assert run.value("--load") == "/ckpt/run1" and run.value("--save") == "/ckpt/run1"
+    assert run.value("--save-interval") == "20"
+    assert run.value("--prompt-data") == "/data/train.parquet"
+    eval_data = run.train_args[
+        run.train_args.index("--eval-prompt-data") + 1 : run.train_args.index("--eval-prompt-data") + 3
+    ]
+    assert eval_data == ["search_r1_test", "/data/test.parquet@[0:3000]"]
+    assert run.value("--eval-temperature") == "0" and run.value("--eval-max-response-len") == "1536"
+    assert run.value("--rollout-max-response-len") == "1536"
+    assert run.value("--actor-num-gpus-per-node") == "4" and run.head[run.head.index("--num-gpus") + 1] == "4"
+    assert run.train_args[-4:] == ["--rollout-top-p", "0.99", "--num-rollout", "5"]  # extra flags come last
+    assert run.runtime_env["env_vars"]["PYTHONPATH"].split(":")[0] == "/opt/Megatron-LM"
+    # the path checks look at the file behind slime's @[start:end] slice
+    assert "evaluation data (EVAL_PROMPT_DATA) not found: /data/test.parquet\n" in run.result.stderr
+
+
+def test_plugin_variables_are_forwarded_and_secrets_never_shown():
+    run = dry_run(
+        RETRIEVAL_SERVER_URL="http://10.0.0.5:8000",
+        SEARCH_R1_MAX_TURNS="4",
+        SEARCH_BACKEND="google",
+        GOOGLE_API_KEY="sk-very-secret",
+        WANDB_KEY="wandb-very-secret",
+        USE_WANDB="1",
+    )
+    env_vars = run.runtime_env["env_vars"]
+    assert env_vars["RETRIEVAL_SERVER_URL"] == "http://10.0.0.5:8000" and env_vars["SEARCH_R1_MAX_TURNS"] == "4"
+    assert env_vars["GOOGLE_API_KEY"] == "<hidden>" and env_vars["WANDB_API_KEY"] == "<hidden>"
+    assert "very-secret" not in run.result.stdout + run.result.stderr
+    assert not any("secret" in arg for arg in run.submit)  # the key is not on any command line
+    assert run.value("--wandb-project") == "slime-search-r1"
+
+
+def test_the_forwarded_list_is_the_plugins_list():
+    listed = re.search(r"PLUGIN_ENV_VARS=\(\n(.*?)\n\)", SCRIPT.read_text(), re.DOTALL).group(1).split()
+    assert listed == [name for name, _, _ in ENV_OVERRIDES]
+
+
+def test_a_real_run_stops_at_the_first_missing_path():
+    stderr = fails(RAY_BIN="/nonexistent/ray")
+    assert "error: slime checkout (SLIME_DIR) not found: /root/slime/train.py" in stderr
+
+
+# ---- what a real run starts and stops, with a stand-in `ray` -------------------------------------------------
+
+
+@pytest.fixture
+def slime_tree(tmp_path):
+    """A slime checkout whose train.py records what it got, plus checkpoints and data that exist."""
+    slime = tmp_path / "slime"
+    (slime / "scripts" / "models").mkdir(parents=True)
+    (slime / "scripts" / "models" / "qwen2.5-3B.sh").write_text("MODEL_ARGS=(--num-layers 36 --hidden-size 2048)\n")
+    (slime / "train.py").write_text(
+        "import json, os, sys, time\n"
+        "out = os.environ['TRAIN_RECORD']\n"
+        "json.dump({'argv': sys.argv[1:], 'env': dict(os.environ)}, open(out, 'w'))\n"
+        "time.sleep(float(os.environ.get('TRAIN_SLEEP', '0')))\n"
+        "sys.exit(int(os.environ.get('TRAIN_EXIT', '0')))\n"
+    )
+    for folder in ("hf", "ref"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "train.parquet").write_bytes(b"")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ray").write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE_RAY} "$@"\n')
+    (bin_dir / "ray").chmod(0o755)
+    return {
+        "SLIME_DIR": str(slime),
+        "HF_CHECKPOINT": str(tmp_path / "hf"),
+        "REF_LOAD": str(tmp_path / "ref"),
+        "PROMPT_DATA": str(tmp_path / "train.parquet"),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "PYTHON_BIN": sys.executable,
+        "RAY_DASHBOARD_PORT": str(free_port()),
+        "FAKE_RAY_LOG": str(tmp_path / "ray_calls.jsonl"),
+        "TRAIN_RECORD": str(tmp_path / "train_record.json"),
+        "EXTRA_RUNTIME_ENV_VARS": "TRAIN_RECORD,TRAIN_SLEEP TRAIN_EXIT",
+        "TMPDIR": str(tmp_path),
+    }
+
+
+def ray_calls(env) -> list[dict]:
+    path = Path(env["FAKE_RAY_LOG"])
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+
+
+def test_starts_a_head_runs_the_job_and_stops_only_that_head(slime_tree, tmp_path):
+    env = clean_env(**slime_tree, RETRIEVAL_SERVER_URL="http://127.0.0.1:8123", GOOGLE_API_KEY="sk-secret")
+    result = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+    events = [call["event"] for call in ray_calls(env)]
+    assert events == ["head-started", "job-submitted", "job-finished", "head-stopped"]  # no `ray stop`, no kill
+    record = json.loads(Path(env["TRAIN_RECORD"]).read_text())
+    assert record["argv"][:4] == ["--actor-num-nodes", "1", "--actor-num-gpus-per-node", "8"]
+    assert "--num-layers" in record["argv"]  # the model flags of scripts/models/qwen2.5-3B.sh
+    assert record["env"]["RETRIEVAL_SERVER_URL"] == "http://127.0.0.1:8123"
+    assert record["env"]["GOOGLE_API_KEY"] == "sk-secret"  # the real value reaches the job, through a file
+    assert str(REPO) in record["env"]["PYTHONPATH"].split(":")
+    assert "sk-secret" not in result.stderr + result.stdout
+    assert not list(tmp_path.glob("search-r1-run.*"))  # the private runtime-env folder is removed
+
+
+def test_a_failed_job_fails_the_script(slime_tree):
+    env = clean_env(**slime_tree, TRAIN_EXIT="3")
+    result = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1  # what `ray job submit` reports for any failed job
+    assert [call["event"] for call in ray_calls(env)][-1] == "head-stopped"
+
+
+def test_sigterm_stops_the_job_it_submitted_and_the_head_it_started(slime_tree):
+    env = clean_env(**slime_tree, TRAIN_SLEEP="120")
+    process = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while not any(c["event"] == "job-submitted" for c in ray_calls(env)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    submitted = next(c for c in ray_calls(env) if c["event"] == "job-submitted")
+    head = next(c for c in ray_calls(env) if c["event"] == "head-started")
+
+    process.send_signal(signal.SIGTERM)  # to the script alone, not its process group
+    process.communicate(timeout=60)
+    assert process.returncode == 143
+    stops = [c for c in ray_calls(env) if c["event"] == "job-stop"]
+    assert [c["job_id"] for c in stops] == [submitted["job_id"]]
+    assert any(c["event"] == "head-stopped" for c in ray_calls(env))
+    assert not alive(submitted["job_pid"]) and not alive(head["pid"])
+
+
+def test_a_running_cluster_is_used_and_left_running(slime_tree):
+    port = int(slime_tree["RAY_DASHBOARD_PORT"])
+    dashboard = ThreadingHTTPServer(("127.0.0.1", port), VersionHandler)
+    thread = threading.Thread(target=dashboard.serve_forever, daemon=True)
+    thread.start()
+    try:
+        env = clean_env(**slime_tree)
+        result = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert "it is left running" in result.stderr
+        assert [c["event"] for c in ray_calls(env)] == ["job-submitted", "job-finished"]
+        assert "START_RAY=1 but a Ray cluster already answers" in fails(**slime_tree, START_RAY="1")
+    finally:
+        dashboard.shutdown()
+        dashboard.server_close()
+    assert "START_RAY=0 but no Ray cluster answers" in fails(**slime_tree, START_RAY="0")
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+def test_scripts_are_shellcheck_clean():
+    scripts = [str(SCRIPT), str(REPO / "run_qwen2.5_3B_with_retrieval.sh")]
+    result = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout

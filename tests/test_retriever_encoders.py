@@ -1,0 +1,81 @@
+"""Encoder families, device/dtype policy and length-sorted micro-batching, with the real MiniLM."""
+
+import numpy as np
+import pytest
+import torch
+
+from local_dense_retriever.encoders import (
+    BGE_QUERY_INSTRUCTION,
+    TextEncoder,
+    encoder_family,
+    resolve_device,
+    resolve_dtype,
+)
+from local_dense_retriever.mini_wiki import minilm_model_dir
+
+
+@pytest.fixture(scope="module", name="minilm")
+def minilm_fixture() -> TextEncoder:
+    return TextEncoder(str(minilm_model_dir()), retriever_name="minilm", device="cpu")
+
+
+def test_families_follow_their_model_cards():
+    e5 = encoder_family("e5")
+    assert (e5.query_prefix, e5.passage_prefix, e5.pooling, e5.normalize) == ("query: ", "passage: ", "mean", True)
+    bge = encoder_family("bge-large-en-v1.5")
+    assert (bge.query_prefix, bge.passage_prefix, bge.pooling) == (BGE_QUERY_INSTRUCTION, "", "cls")
+    dpr = encoder_family("DPR")
+    assert (dpr.pooling, dpr.normalize) == ("pooler", False)
+    generic = encoder_family("minilm")
+    assert (generic.query_prefix, generic.pooling, generic.normalize) == ("", "mean", True)
+
+
+def test_fp32_on_cpu_fp16_on_gpu_unless_told():
+    assert resolve_dtype("auto", torch.device("cpu")) is torch.float32
+    assert resolve_dtype("auto", torch.device("cuda")) is torch.float16
+    assert resolve_dtype("bf16", torch.device("cpu")) is torch.bfloat16
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            resolve_device("cuda")
+
+
+def test_micro_batches_match_one_at_a_time_and_keep_input_order(minilm):
+    texts = ["a", "a much longer sentence about the history of the Roman Empire and its emperors", "Paris"] * 5
+    texts += [f"question number {i} about {'very ' * i}long things" for i in range(12)]
+    minilm.max_tokens_per_forward = 48  # forces many small forward passes of similar lengths
+    batches_seen = []
+    try:
+        together = minilm.encode(texts, on_batch=batches_seen.append)
+    finally:
+        minilm.max_tokens_per_forward = 4096
+    alone = np.concatenate([minilm.encode([text]) for text in texts])
+    assert together.shape == (len(texts), 384) and together.dtype == np.float32
+    np.testing.assert_allclose(together, alone, atol=2e-5)
+    assert sum(batches_seen) == len(texts) and len(batches_seen) > 3
+    np.testing.assert_allclose(np.linalg.norm(together, axis=1), 1.0, atol=1e-5)
+
+
+def test_query_and_passage_prefixes_are_applied(minilm, monkeypatch):
+    seen = []
+    monkeypatch.setattr(minilm, "encode", lambda texts, on_batch=None: seen.extend(texts))
+    monkeypatch.setattr(minilm, "family", encoder_family("e5"))
+    minilm.encode_queries(["who?"])
+    minilm.encode_passages(["text"])
+    assert seen == ["query: who?", "passage: text"]
+
+
+def test_cls_and_mean_pooling_differ(minilm):
+    cls = TextEncoder(str(minilm_model_dir()), retriever_name="minilm", pooling="cls", device="cpu")
+    a, b = minilm.encode(["The Eiffel Tower"]), cls.encode(["The Eiffel Tower"])
+    assert a.shape == b.shape and not np.allclose(a, b, atol=1e-3)
+
+
+def test_unknown_pooling_is_rejected():
+    with pytest.raises(ValueError, match="pooling must be one of"):
+        TextEncoder(str(minilm_model_dir()), pooling="max", device="cpu")
+
+
+def test_empty_input_gives_an_empty_matrix(minilm):
+    assert minilm.encode([]).shape == (0, 384)

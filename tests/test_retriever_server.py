@@ -1,0 +1,188 @@
+"""The retrieval server over real MiniLM + FAISS and real Wikipedia summaries, under uvicorn on loopback."""
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from local_dense_retriever.mini_wiki import title_of
+from local_dense_retriever.retrieval_server import Resources, create_app, load_resources
+from support.loopback import serve_in_thread
+from support.retriever_fixtures import dense_config, dense_server_fixture, small_wiki_fixture, wait_ready  # noqa: F401
+
+
+def retrieve(url: str, payload: dict) -> httpx.Response:
+    return httpx.post(f"{url}/retrieve", json=payload, timeout=60)
+
+
+def test_evidence_pages_come_back_for_real_questions(dense_server, small_wiki):
+    questions = small_wiki.questions
+    response = retrieve(dense_server, {"queries": [q.question for q in questions], "topk": 3})
+    assert response.status_code == 200
+    result = response.json()["result"]
+    assert len(result) == len(questions)
+    found = [
+        q.evidence_title in [title_of(doc["contents"]) for doc in hits]
+        for q, hits in zip(questions, result, strict=True)
+    ]
+    # MiniLM finds ~89% in the top 3 among 10,033 pages; among 300 it should do at least as well.
+    assert np.mean(found) >= 0.85, f"recall@3 {np.mean(found):.2f} over {len(questions)} questions"
+
+
+def test_a_page_title_finds_its_own_page(dense_server, small_wiki):
+    titles = small_wiki.titles[::10]
+    result = retrieve(dense_server, {"queries": titles, "topk": 1}).json()["result"]
+    top1 = [title_of(hits[0]["contents"]) for hits in result]
+    assert np.mean([got == want for got, want in zip(top1, titles, strict=True)]) >= 0.9
+
+
+def test_both_result_shapes(dense_server, small_wiki):
+    query = small_wiki.questions[0].question
+    plain = retrieve(dense_server, {"queries": [query], "topk": 3, "return_scores": False}).json()
+    scored = retrieve(dense_server, {"queries": [query], "topk": 3, "return_scores": True}).json()
+    default = retrieve(dense_server, {"queries": [query], "topk": 3}).json()
+    assert set(plain) == {"result"} and len(plain["result"]) == 1 and len(plain["result"][0]) == 3
+    for doc in plain["result"][0]:
+        assert set(doc) == {"id", "contents"}
+        assert isinstance(doc["id"], str) and doc["contents"].startswith('"')
+    assert [hit["document"] for hit in scored["result"][0]] == plain["result"][0]
+    scores = [hit["score"] for hit in scored["result"][0]]
+    assert all(isinstance(score, float) for score in scores) and scores == sorted(scores, reverse=True)
+    assert default == plain  # return_scores defaults to false, as in Search-R1's request model
+
+
+def test_topk_defaults_to_the_server_setting_and_is_honoured(dense_server, small_wiki):
+    query = small_wiki.questions[1].question
+    assert len(retrieve(dense_server, {"queries": [query]}).json()["result"][0]) == 3
+    assert len(retrieve(dense_server, {"queries": [query], "topk": 7}).json()["result"][0]) == 7
+    assert len(retrieve(dense_server, {"queries": [query], "topk": None}).json()["result"][0]) == 3
+
+
+def test_documents_are_the_corpus_lines(dense_server, small_wiki):
+    hits = retrieve(dense_server, {"queries": ["Eiffel Tower"], "topk": 5}).json()["result"][0]
+    lines = small_wiki.corpus_path.read_text().splitlines()
+    assert len(hits) == 5
+    for doc in hits:  # the corpus writer makes "id" the row number, so each hit must be exactly that line
+        assert doc == json.loads(lines[int(doc["id"])])
+
+
+BAD_REQUESTS = [
+    ({}, "queries"),
+    ({"queries": []}, "queries"),
+    ({"queries": "a single string"}, "queries"),
+    ({"queries": [3]}, "queries.0"),
+    ({"queries": ["fine", None]}, "queries.1"),
+    ({"queries": ["   "]}, "queries.0"),
+    ({"queries": ["q"] * 513}, "queries"),
+    ({"queries": ["x" * 4097]}, "queries.0"),
+    ({"queries": ["q"], "topk": 0}, "topk"),
+    ({"queries": ["q"], "topk": 101}, "topk"),
+    ({"queries": ["q"], "topk": "many"}, "topk"),
+    ({"queries": ["q"], "return_scores": "perhaps"}, "return_scores"),
+    ([1, 2], "request body"),
+]
+
+
+@pytest.mark.parametrize(("payload", "field"), BAD_REQUESTS, ids=[str(i) for i in range(len(BAD_REQUESTS))])
+def test_bad_requests_get_a_clear_422_and_the_server_keeps_serving(dense_server, payload, field):
+    response = retrieve(dense_server, payload)
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert isinstance(detail, str) and detail.startswith(field) and "accepted:" in detail
+    ok = retrieve(dense_server, {"queries": ["Who painted the Mona Lisa?"]})
+    assert ok.status_code == 200 and len(ok.json()["result"][0]) == 3
+
+
+def test_malformed_json_is_a_422(dense_server):
+    response = httpx.post(
+        f"{dense_server}/retrieve", content=b'{"queries": [', headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 422 and "JSON" in response.json()["detail"]
+
+
+def test_health_reports_ready_with_the_loaded_sizes(dense_server, small_wiki):
+    body = httpx.get(f"{dense_server}/health").json()
+    assert body["status"] == "ok"
+    assert body["documents"] == len(small_wiki.titles)
+    assert "IndexFlat" in body["retriever"]
+    assert httpx.get(f"{dense_server}/docs").status_code == 200
+
+
+def test_health_is_503_until_model_index_and_corpus_are_loaded(small_wiki):
+    config = dense_config(small_wiki)
+    release = threading.Event()
+
+    def gated_load(report) -> Resources:
+        report("waiting for the test")
+        release.wait(60)
+        return load_resources(config, report)
+
+    with serve_in_thread(create_app(config, load=gated_load)) as url:
+        before = httpx.get(f"{url}/health")
+        assert before.status_code == 503 and before.json()["status"] == "loading"
+        early = retrieve(url, {"queries": ["anything"]})
+        assert early.status_code == 503 and "not ready" in early.json()["detail"]
+        release.set()
+        assert wait_ready(url)["status"] == "ok"
+        assert retrieve(url, {"queries": ["anything"]}).status_code == 200
+
+
+def test_a_failed_load_is_reported_by_health(small_wiki, tmp_path):
+    config = dense_config(small_wiki, corpus_path=str(tmp_path / "missing.jsonl"))
+    with serve_in_thread(create_app(config)) as url:
+        for _ in range(600):
+            body = httpx.get(f"{url}/health").json()
+            if body["status"] != "loading":
+                break
+            time.sleep(0.05)
+        assert body["status"] == "failed" and "missing.jsonl" in body["detail"]
+
+
+def _same_ranking(a: list[dict], b: list[dict], tolerance: float = 1e-4) -> bool:
+    """Equal hits, allowing two documents whose scores tie within `tolerance` to swap places."""
+    if len(a) != len(b):
+        return False
+    for hit_a, hit_b in zip(a, b, strict=True):
+        if abs(hit_a["score"] - hit_b["score"]) > tolerance:
+            return False
+        if hit_a["document"] != hit_b["document"]:
+            tied = [h["document"] for h in b if abs(h["score"] - hit_a["score"]) <= tolerance]
+            if hit_a["document"] not in tied:
+                return False
+    return True
+
+
+def test_hundreds_of_concurrent_single_query_requests_match_the_sequential_answers(small_wiki):
+    queries = [q.question for q in small_wiki.questions] + small_wiki.titles
+    queries = (queries * 2)[:320]
+    with serve_in_thread(create_app(dense_config(small_wiki))) as url:
+        wait_ready(url)
+        with httpx.Client(timeout=60) as client:
+            sequential = [
+                client.post(f"{url}/retrieve", json={"queries": [q], "return_scores": True}).json()["result"][0]
+                for q in dict.fromkeys(queries)
+            ]
+        expected = dict(zip(dict.fromkeys(queries), sequential, strict=True))
+        batches_before = httpx.get(f"{url}/health").json()["batches"]["batches"]
+
+        async def fire_all():
+            limits = httpx.Limits(max_connections=len(queries))
+            async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+                payloads = [{"queries": [q], "return_scores": True} for q in queries]
+                return await asyncio.gather(*(client.post(f"{url}/retrieve", json=p) for p in payloads))
+
+        responses = asyncio.run(fire_all())
+        stats = httpx.get(f"{url}/health").json()["batches"]
+    assert [r.status_code for r in responses] == [200] * len(queries)
+    mismatches = [
+        q for q, r in zip(queries, responses, strict=True) if not _same_ranking(r.json()["result"][0], expected[q])
+    ]
+    assert mismatches == []
+    concurrent_batches = stats["batches"] - batches_before
+    # Dynamic batching really merged requests: far fewer forward passes than requests.
+    assert concurrent_batches < len(queries) / 4, f"{concurrent_batches} batches for {len(queries)} requests"
+    assert stats["largest_batch"] <= 64 and stats["errors"] == 0

@@ -1,0 +1,261 @@
+"""run_qwen2.5_3B_with_retrieval.sh for real: tmux, the retrieval server on the mini-Wikipedia index, and a
+stand-in training command that runs real rollouts through the plugin against the server the wrapper started.
+
+Every test uses its own tmux server (TMUX_TMPDIR under tmp_path) and session name, so a user's tmux is never
+touched, and checks afterwards that the session, the server process and the port are gone.
+"""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+from support.fake_retriever import FakeRetriever
+from support.loopback import free_port
+from support.retriever_fixtures import small_wiki_fixture  # noqa: F401
+
+REPO = Path(__file__).resolve().parents[1]
+WRAPPER = REPO / "run_qwen2.5_3B_with_retrieval.sh"
+STANDIN = REPO / "tests" / "support" / "standin_training.py"
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+
+@pytest.fixture
+def wrapper_env(tmp_path, small_wiki):
+    tmux_dir = tmp_path / "tmux"
+    tmux_dir.mkdir()
+    env = {
+        **os.environ,
+        "TMUX_TMPDIR": str(tmux_dir),  # a private tmux server
+        "TMUX_SESSION": f"search-r1-test-{uuid.uuid4().hex[:8]}",
+        "LOG_DIR": str(tmp_path / "logs"),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+        "RETRIEVER_PYTHON": sys.executable,
+        "RETRIEVER_INDEX_PATH": str(small_wiki.index_path),
+        "RETRIEVER_CORPUS_PATH": str(small_wiki.corpus_path),
+        "RETRIEVER_NAME": "minilm",
+        "RETRIEVER_MODEL": str(small_wiki.model_dir),
+        "RETRIEVER_EXTRA_ARGS": "--num_threads 1",
+        "RETRIEVAL_SERVER_URL": f"http://127.0.0.1:{free_port()}",
+        "SHUTDOWN_TIMEOUT": "20",
+    }
+    for name in ("TMUX", "TMUX_PANE", "SEARCH_BACKEND", "START_RETRIEVER", "RETRIEVER_PRESET"):
+        env.pop(name, None)  # inside a user's tmux, $TMUX would point tmux at the user's server
+    yield env
+    subprocess.run(["tmux", "kill-server"], env=env, capture_output=True)  # only if a test left it behind
+
+
+def run_wrapper(env, timeout=180) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(WRAPPER)], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def port_of(env) -> int:
+    return int(env["RETRIEVAL_SERVER_URL"].rsplit(":", 1)[1].split("/")[0])
+
+
+def retriever_pids(port: int) -> list[int]:
+    """Processes running retrieval_server.py on this port (the one a wrapper under test started)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if any(a.endswith(b"retrieval_server.py") for a in argv) and str(port).encode() in argv:
+            pids.append(int(proc.name))
+    return pids
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def tmux_server_running(env) -> bool:
+    return subprocess.run(["tmux", "list-sessions"], env=env, capture_output=True).returncode == 0
+
+
+def assert_all_stopped(env) -> None:
+    port = port_of(env)
+    deadline = time.monotonic() + 5  # the kernel may take a moment to release the socket
+    while (retriever_pids(port) or not port_is_free(port)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert retriever_pids(port) == []
+    assert port_is_free(port)
+    assert not tmux_server_running(env)
+
+
+def logs(env, prefix: str) -> str:
+    files = sorted(Path(env["LOG_DIR"]).glob(f"{prefix}_*.log"))
+    assert len(files) == 1, files
+    return files[0].read_text(errors="replace")
+
+
+def test_rollouts_use_the_retriever_it_started_then_everything_stops(wrapper_env, small_wiki, tmp_path):
+    questions = [[q.question, q.evidence_title] for q in small_wiki.questions[:6]]
+    (tmp_path / "questions.json").write_text(json.dumps(questions))
+    report_path = tmp_path / "report.json"
+    env = {
+        **wrapper_env,
+        "STANDIN_QUESTIONS": str(tmp_path / "questions.json"),
+        "STANDIN_REPORT": str(report_path),
+        "TRAIN_CMD": f"{sys.executable} {STANDIN}",
+    }
+    result = run_wrapper(env)
+    assert result.returncode == 0, result.stderr + logs(env, "training")
+
+    report = json.loads(report_path.read_text())
+    # the plugin read RETRIEVAL_SERVER_URL from the wrapper and every rollout searched the real index
+    assert report["retrieval_urls"] == [env["RETRIEVAL_SERVER_URL"] + "/retrieve"]
+    assert report["rollouts"] == 12 and set(report["statuses"]) == {"completed"}
+    assert report["searches"] == [1] * 12 and report["search_failures"] == 0
+    titles = set(small_wiki.titles)
+    assert all(answer and answer[0] in titles for answer in report["answers"])  # real Wikipedia documents
+    assert sum(r == 1.0 for r in report["rewards"]) >= 8  # MiniLM puts the evidence page first for most
+
+    assert "retrieval server ready" in result.stderr
+    assert "rollouts done" in logs(env, "training")
+    assert "Uvicorn running" in logs(env, "retrieval_server")
+    assert_all_stopped(env)
+
+
+def test_ctrl_c_stops_training_and_the_retriever(wrapper_env, tmp_path):
+    training = tmp_path / "long_training.py"
+    training.write_text(
+        "import time\n"
+        "try:\n"
+        "    print('training started', flush=True)\n"
+        "    time.sleep(300)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('training interrupted', flush=True)\n"
+        "    raise SystemExit(130)\n"
+    )
+    env = {**wrapper_env, "TRAIN_CMD": f"{sys.executable} {training}"}
+    process = subprocess.Popen(["bash", str(WRAPPER)], env=env, stderr=subprocess.PIPE, text=True)
+    log_dir = Path(env["LOG_DIR"])
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        started = [p for p in log_dir.glob("training_*.log") if "training started" in p.read_text()]
+        if started:
+            break
+        time.sleep(0.2)
+    assert process.poll() is None, process.stderr.read()
+    assert retriever_pids(port_of(env))
+
+    process.send_signal(signal.SIGINT)  # Ctrl-C in the wrapper's terminal
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err  # training's own exit code after it handled Ctrl-C
+    assert "training interrupted" in logs(env, "training")  # it was asked to stop, not killed
+    assert_all_stopped(env)
+
+
+def _serve_on(host: str, app) -> tuple[uvicorn.Server, threading.Thread, str]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    return server, thread, f"http://{host}:{port}"
+
+
+@pytest.mark.parametrize("how", ["non-local URL", "START_RETRIEVER=0"])
+def test_a_given_server_is_used_as_it_is_and_the_exit_code_propagates(wrapper_env, how):
+    retriever = FakeRetriever()
+    host = "127.0.0.2" if how == "non-local URL" else "127.0.0.1"  # any 127/8 address reaches loopback
+    server, thread, url = _serve_on(host, retriever.app)
+    try:
+        env = {
+            **wrapper_env,
+            "RETRIEVAL_SERVER_URL": url,
+            "TRAIN_CMD": 'curl -sf -H "Content-Type: application/json" -d \'{"queries": ["Paris"]}\' '
+            '"$RETRIEVAL_SERVER_URL/retrieve" && exit 7',
+        }
+        if how == "START_RETRIEVER=0":
+            env["START_RETRIEVER"] = "0"
+        result = run_wrapper(env)
+        assert result.returncode == 7, result.stderr
+        assert "none is started here" in result.stderr
+        assert retriever.queries == ["Paris"]  # training reached the given server
+        assert retriever_pids(port_of(env)) == []
+        assert not tmux_server_running(env)
+        assert retriever.requests == 1 and thread.is_alive()  # left running, untouched
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"RETRIEVER_INDEX_PATH": "/nonexistent/e5_Flat.index"}, "index not found: /nonexistent/e5_Flat.index"),
+        ({"RETRIEVER_CORPUS_PATH": "/nonexistent/wiki-18.jsonl"}, "corpus not found: /nonexistent/wiki-18.jsonl"),
+        ({"RETRIEVER_PYTHON": "/nonexistent/python"}, "retriever Python '/nonexistent/python' not found"),
+        ({"RETRIEVAL_SERVER_URL": "127.0.0.1:8000"}, "is not a URL like http://127.0.0.1:8000"),
+        ({"SEARCH_BACKEND": "google"}, "needs no retrieval server"),
+    ],
+)
+def test_bad_settings_fail_before_anything_starts(wrapper_env, override, message):
+    result = run_wrapper({**wrapper_env, **override, "TRAIN_CMD": "exit 0"}, timeout=60)
+    assert result.returncode == 1
+    assert message in result.stderr
+    assert not tmux_server_running(wrapper_env)
+    assert not Path(wrapper_env["LOG_DIR"]).exists()
+
+
+def test_port_in_use_is_reported(wrapper_env):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        env = {**wrapper_env, "RETRIEVAL_SERVER_URL": f"http://127.0.0.1:{port}", "TRAIN_CMD": "exit 0"}
+        result = run_wrapper(env, timeout=60)
+        assert result.returncode == 1
+        assert f"port {port} on 127.0.0.1 is in use" in result.stderr
+        assert not tmux_server_running(env)
+
+
+def test_existing_session_is_left_alone(wrapper_env):
+    session = wrapper_env["TMUX_SESSION"]
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "sleep 120"], env=wrapper_env, check=True)
+    result = run_wrapper({**wrapper_env, "TRAIN_CMD": "exit 0"}, timeout=60)
+    assert result.returncode == 1 and f"tmux session '{session}' already exists" in result.stderr
+    assert subprocess.run(["tmux", "has-session", "-t", session], env=wrapper_env).returncode == 0
+
+
+def test_server_never_healthy_fails_with_its_log_and_is_stopped(wrapper_env):
+    # The real server needs several seconds to load its encoder; one second is never enough.
+    env = {**wrapper_env, "RETRIEVER_STARTUP_TIMEOUT": "1", "TRAIN_CMD": "touch training-ran"}
+    result = run_wrapper(env)
+    assert result.returncode == 1
+    assert "was not healthy after 1 s" in result.stderr and "RETRIEVER_STARTUP_TIMEOUT" in result.stderr
+    assert "---- last lines of" in result.stderr and "starting:" in result.stderr  # the log's tail
+    assert not list(Path(env["LOG_DIR"]).glob("training_*.log"))  # training never started
+    assert_all_stopped(env)
+
+
+def test_server_that_dies_at_startup_is_reported_with_its_log(wrapper_env, tmp_path):
+    broken = tmp_path / "broken.index"
+    broken.write_bytes(b"this is not a FAISS index")
+    env = {**wrapper_env, "RETRIEVER_INDEX_PATH": str(broken), "TRAIN_CMD": "exit 0"}
+    result = run_wrapper(env)
+    assert result.returncode == 1
+    assert "the retrieval server exited during startup" in result.stderr
+    assert "not recognized" in result.stderr  # FAISS's own error, from the log tail
+    assert_all_stopped(env)
