@@ -129,7 +129,8 @@ async def reward_func(args, sample: Sample | list[Sample], **kwargs) -> float | 
         details = score_conversation(conversation, golden_answers(sample.label), weights)
     else:
         details = score_response(_prompt_text(args, sample), sample.response, golden_answers(sample.label), weights)
-    if getattr(args, "reward_key", None) or getattr(args, "eval_reward_key", None):
+    # slime indexes a dict reward with --reward-key (training) and --eval-reward-key (evaluation) only.
+    if getattr(args, "reward_key", None) or (evaluation and getattr(args, "eval_reward_key", None)):
         return {
             "score": details.score,
             "em": details.em,

@@ -409,3 +409,13 @@ async def test_group_reward_returns_one_reward_per_sample(make_args, tokenizer, 
     policy.scripts[QUESTION + "?"] = [SEARCH_TURN, WRONG_TURN]
     _, wrong, _ = await rollout(make_args, tokenizer)
     assert await reward_func(args, [right, wrong]) == [1.0, pytest.approx(0.2)]
+
+
+async def test_eval_reward_key_alone_keeps_training_rewards_scalar(
+    make_args, tokenizer, engine, policy, search_config
+):
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    args, sample, _ = await rollout(make_args, tokenizer, eval_reward_key="em")
+    assert await reward_func(args, sample) == 1.0
+    args, sample, _ = await rollout(make_args, tokenizer, eval_reward_key="em", evaluation=True)
+    assert (await reward_func(args, sample))["em"] == 1.0
