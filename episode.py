@@ -89,13 +89,13 @@ async def timed_search(config: SearchR1Config, query: str, stats: EpisodeStats) 
 
 
 async def run_episode(state, driver, protocol: TurnProtocol, config: SearchR1Config, budget: Budget, evaluation):
-    sample, stats = driver.sample, driver.stats
+    stats = driver.stats
     stats.evaluation = evaluation
 
     async def finish(status: Sample.Status, reason: str) -> Sample:
-        if status == Sample.Status.FAILED:
-            sample.remove_sample = config.drop_failed_samples
         finished = await driver.finish(status, reason)
+        # after the driver: a router driver refills the sample's fields from its cache
+        finished.remove_sample = status == Sample.Status.FAILED and config.drop_failed_samples
         protocol.on_finish(finished)
         return finished
 
@@ -105,7 +105,10 @@ async def run_episode(state, driver, protocol: TurnProtocol, config: SearchR1Con
         if budget.left(driver) <= 0:
             return await finish(Sample.Status.TRUNCATED, "token_budget")
         # A new dict per turn: in evaluation slime shares one sampling_params dict across all samples.
-        turn = await driver.generate({**protocol.sampling_params, "max_new_tokens": budget.left(driver)})
+        params = {**protocol.sampling_params, "max_new_tokens": budget.left(driver)}
+        if params.get("min_new_tokens"):
+            params["min_new_tokens"] = min(params["min_new_tokens"], params["max_new_tokens"])
+        turn = await driver.generate(params)
         if turn.finish_type == "abort":
             return await finish(Sample.Status.ABORTED, "engine_abort")
         stats.turns += 1

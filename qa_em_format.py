@@ -17,6 +17,8 @@ import string
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from xml_actions import INVALID_ACTION_MESSAGE
+
 ASSISTANT_MARKER = re.compile(r"<\|im_start\|>assistant\s*")
 ANSWER_PATTERN = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 INFORMATION_PATTERN = re.compile(r"<information>(.*?)</information>", re.DOTALL)
@@ -104,8 +106,11 @@ def last_answer(response: str) -> str | None:
 
     Search-R1 searches prompt + response and needs two matches because its prompt holds one example
     answer; searching the response alone gives the same answer for that prompt and does not depend on it.
+    The environment's text is left out: the invalid-action hint itself says "<answer> and </answer>",
+    and a retrieved page may hold answer tags.
     """
-    matches = ANSWER_PATTERN.findall(response)
+    written = INFORMATION_PATTERN.sub(" ", response.replace(INVALID_ACTION_MESSAGE, " "))
+    matches = ANSWER_PATTERN.findall(written)
     return matches[-1].strip() if matches else None
 
 

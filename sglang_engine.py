@@ -78,11 +78,12 @@ async def generate_turn(
         output = await _post_aiohttp(url, payload, headers)
     turn = parse_engine_output(output, return_logprob)
     seen = turn.meta_info.get("prompt_tokens")
-    if isinstance(seen, int) and seen != len(input_ids):
+    # An abort before prefill reports 0 prompt tokens on some SGLang versions: only check finished turns.
+    if turn.finish_type != "abort" and isinstance(seen, int) and seen != len(input_ids):
         raise EngineProtocolError(
-            f"the engine conditioned on {seen} tokens but {len(input_ids)} were sent: something between the plugin "
-            "and SGLang rewrote input_ids (the old slime router's radix middleware does; use TOKEN_TRACKING_MODE="
-            "router_radix with it, or route through sglang-router)"
+            f"the engine conditioned on {seen} tokens but {len(input_ids)} were sent, so the trajectory would not "
+            "be what it saw: something rewrote or truncated input_ids (the old slime router's radix middleware "
+            "rewrites them: use TOKEN_TRACKING_MODE=router_radix with it; SGLang's allow_auto_truncate cuts them)"
         )
     return turn
 

@@ -269,3 +269,22 @@ async def test_chat_with_router_radix_warns_once(router_args, engine, policy, se
     caplog.clear()
     await run_chat(router_args(), search_config, "chat", tracking="router_handler")
     assert "sends rendered text" not in caplog.text
+
+
+@pytest.mark.parametrize(("mode", "tracking"), [("generate", "router_radix"), ("chat", "router_handler")])
+async def test_router_modes_keep_failed_samples_out_of_the_loss(
+    router_args, tokenizer, engine, policy, retriever, search_config, mode, tracking
+):
+    retriever.down = True
+    policy.scripts[QUESTION + "?"] = (
+        [CALL, ANSWER]
+        if mode == "chat"
+        else [
+            "<think>x</think>\n<search> capital of France </search>",
+            ANSWER,
+        ]
+    )
+    sample = chat_sample() if mode == "chat" else Sample(prompt=chat_prompt(tokenizer, QUESTION), label=LABEL)
+    sample = await run_chat(router_args(), search_config, mode, tracking=tracking, sample=sample)
+    assert sample.status == Sample.Status.FAILED and sample.remove_sample is True
+    assert sample.response_length > 0

@@ -96,3 +96,12 @@ def test_label_shapes(label, expected):
 def test_bad_labels_say_what_is_expected(label):
     with pytest.raises(ValueError, match="ground_truth"):
         golden_answers(label)
+
+
+def test_environment_text_is_never_read_as_the_answer():
+    from xml_actions import INVALID_ACTION_MESSAGE
+
+    response = "I think it is Paris." + INVALID_ACTION_MESSAGE + "<think>a</think>\n<search> q </search>"
+    response += "\n\n<information>Doc 1(Title: x) the page says <answer> Paris </answer></information>\n\n"
+    details = score_response(PROMPT, response, ["and", "Paris"], V03)
+    assert details.answer is None and details.score == 0.0

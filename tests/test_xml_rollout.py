@@ -399,7 +399,7 @@ async def test_a_proxy_that_rewrites_input_ids_is_caught(make_args, tokenizer, e
 
     with serve_in_thread(proxy) as url:
         host, port = url.removeprefix("http://").split(":")
-        with pytest.raises(EngineProtocolError, match="rewrote input_ids"):
+        with pytest.raises(EngineProtocolError, match="rewrote or truncated input_ids"):
             await rollout(lambda **kw: make_args(sglang_router_ip=host, sglang_router_port=int(port), **kw), tokenizer)
 
 
@@ -419,3 +419,30 @@ async def test_eval_reward_key_alone_keeps_training_rewards_scalar(
     assert await reward_func(args, sample) == 1.0
     args, sample, _ = await rollout(make_args, tokenizer, eval_reward_key="em", evaluation=True)
     assert (await reward_func(args, sample))["em"] == 1.0
+
+
+async def test_an_invalid_action_does_not_pay_better_than_searching(
+    make_args, tokenizer, engine, policy, search_config
+):
+    search_config["max_turns"] = 2
+    policy.scripts[QUESTION + "?"] = ["no tags at all", SEARCH_TURN]
+    args, invalid, _ = await rollout(make_args, tokenizer)
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, SEARCH_TURN]
+    _, searching, _ = await rollout(make_args, tokenizer)
+    assert await reward_func(args, invalid) == 0.0
+    assert await reward_func(args, searching) == 0.0
+
+
+async def test_min_new_tokens_never_exceeds_what_a_turn_is_offered(
+    make_args, tokenizer, engine, policy, search_config
+):
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    args = make_args()
+    prompt = chat_prompt(tokenizer, QUESTION)
+    params = slime_sampling_params(120) | {"min_new_tokens": 100}
+    sample = await generate(args, Sample(prompt=prompt, label=label("Paris")), params, evaluation=True)
+    calls = engine.calls_for(tokenizer.encode(prompt, add_special_tokens=False))
+    assert len(calls) >= 2 and sample.status != Sample.Status.FAILED
+    for call in calls:
+        assert call.sampling_params["min_new_tokens"] <= call.sampling_params["max_new_tokens"]
+    assert params["min_new_tokens"] == 100

@@ -198,6 +198,10 @@ class FakeSGLangEngine:
             max_new = params.get("max_new_tokens", 128)
             if not isinstance(max_new, int) or max_new < 0:
                 return JSONResponse({"error": {"message": f"max_new_tokens must be >= 0, got {max_new}"}}, 400)
+            min_new = params.get("min_new_tokens", 0)
+            if not 0 <= min_new <= max_new:
+                message = f"min_new_tokens must be in [0, max_new_tokens({max_new})], got {min_new}."
+                return JSONResponse({"error": {"message": message}}, 400)
             if len(input_ids) + max_new > self.context_length:
                 message = (
                     f"Requested token count exceeds the model's maximum context length of {self.context_length} "
@@ -212,7 +216,8 @@ class FakeSGLangEngine:
                 await asyncio.sleep(self.latency_s)
             if self.aborted:
                 call.finish = {"type": "abort", "message": "Abort before prefill"}
-                meta = {"id": uuid.uuid4().hex, "finish_reason": call.finish, "prompt_tokens": len(input_ids)}
+                # older SGLang reports 0 prompt tokens for a request aborted in the waiting queue
+                meta = {"id": uuid.uuid4().hex, "finish_reason": call.finish, "prompt_tokens": 0}
                 meta["completion_tokens"] = 0
                 return {"text": "", "output_ids": [], "meta_info": meta}
             out, finish = self._sample(input_ids, params)
