@@ -5,14 +5,13 @@ this machine against ~0.6 ms for aiohttp (bench/rollout_overhead.py), so the hot
 """
 
 import asyncio
-import weakref
 from collections.abc import Callable
 
 import aiohttp
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, stop_any, wait_random_exponential
 
 # A session or semaphore belongs to the event loop it was made on; slime runs one loop, tests run many.
-_per_loop: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict]" = weakref.WeakKeyDictionary()
+_per_loop: dict[asyncio.AbstractEventLoop, dict] = {}
 
 
 class RequestFailed(RuntimeError):
@@ -24,7 +23,12 @@ class RetryableRequestFailed(RequestFailed):
 
 
 def _loop_state() -> dict:
-    return _per_loop.setdefault(asyncio.get_running_loop(), {})
+    loop = asyncio.get_running_loop()
+    if loop not in _per_loop:
+        for closed in [other for other in _per_loop if other.is_closed()]:
+            del _per_loop[closed]  # their sessions cannot be used (or closed) any more
+        _per_loop[loop] = {}
+    return _per_loop[loop]
 
 
 def loop_session(key: str, factory: Callable[[], aiohttp.ClientSession]) -> aiohttp.ClientSession:
@@ -52,10 +56,14 @@ async def close_loop_sessions() -> None:
             await value.close()
 
 
-def retrying(max_attempts: int, wait=None, before_sleep=None) -> AsyncRetrying:
-    """Retry RetryableRequestFailed, `max_attempts` tries in all; full-jitter exponential backoff by default."""
+def retrying(max_attempts: int, wait=None, before_sleep=None, give_up: Callable[[], bool] | None = None):
+    """Retry RetryableRequestFailed, `max_attempts` tries in all (fewer once `give_up()` is true);
+    full-jitter exponential backoff by default."""
+    stop = stop_after_attempt(max_attempts)
+    if give_up is not None:
+        stop = stop_any(stop, lambda _: give_up())
     return AsyncRetrying(
-        stop=stop_after_attempt(max_attempts),
+        stop=stop,
         wait=wait or wait_random_exponential(multiplier=0.2, max=4.0),
         retry=retry_if_exception_type(RetryableRequestFailed),
         reraise=True,
@@ -75,7 +83,7 @@ async def post_json(
                 detail = (await resp.text())[:300]
                 raise RequestFailed(f"{url} rejected the request with HTTP {resp.status}: {detail}")
             return await resp.json(content_type=None)
-    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as exc:
-        raise RetryableRequestFailed(f"{url}: {type(exc).__name__}: {exc}") from exc
     except (aiohttp.ContentTypeError, ValueError) as exc:
         raise RequestFailed(f"{url} did not answer with JSON: {exc}") from exc
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:  # connection, payload, proxy errors, timeouts
+        raise RetryableRequestFailed(f"{url}: {type(exc).__name__}: {exc}") from exc

@@ -6,8 +6,8 @@ assistant turn makes no call and holds exactly one <answer>…</answer> with not
 The answer scored is the last <answer> of the final assistant message.
 """
 
-from chat_tools import ANSWER_PATTERN, parse_openai_message
-from qa_em_format import FormatWeights, ScoreDetails, normalize_answer, table_score
+from chat_tools import parse_openai_message
+from qa_em_format import ANSWER_PATTERN, FormatWeights, ScoreDetails, normalize_answer, table_score
 
 
 def conversation_format_problem(conversation: list[dict]) -> str | None:

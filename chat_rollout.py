@@ -15,9 +15,10 @@ from chat_template import ChatRenderer
 from chat_tools import NO_ACTION_HINT, SEARCH_TOOL, AssistantTurn, parse_generated_turn, parse_openai_message
 from episode import encode_prompt, episode_budget, run_episode, timed_search
 from observations import encode_text
-from router_tracking import require_endpoint, router_base_url
+from router_tracking import require_endpoint
 from search_r1_config import SearchR1Config
 from search_results import format_documents
+from sglang_engine import base_url
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
 from token_drivers import ExactDriver, GeneratedTurn, HandlerDriver, RadixDriver
@@ -46,12 +47,12 @@ def sample_tools(sample: Sample) -> list[dict]:
     return copy.deepcopy(tools)
 
 
-async def tool_results(turn: AssistantTurn, config: SearchR1Config, stats: EpisodeStats, tokenizer) -> list[dict]:
+async def tool_results(turn: AssistantTurn, config: SearchR1Config, stats: EpisodeStats, tokenizer, aborted=None):
     """Messages that answer the model's turn: one tool message per call, or a hint when it did nothing usable."""
     if not turn.tool_calls:
         return [{"role": "user", "content": NO_ACTION_HINT}]
     runnable = [call for call in turn.tool_calls if call.error is None]
-    found = await asyncio.gather(*(timed_search(config, q, stats) for call in runnable for q in call.queries))
+    found = await asyncio.gather(*(timed_search(config, q, stats, aborted) for call in runnable for q in call.queries))
     messages, position = [], 0
     for call in turn.tool_calls:
         if call.error is not None:
@@ -81,6 +82,7 @@ class ChatProtocol:
         self.sampling_params = {**sampling_params, "stop_token_ids": stop_ids}
         self.turn: AssistantTurn | None = None
         self.pending: list[dict] = []
+        self.aborted = None
 
     def read(self, turn: GeneratedTurn, turn_index: int) -> bool:
         if turn.message is not None:
@@ -88,10 +90,12 @@ class ChatProtocol:
         else:
             self.turn = parse_generated_turn(turn.text, self.end_of_turn.strip(), turn_index)
         self.conversation.append(self.turn.message())
-        return self.turn.is_final_answer
+        # Nothing stops a chat turn at </answer>: one cut by length after it was not finished.
+        cut = turn.finish_type == "length" and not self.turn.content.rstrip().endswith("</answer>")
+        return self.turn.is_final_answer and not cut
 
     async def respond(self, turn: GeneratedTurn) -> list[int]:
-        self.pending = await tool_results(self.turn, self.config, self.stats, self.tokenizer)
+        self.pending = await tool_results(self.turn, self.config, self.stats, self.tokenizer, self.aborted)
         history = self.messages + self.conversation[:-1]
         return self.renderer.followup_ids(history, self.pending, turn.ids)
 
@@ -111,14 +115,14 @@ async def run_chat_episode(args, sample: Sample, sampling_params: dict, config: 
     prompt_text = renderer.render(messages, add_generation_prompt=True)
     prompt_ids = encode_prompt(tokenizer, prompt_text)
     conversation: list[dict] = []
-    base_url = router_base_url(args)
+    router = base_url(args)
     if config.token_tracking_mode == "router_handler":
-        await require_endpoint(base_url, "/retrieve_from_messages_template", "router_handler")
+        await require_endpoint(router, "/retrieve_from_messages_template", "router_handler")
         driver = HandlerDriver(
             args, sample, tokenizer, prompt_ids, config, messages=messages, conversation=conversation, tools=tools
         )
     elif config.token_tracking_mode == "router_radix":
-        await require_endpoint(base_url, "/retrieve_from_text", "router_radix")
+        await require_endpoint(router, "/retrieve_from_text", "router_radix")
         driver = RadixDriver(args, sample, tokenizer, prompt_ids, config, prompt_text=prompt_text)
     else:
         driver = ExactDriver(args, sample, tokenizer, prompt_ids, config)

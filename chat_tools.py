@@ -4,6 +4,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from qa_em_format import ANSWER_PATTERN
+
 SEARCH_TOOL = {
     "type": "function",
     "function": {
@@ -38,7 +40,6 @@ CHAT_SYSTEM_PROMPT = (
 
 MAX_QUERIES_PER_CALL = 5
 TOOL_CALL_PATTERN = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-ANSWER_PATTERN = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 NO_ACTION_HINT = (
     "Your last reply had neither a search tool call nor a final answer. Call the search tool, or give the final "

@@ -16,7 +16,7 @@ from functools import lru_cache
 from typing import Protocol
 
 from observations import encode_text
-from search_backend import SearchError, search
+from search_backend import SearchAborted, SearchError, search
 from search_r1_config import SearchR1Config
 from slime.utils.types import Sample
 from token_drivers import GeneratedTurn
@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 class TurnProtocol(Protocol):
     sampling_params: dict
+    aborted: object  # a callable, set by run_episode: True once slime aborts the rollout
 
     def read(self, turn: GeneratedTurn, turn_index: int) -> bool:
         """Take in the model's turn; True when it is the final answer."""
@@ -72,11 +73,13 @@ def encode_prompt(tokenizer, prompt: str) -> list[int]:
     return list(_prompt_ids(tokenizer, prompt))
 
 
-async def timed_search(config: SearchR1Config, query: str, stats: EpisodeStats) -> list[str]:
+async def timed_search(config: SearchR1Config, query: str, stats: EpisodeStats, aborted=None) -> list[str]:
     """search() with the per-sample counters kept; SearchError (after retries) is logged and re-raised."""
     started = time.perf_counter()
     try:
-        contents = await search(config, query)
+        contents = await search(config, query, aborted)
+    except SearchAborted:
+        raise
     except SearchError as exc:
         stats.search_failures += 1
         stats.search_error = str(exc)[:500]
@@ -91,6 +94,7 @@ async def timed_search(config: SearchR1Config, query: str, stats: EpisodeStats) 
 async def run_episode(state, driver, protocol: TurnProtocol, config: SearchR1Config, budget: Budget, evaluation):
     stats = driver.stats
     stats.evaluation = evaluation
+    protocol.aborted = lambda: state.aborted
 
     async def finish(status: Sample.Status, reason: str) -> Sample:
         finished = await driver.finish(status, reason)
@@ -121,6 +125,8 @@ async def run_episode(state, driver, protocol: TurnProtocol, config: SearchR1Con
         try:
             reply = await protocol.respond(turn)
         except SearchError:
+            if state.aborted:  # slime aborted while the search waited or retried
+                return await finish(Sample.Status.ABORTED, "rollout_aborted")
             return await finish(Sample.Status.FAILED, "search_failed")
         if len(reply) >= budget.left(driver):
             # The reply plus at least one generated token must fit.

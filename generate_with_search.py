@@ -66,17 +66,27 @@ resolve_config(SEARCH_R1_CONFIGS)  # fail at import, not in the middle of a roll
 
 
 def check_slime_args(args, config: SearchR1Config) -> None:
-    """Combinations of slime flags and plugin settings that would silently train on wrong numbers."""
-    top_p_replay = float(getattr(args, "rollout_top_p", 1.0) or 1.0) != 1.0
-    if config.train_observations and getattr(args, "use_tis", False):
+    """Combinations of slime flags and plugin settings that would train on wrong numbers or fail later."""
+    uses_rollout_log_probs = [f for f in ("use_tis", "use_rollout_logprobs") if getattr(args, f, False)]
+    flags = " and ".join("--" + f.replace("_", "-") for f in uses_rollout_log_probs)
+    if uses_rollout_log_probs and config.train_observations:
         raise ConfigError(
-            "LOSS_MASK_MODE=simple trains observation tokens whose rollout log probs are 0.0 placeholders "
-            "(the engine never sampled them), which TIS would treat as real; use LOSS_MASK_MODE=strict with --use-tis"
+            f"LOSS_MASK_MODE=simple trains observation tokens whose rollout log probs are 0.0 placeholders (the "
+            f"engine never sampled them), which {flags} would treat as real; use LOSS_MASK_MODE=strict"
         )
-    if top_p_replay and (config.train_observations or not config.return_logprob):
+    if uses_rollout_log_probs and not config.return_logprob:
+        raise ConfigError(f"{flags} needs the engine's log probs: set TRACK_LOG_PROBS=true")
+    if float(getattr(args, "rollout_top_p", 1.0) or 1.0) != 1.0 and (
+        config.train_observations or not config.return_logprob or config.token_tracking_mode != "manual"
+    ):
         raise ConfigError(
-            "--rollout-top-p != 1 replays the engine's nucleus per sampled token; it needs TRACK_LOG_PROBS=true "
-            "and LOSS_MASK_MODE=strict"
+            "--rollout-top-p != 1 replays the engine's nucleus per sampled token; it needs TRACK_LOG_PROBS=true, "
+            "LOSS_MASK_MODE=strict and TOKEN_TRACKING_MODE=manual"
+        )
+    if getattr(args, "use_rollout_routing_replay", False):
+        raise ConfigError(
+            "--use-rollout-routing-replay (MoE routed-expert replay) is not supported by this plugin: drop the "
+            "flag (Qwen2.5 is a dense model)"
         )
 
 

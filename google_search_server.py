@@ -8,6 +8,7 @@ The API key travels only in the request header: it never appears in a message or
 
 import asyncio
 import html
+from collections.abc import Callable
 from html.parser import HTMLParser
 
 import aiohttp
@@ -71,6 +72,10 @@ def decode_page(raw: bytes, declared_charset: str | None) -> str:
         return raw.decode("utf-8", errors="replace")
 
 
+def _page_paragraphs(raw: bytes, declared_charset: str | None) -> list[str]:
+    return html_to_paragraphs(decode_page(raw, declared_charset))
+
+
 def page_context(snippet: str, paragraphs: list[str]) -> str:
     """The page's paragraphs that contain one of the snippet's sentences, in page order, once each."""
     sentences = snippet_sentences(snippet)
@@ -88,7 +93,8 @@ async def _fetch_page(session: aiohttp.ClientSession, url: str, semaphore: async
                 if resp.status >= 400 or "html" not in resp.headers.get("Content-Type", "text/html"):
                     return []
                 raw = await resp.read()
-                return html_to_paragraphs(decode_page(raw, resp.charset))
+                # charset detection and HTML parsing are CPU work: keep them off the rollout's event loop
+                return await asyncio.to_thread(_page_paragraphs, raw, resp.charset)
         except (aiohttp.ClientError, asyncio.TimeoutError, UnicodeError):
             return []
 
@@ -108,6 +114,7 @@ async def google_search(
     search_url: str = SERPER_URL,
     max_attempts: int = 3,
     fetch_concurrency: int = 8,
+    give_up: Callable[[], bool] | None = None,
 ) -> list[dict]:
     """Top-k Google results for `query` as [{"document": {"contents": '"title"\\ncontext'}}, ...]."""
     if not api_key:
@@ -115,7 +122,7 @@ async def google_search(
     session = loop_session("serper", aiohttp.ClientSession)
     payload = {"q": query, "num": top_k, "gl": "us", "hl": "en"}
     headers = {"X-API-KEY": api_key, "Content-Type": "application/json"}
-    async for attempt in retrying(max_attempts):
+    async for attempt in retrying(max_attempts, give_up=give_up):
         with attempt:
             body = await post_json(session, search_url, payload, timeout, headers=headers, proxy=proxy)
     if not isinstance(body, dict) or not isinstance(body.get("organic", []), list):

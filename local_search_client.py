@@ -1,6 +1,7 @@
 """Client for local retrieval servers (local_dense_retriever/retrieval_server.py or Search-R1's own)."""
 
 import itertools
+from collections.abc import Callable
 
 import aiohttp
 
@@ -24,10 +25,10 @@ class LocalRetrieverClient:
         # Connection pooling is per loop; the concurrency bound is the caller's semaphore.
         return loop_session("local-retriever", lambda: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
 
-    async def search(self, query: str, topk: int) -> list[str]:
-        """The contents of the top-k passages for one query."""
+    async def search(self, query: str, topk: int, give_up: Callable[[], bool] | None = None) -> list[str]:
+        """The contents of the top-k passages for one query; `give_up()` true stops retrying."""
         payload = {"queries": [query], "topk": topk, "return_scores": False}
-        async for attempt in retrying(self.max_attempts):
+        async for attempt in retrying(self.max_attempts, give_up=give_up):
             with attempt:
                 url = self.urls[next(self._next_url)]
                 body = await post_json(self._session(), url, payload, self.timeout, proxy=self.proxy)

@@ -96,11 +96,6 @@ def format_problem(text: str) -> str | None:
     return None if state == "end" else f"incomplete sequence, ended in state {state}"
 
 
-def is_valid_sequence(text: str) -> tuple[bool, str]:
-    problem = format_problem(text)
-    return problem is None, problem or "valid sequence format"
-
-
 def last_answer(response: str) -> str | None:
     """The last <answer>…</answer> the model wrote.
 

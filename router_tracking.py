@@ -8,51 +8,54 @@ as {"tokens", "loss_mask", "rollout_logp", ...} over prompt + response. Text it 
 (prompt, observations, template glue) comes back re-tokenized with loss mask 0 and log prob 0.0.
 """
 
+import asyncio
+
 import aiohttp
 
-from async_http import RequestFailed, loop_session, post_json
+from async_http import loop_session
+from sglang_engine import EngineProtocolError, EngineUnavailable, post_with_retries
 from trajectory import reset_response_fields
 
 _supported: dict[str, bool] = {}
-ROUTER_TIMEOUT_S = 120.0
 
 
 class RouterTrackingError(RuntimeError):
     """The router cannot provide the trajectory (missing endpoint, or an answer that does not fit the prompt)."""
 
 
-def router_base_url(args) -> str:
-    return f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
-
-
-def router_session() -> aiohttp.ClientSession:
-    return loop_session("router", lambda: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
-
-
-async def require_endpoint(base_url: str, endpoint: str, mode: str) -> None:
+async def require_endpoint(router: str, endpoint: str, mode: str) -> None:
     """Fail before any rollout work when the router lacks `endpoint` (checked once per router and endpoint)."""
-    key = base_url + endpoint
+    key = router + endpoint
     if key not in _supported:
+        session = loop_session("router-probe", aiohttp.ClientSession)
         try:
-            async with router_session().post(key, json={}, timeout=aiohttp.ClientTimeout(total=30)) as resp:
+            async with session.post(key, json={}, timeout=aiohttp.ClientTimeout(total=30)) as resp:
                 _supported[key] = resp.status not in (404, 405)
-        except aiohttp.ClientError as exc:
-            raise RouterTrackingError(f"cannot reach the router at {base_url} to check {endpoint}: {exc}") from exc
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise RouterTrackingError(f"cannot reach the router at {router} to check {endpoint}: {exc}") from exc
     if not _supported[key]:
         raise RouterTrackingError(
             f"TOKEN_TRACKING_MODE={mode} needs a router that serves {endpoint}: the slime router with its "
             "radix-tree middleware (slime before March 2026, launched with --use-slime-router). Current slime "
-            f"removed it, and {base_url} answers 404. TOKEN_TRACKING_MODE=manual is token-exact with any "
+            f"removed it, and {router} answers 404. TOKEN_TRACKING_MODE=manual is token-exact with any "
             "SGLang engine or router."
         )
 
 
-async def retrieve(base_url: str, endpoint: str, payload: dict) -> dict:
+async def post_to_router(url: str, payload: dict) -> dict:
+    """A router call, retried like the engine's; a router that stays down fails the rollout, as an engine would."""
     try:
-        body = await post_json(router_session(), base_url + endpoint, payload, ROUTER_TIMEOUT_S)
-    except RequestFailed as exc:
-        raise RouterTrackingError(f"{endpoint} failed: {exc}") from exc
-    missing = [k for k in ("tokens", "loss_mask", "rollout_logp") if not isinstance(body, dict) or k not in body]
+        body = await post_with_retries(url, payload)
+    except (EngineProtocolError, EngineUnavailable) as exc:
+        raise RouterTrackingError(f"{url}: {exc}") from exc
+    if not isinstance(body, dict):
+        raise RouterTrackingError(f"{url} answered {str(body)[:200]!r}, not a JSON object")
+    return body
+
+
+async def retrieve(router: str, endpoint: str, payload: dict) -> dict:
+    body = await post_to_router(router + endpoint, payload)
+    missing = [k for k in ("tokens", "loss_mask", "rollout_logp") if k not in body]
     if missing:
         raise RouterTrackingError(f"{endpoint} answered without {', '.join(missing)}")
     return body

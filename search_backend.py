@@ -1,5 +1,7 @@
 """The tool behind <search>: one query in, passage contents out, bounded by search_concurrency."""
 
+from collections.abc import Callable
+
 from async_http import RequestFailed, loop_semaphore
 from google_search_server import google_search
 from local_search_client import LocalRetrieverClient
@@ -11,6 +13,10 @@ _local_clients: dict[tuple, LocalRetrieverClient] = {}
 
 class SearchError(RuntimeError):
     """The search backend failed for good: after its retries, or with an answer that cannot be used."""
+
+
+class SearchAborted(SearchError):
+    """The rollout was aborted while this search waited for its turn."""
 
 
 def _local_client(config: SearchR1Config) -> LocalRetrieverClient:
@@ -27,18 +33,24 @@ def _local_client(config: SearchR1Config) -> LocalRetrieverClient:
     return client
 
 
-async def search(config: SearchR1Config, query: str) -> list[str]:
-    """Contents of the top-k passages; raises SearchError when the backend fails for good."""
+async def search(config: SearchR1Config, query: str, aborted: Callable[[], bool] | None = None) -> list[str]:
+    """Contents of the top-k passages; raises SearchError when the backend fails for good.
+
+    `aborted()` turning true (slime's abort) skips a search still waiting for a slot and stops retrying,
+    so an abort is not held up by a slow or down search backend.
+    """
     try:
         async with loop_semaphore("search", config.search_concurrency):
-            return await _search(config, query)
+            if aborted is not None and aborted():
+                raise SearchAborted("the rollout was aborted before this search ran")
+            return await _search(config, query, aborted)
     except (RequestFailed, ValueError) as exc:
         raise SearchError(str(exc)) from exc
 
 
-async def _search(config: SearchR1Config, query: str) -> list[str]:
+async def _search(config: SearchR1Config, query: str, aborted: Callable[[], bool] | None) -> list[str]:
     if config.search_backend == "local":
-        return await _local_client(config).search(query, config.topk)
+        return await _local_client(config).search(query, config.topk, give_up=aborted)
     hits = await google_search(
         config.google.api_key,
         query,
@@ -49,5 +61,6 @@ async def _search(config: SearchR1Config, query: str) -> list[str]:
         search_url=config.google.search_url,
         max_attempts=config.search_max_retries,
         fetch_concurrency=config.google.fetch_concurrency,
+        give_up=aborted,
     )
     return [hit_contents(hit) for hit in hits]

@@ -6,6 +6,8 @@ from typing import Any
 
 def hit_contents(hit: Mapping[str, Any]) -> str:
     """Contents of one hit in either server shape: {"document": {...}, "score": s} or the document itself."""
+    if not isinstance(hit, Mapping):
+        raise ValueError(f"a retrieval hit must be an object, got {type(hit).__name__}: {str(hit)[:80]!r}")
     document = hit.get("document", hit)
     if not isinstance(document, Mapping):
         raise ValueError(f"a retrieval hit's document must be an object, got {type(document).__name__}")

@@ -1,6 +1,8 @@
 """One generation turn against SGLang's native /generate: token ids in, token ids and log probs out."""
 
+import base64
 import logging
+from array import array
 from dataclasses import dataclass
 
 import aiohttp
@@ -15,7 +17,9 @@ logger = logging.getLogger(__name__)
 ENGINE_ATTEMPTS = 60
 ENGINE_RETRY_WAIT_S = 1.0
 
-_TOP_P_KEYS = ("top_p_token_ids", "top_p_token_offsets")
+# slime reads either name of each (slime/utils/types.py)
+_TOP_P_ID_KEYS = ("top_p_token_ids", "top_p_kept_token_ids")
+_TOP_P_OFFSET_KEYS = ("top_p_token_offsets", "top_p_kept_token_offsets")
 
 
 class EngineProtocolError(RuntimeError):
@@ -35,7 +39,7 @@ class EngineTurn:
 
 
 def engine_url(args) -> str:
-    return f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
+    return base_url(args) + "/generate"
 
 
 def routing_headers(args, sample) -> dict | None:
@@ -45,7 +49,13 @@ def routing_headers(args, sample) -> dict | None:
     return None
 
 
-async def _post_aiohttp(url: str, payload: dict, headers: dict | None) -> object:
+def base_url(args) -> str:
+    """slime's router address (sglang-router in front of the engines, or the old slime router)."""
+    return f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
+
+
+async def post_with_retries(url: str, payload: dict, headers: dict | None = None) -> object:
+    """POST to the engine or router over aiohttp, retried like slime's post() on 5xx, 429 and connection errors."""
     session = loop_session("sglang", lambda: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
     try:
         async for attempt in retrying(
@@ -75,7 +85,7 @@ async def generate_turn(
     if use_slime_post:
         output = await slime_post(url, payload, headers=headers)
     else:
-        output = await _post_aiohttp(url, payload, headers)
+        output = await post_with_retries(url, payload, headers)
     turn = parse_engine_output(output, return_logprob)
     seen = turn.meta_info.get("prompt_tokens")
     # An abort before prefill reports 0 prompt tokens on some SGLang versions: only check finished turns.
@@ -110,15 +120,27 @@ def parse_engine_output(output: object, return_logprob: bool) -> EngineTurn:
     return EngineTurn([int(i) for i in ids], None, finish_type, meta_info)
 
 
+def int32_values(value) -> list[int]:
+    """An int32 array as SGLang's top-p replay sends it (base64 of native int32, bytes, or a list) as ints."""
+    if isinstance(value, str):
+        value = base64.b64decode(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return array("i", bytes(value)).tolist()
+    return [int(v) for v in (value.tolist() if hasattr(value, "tolist") else value)]
+
+
 def keep_first_tokens(turn: EngineTurn, count: int) -> EngineTurn:
     """The turn cut after its first `count` tokens (what a stop at that token would have returned)."""
     meta_info = dict(turn.meta_info)
     meta_info["finish_reason"] = {"type": "stop"}
     if "output_token_logprobs" in meta_info:
         meta_info["output_token_logprobs"] = meta_info["output_token_logprobs"][:count]
-    if all(key in meta_info for key in _TOP_P_KEYS):
-        offsets = list(meta_info["top_p_token_offsets"])[: count + 1]
-        meta_info["top_p_token_offsets"] = offsets
-        meta_info["top_p_token_ids"] = list(meta_info["top_p_token_ids"])[: offsets[-1]]
+    id_key = next((k for k in _TOP_P_ID_KEYS if meta_info.get(k) is not None), None)
+    offsets_key = next((k for k in _TOP_P_OFFSET_KEYS if meta_info.get(k) is not None), None)
+    if id_key and offsets_key:
+        # the nucleus of token i is ids[offsets[i]:offsets[i + 1]]; slime reads lists as well as base64
+        offsets = int32_values(meta_info[offsets_key])[: count + 1]
+        meta_info[offsets_key] = offsets
+        meta_info[id_key] = int32_values(meta_info[id_key])[: offsets[-1]]
     log_probs = None if turn.log_probs is None else turn.log_probs[:count]
     return EngineTurn(turn.ids[:count], log_probs, "stop", meta_info)

@@ -6,9 +6,13 @@ its text, `add_observation` appends environment ids, `finish` puts the trajector
 
 from dataclasses import dataclass
 
-from async_http import RequestFailed, post_json
-from router_tracking import RouterTrackingError, fill_sample_from_router, retrieve, router_base_url, router_session
-from sglang_engine import engine_url, generate_turn, keep_first_tokens, routing_headers
+from router_tracking import (
+    RouterTrackingError,
+    fill_sample_from_router,
+    post_to_router,
+    retrieve,
+)
+from sglang_engine import base_url, engine_url, generate_turn, keep_first_tokens, routing_headers
 from slime.utils.types import Sample
 from trajectory import EpisodeStats, Trajectory, record_finish, reset_response_fields
 
@@ -110,7 +114,7 @@ class _RouterDriver:
         self.args, self.sample, self.tokenizer, self.config = args, sample, tokenizer, config
         self.prompt_ids = list(prompt_ids)
         self.stats = EpisodeStats()
-        self.base_url = router_base_url(args)
+        self.router = base_url(args)
         self.context_length = len(prompt_ids)
         self.response_length = 0
         reset_response_fields(sample, prompt_ids, config.return_logprob)
@@ -128,7 +132,7 @@ class _RouterDriver:
 
     async def finish(self, status: Sample.Status, reason: str) -> Sample:
         if status != Sample.Status.ABORTED:  # slime drops aborted samples: no trajectory needed
-            retrieved = await retrieve(self.base_url, self.retrieve_endpoint, self.retrieve_payload())
+            retrieved = await retrieve(self.router, self.retrieve_endpoint, self.retrieve_payload())
             fill_sample_from_router(
                 self.args,
                 self.sample,
@@ -152,10 +156,7 @@ class RadixDriver(_RouterDriver):
 
     async def generate(self, sampling_params: dict) -> GeneratedTurn:
         payload = {"text": self.text, "sampling_params": sampling_params, "return_logprob": self.config.return_logprob}
-        try:
-            output = await post_json(router_session(), self.base_url + "/generate", payload, None)
-        except RequestFailed as exc:
-            raise RouterTrackingError(f"the router's /generate failed: {exc}") from exc
+        output = await post_to_router(self.router + "/generate", payload)
         meta = output.get("meta_info") or {}
         finish = (meta.get("finish_reason") or {}).get("type", "stop")
         if finish == "abort":
@@ -197,12 +198,12 @@ class HandlerDriver(_RouterDriver):
     async def generate(self, sampling_params: dict) -> GeneratedTurn:
         request = {"model": "default", "messages": self.messages + self.conversation, "tools": self.tools}
         request.update(stream=False, **openai_sampling(sampling_params))
+        output = await post_to_router(self.router + "/v1/chat/completions", request)
         try:
-            output = await post_json(router_session(), self.base_url + "/v1/chat/completions", request, None)
             choice = output["choices"][0]
             message = choice.get("message") or {}
-        except (RequestFailed, KeyError, IndexError, TypeError) as exc:
-            raise RouterTrackingError(f"the router's /v1/chat/completions failed: {exc}") from exc
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise RouterTrackingError(f"/v1/chat/completions answered without a choice: {exc!r}") from exc
         finish = choice.get("finish_reason")
         self._count(int((output.get("usage") or {}).get("completion_tokens", 0)))
         return GeneratedTurn(

@@ -98,6 +98,9 @@ def reset_response_fields(sample: Sample, prompt_ids: list[int], track_log_probs
     if hasattr(sample, "rollout_routed_experts"):
         sample.rollout_routed_experts = None
     sample.weight_versions = []
+    for name in ("prefix_cache_info", "spec_info"):  # slime adds every turn's meta_info to these
+        if hasattr(sample, name):
+            setattr(sample, name, type(getattr(sample, name))())
     sample.reward = None
     sample.remove_sample = False
     sample.status = Sample.Status.PENDING

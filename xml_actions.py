@@ -22,7 +22,6 @@ INFORMATION_CLOSE = "</information>\n\n"
 class Action:
     kind: str  # "search" | "answer" | "invalid"
     content: str = ""
-    end: int = 0  # character offset just past the closing tag in the turn text
 
 
 def parse_action(turn_text: str) -> Action:
@@ -33,7 +32,7 @@ def parse_action(turn_text: str) -> Action:
     content = match.group(2).strip()
     if match.group(1) == "search" and not content:
         return Action("invalid")
-    return Action(match.group(1), content, match.end())
+    return Action(match.group(1), content)
 
 
 def with_stop_strings(stop: str | list[str] | tuple[str, ...] | None) -> list[str]:

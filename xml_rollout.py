@@ -8,8 +8,9 @@ through the slime router instead and takes the trajectory from its cache.
 
 from episode import encode_prompt, episode_budget, run_episode, timed_search
 from observations import information_ids, invalid_action_ids
-from router_tracking import require_endpoint, router_base_url
+from router_tracking import require_endpoint
 from search_r1_config import SearchR1Config
+from sglang_engine import base_url
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
 from token_drivers import ExactDriver, GeneratedTurn, RadixDriver
@@ -30,6 +31,7 @@ class XmlProtocol:
         self.tokenizer, self.config, self.stats = tokenizer, config, stats
         self.sampling_params = {**sampling_params, "stop": with_stop_strings(sampling_params.get("stop"))}
         self.action = None
+        self.aborted = None
 
     def read(self, turn: GeneratedTurn, turn_index: int) -> bool:
         self.action = parse_action(turn.text)
@@ -38,7 +40,7 @@ class XmlProtocol:
     async def respond(self, turn: GeneratedTurn) -> list[int]:
         if self.action.kind != "search":
             return invalid_action_ids(self.tokenizer)
-        contents = await timed_search(self.config, self.action.content, self.stats)
+        contents = await timed_search(self.config, self.action.content, self.stats, self.aborted)
         ids, truncated = information_ids(self.tokenizer, contents, self.config.max_obs_tokens)
         self.stats.truncated_observations += truncated
         return ids
@@ -56,7 +58,7 @@ async def run_xml_episode(args, sample: Sample, sampling_params: dict, config: S
     prompt_text = prompt_string(tokenizer, sample)
     prompt_ids = encode_prompt(tokenizer, prompt_text)
     if config.token_tracking_mode == "router_radix":
-        await require_endpoint(router_base_url(args), "/retrieve_from_text", "router_radix")
+        await require_endpoint(base_url(args), "/retrieve_from_text", "router_radix")
         driver = RadixDriver(args, sample, tokenizer, prompt_ids, config, prompt_text=prompt_text)
     else:
         driver = ExactDriver(args, sample, tokenizer, prompt_ids, config, cut_at_stops=STOP_STRINGS)

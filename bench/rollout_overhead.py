@@ -108,7 +108,7 @@ async def run_rollouts(args, samples: int, rounds: int, prompt: str, transport: 
 async def run_bare_posts(url: str, samples: int, rounds: int, prompt_ids: list[int], turns_per_sample: int):
     """The same number of engine posts (aiohttp) with the same context sizes, without the plugin."""
     from async_http import close_loop_sessions
-    from sglang_engine import _post_aiohttp
+    from sglang_engine import post_with_retries
 
     extra = [0, 160]  # the second turn's context: first turn plus a search result, as in the rollout
     cpu_start, wall_start = time.process_time(), time.perf_counter()
@@ -118,7 +118,7 @@ async def run_bare_posts(url: str, samples: int, rounds: int, prompt_ids: list[i
             for _ in range(samples)
             for t in range(turns_per_sample)
         ]
-        await asyncio.gather(*(_post_aiohttp(url, p | {"return_logprob": True}, None) for p in payloads))
+        await asyncio.gather(*(post_with_retries(url, p | {"return_logprob": True}) for p in payloads))
     cpu, wall = time.process_time() - cpu_start, time.perf_counter() - wall_start
     await close_loop_sessions()
     return cpu, wall

@@ -288,3 +288,26 @@ async def test_router_modes_keep_failed_samples_out_of_the_loss(
     sample = await run_chat(router_args(), search_config, mode, tracking=tracking, sample=sample)
     assert sample.status == Sample.Status.FAILED and sample.remove_sample is True
     assert sample.response_length > 0
+
+
+async def test_a_chat_turn_cut_by_length_after_its_answer_is_truncated(make_args, engine, policy, search_config):
+    policy.scripts[QUESTION + "?"] = ["<answer> Paris </answer> and then I kept on writing " + "more " * 100]
+    sample = await run_chat(make_args(), search_config, "chat", budget=30)
+    assert sample.status == Sample.Status.TRUNCATED and sample.response_length == 30
+    policy.scripts[QUESTION + "?"] = ["<answer> Paris </answer>"]
+    sample = await run_chat(make_args(), search_config, "chat", budget=30)
+    assert sample.status == Sample.Status.COMPLETED
+
+
+@pytest.mark.parametrize(("mode", "tracking"), [("generate", "router_radix"), ("chat", "router_handler")])
+async def test_router_errors_are_retried_like_the_engine(
+    router, router_args, tokenizer, engine, policy, retriever, search_config, monkeypatch, mode, tracking
+):
+    import sglang_engine
+
+    monkeypatch.setattr(sglang_engine, "ENGINE_RETRY_WAIT_S", 0.01)
+    router.failures_left = 2
+    policy.scripts[QUESTION + "?"] = [ANSWER]
+    sample = chat_sample() if mode == "chat" else Sample(prompt=chat_prompt(tokenizer, QUESTION), label=LABEL)
+    sample = await run_chat(router_args(), search_config, mode, tracking=tracking, sample=sample)
+    assert sample.status == Sample.Status.COMPLETED and router.failures_left == 0

@@ -113,4 +113,12 @@ def test_slime_flag_combinations_that_would_train_on_wrong_numbers():
         check(Namespace(use_tis=True, rollout_top_p=1.0), simple)
     with pytest.raises(ConfigError, match="--rollout-top-p"):
         check(Namespace(use_tis=False, rollout_top_p=0.9), resolved(TRACK_LOG_PROBS="0"))
+    with pytest.raises(ConfigError, match="--use-rollout-logprobs would treat as real"):
+        check(Namespace(use_rollout_logprobs=True), simple)
+    with pytest.raises(ConfigError, match="--use-tis needs the engine's log probs"):
+        check(Namespace(use_tis=True), resolved(TRACK_LOG_PROBS="false"))
+    with pytest.raises(ConfigError, match="TOKEN_TRACKING_MODE=manual"):
+        check(Namespace(rollout_top_p=0.9), resolved(TOKEN_TRACKING_MODE="router_radix"))
+    with pytest.raises(ConfigError, match="routing-replay"):
+        check(Namespace(use_rollout_routing_replay=True), resolved())
     check(Namespace(use_tis=True, rollout_top_p=0.9), resolved())  # strict + log probs: fine

@@ -263,6 +263,8 @@ async def test_a_retried_sample_starts_clean(make_args, tokenizer, engine, polic
     assert sample.status == Sample.Status.COMPLETED and sample.remove_sample is False and sample.reward is None
     assert info(sample)["search_failures"] == 0 and info(sample)["searches"] == 1
     assert sample.metadata["user_key"] == "kept"
+    calls = engine.calls_for(prompt_ids)  # slime's per-sample prefix-cache counters count this run only
+    assert sample.prefix_cache_info.total_prompt_tokens == sum(len(c.input_ids) for c in calls)
     assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
 
 
@@ -446,3 +448,69 @@ async def test_min_new_tokens_never_exceeds_what_a_turn_is_offered(
     for call in calls:
         assert call.sampling_params["min_new_tokens"] <= call.sampling_params["max_new_tokens"]
     assert params["min_new_tokens"] == 100
+
+
+@pytest.mark.parametrize("encoding", ["list", "base64"])
+async def test_top_p_replay_spans_follow_the_tokens_even_when_cut(
+    make_args, tokenizer, engine, policy, search_config, encoding
+):
+    engine.top_p_replay = encoding
+    engine.honor_stop_strings = False  # the first turn is cut after </search>: its spans are cut with it
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN + " and more text after the tag", ANSWER_TURN]
+    _, sample, prompt_ids = await rollout(make_args, tokenizer, rollout_top_p=0.9)
+    offsets, ids = sample.rollout_top_p_token_offsets, sample.rollout_top_p_token_ids
+    assert len(offsets) == sample.response_length + 1 and offsets[-1] == len(ids)
+    response = sample.tokens[len(prompt_ids) :]
+    for position, token in enumerate(response):
+        kept = ids[offsets[position] : offsets[position + 1]]
+        if sample.loss_mask[position]:
+            assert kept[0] == token  # the sampled token leads its own nucleus
+        else:
+            assert kept == []  # observation tokens have empty spans
+
+
+async def test_abort_is_not_held_up_by_a_retrying_search(
+    make_args, tokenizer, engine, policy, retriever, search_config
+):
+    import time
+
+    search_config.update(search_max_retries=20, search_timeout=0.5)
+    retriever.down = True
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    args = make_args()
+    task = asyncio.create_task(rollout(lambda **_: args, tokenizer))
+    await asyncio.sleep(0.5)
+    GenerateState(args).aborted = True
+    started = time.perf_counter()
+    _, sample, _ = await task
+    assert sample.status == Sample.Status.ABORTED
+    assert time.perf_counter() - started < 6  # at most the backoff sleep in progress, not 20 attempts
+    assert retriever.requests < 20
+
+
+async def test_searches_queued_behind_the_concurrency_bound_are_skipped_on_abort(
+    make_args, tokenizer, engine, policy, retriever, search_config
+):
+    search_config["search_concurrency"] = 1
+    retriever.latency_s = 0.5
+    questions = [f"Question number {i}" for i in range(6)]
+    for question in questions:
+        policy.scripts[question + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    args = make_args()
+    samples = [Sample(prompt=chat_prompt(tokenizer, q), label=label("Paris")) for q in questions]
+    tasks = [asyncio.create_task(generate(args, s, slime_sampling_params(512))) for s in samples]
+    await asyncio.sleep(0.3)
+    GenerateState(args).aborted = True
+    done = await asyncio.gather(*tasks)
+    assert {s.status for s in done} == {Sample.Status.ABORTED}
+    assert retriever.requests <= 2
+
+
+async def test_a_search_server_answering_nonsense_fails_the_sample_not_the_batch(
+    make_args, tokenizer, engine, policy, retriever, search_config
+):
+    retriever.docs = ["a bare string instead of a document"]
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    _, sample, _ = await rollout(make_args, tokenizer)
+    assert sample.status == Sample.Status.FAILED
+    assert "retrieval hit must be an object" in sample.metadata["search_r1"]["search_error"]

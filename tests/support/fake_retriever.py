@@ -43,9 +43,12 @@ class FakeRetriever:
 
     def rank(self, query: str, topk: int) -> list[tuple[dict, float]]:
         words = set(_WORD.findall(query.lower()))
-        scored = [
-            (doc, float(len(words & set(_WORD.findall(str(doc.get("contents", "")).lower()))))) for doc in self.docs
-        ]
+
+        def overlap(doc) -> float:
+            text = str(doc.get("contents", "")) if isinstance(doc, dict) else str(doc)
+            return float(len(words & set(_WORD.findall(text.lower()))))
+
+        scored = [(doc, overlap(doc)) for doc in self.docs]
         scored.sort(key=lambda pair: -pair[1])
         return scored[:topk]
 

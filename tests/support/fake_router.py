@@ -51,7 +51,14 @@ class FakeSlimeRouter:
         self.engine_url = engine_url
         self.legacy_endpoints = legacy_endpoints
         self.cache = RadixCache(tokenizer)
+        self.failures_left = 0  # the next generation requests answer 503
         self.app = self._build_app()
+
+    def _injected_failure(self) -> JSONResponse | None:
+        if self.failures_left > 0:
+            self.failures_left -= 1
+            return JSONResponse({"error": "injected failure"}, 503)
+        return None
 
     async def _generate(self, text: str, body: dict) -> dict:
         ids, logp, mask = self.cache.lookup(text)
@@ -86,6 +93,8 @@ class FakeSlimeRouter:
 
         @app.post("/generate")
         async def generate(request: Request):
+            if failure := self._injected_failure():
+                return failure
             body = await request.json()
             text = body["text"] if "text" in body else self.tokenizer.decode(body["input_ids"])
             return await self._generate(text, body)
@@ -111,6 +120,8 @@ class FakeSlimeRouter:
 
         @app.post("/v1/chat/completions")
         async def chat_completions(request: Request):
+            if failure := self._injected_failure():
+                return failure
             body = await request.json()
             prompt = self._render(body["messages"], body.get("tools"), True)
             params = {"max_new_tokens": body.get("max_tokens", 512)}

@@ -9,10 +9,12 @@ can check what the engine conditioned on and what it sampled.
 """
 
 import asyncio
+import base64
 import json
 import re
 import uuid
 import zlib
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -83,7 +85,9 @@ class FakeSGLangEngine:
         latency_s: float = 0.0,
         record: bool = True,
         split_every: int = 0,
+        top_p_replay: str | None = None,
     ):
+        """`top_p_replay`: None, "list" or "base64" (with slime's top-p patch, the nucleus of each sampled token)."""
         self.tokenizer = tokenizer
         self.policy = policy
         self.eos_ids = eos_ids
@@ -92,6 +96,7 @@ class FakeSGLangEngine:
         self.latency_s = latency_s
         self.record = record
         self.split_every = split_every
+        self.top_p_replay = top_p_replay
         self._vocab = tokenizer.get_vocab()
         self.calls: list[EngineCall] = []
         self.failures_left = 0
@@ -233,6 +238,13 @@ class FakeSGLangEngine:
             }
             if return_logprob:
                 meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(call.log_probs, out, strict=True)]
+            if self.top_p_replay:
+                nucleus = [[t, (t + 1) % 151643] for t in out]  # the sampled token and one more per position
+                ids = [i for kept in nucleus for i in kept]
+                offsets = [2 * i for i in range(len(out) + 1)]
+                if self.top_p_replay == "base64":
+                    ids, offsets = (base64.b64encode(array("i", v).tobytes()).decode() for v in (ids, offsets))
+                meta["top_p_kept_token_ids"], meta["top_p_kept_token_offsets"] = ids, offsets
             return {"text": self.tokenizer.decode(out, skip_special_tokens=skip), "output_ids": out, "meta_info": meta}
 
         return app

@@ -1,11 +1,25 @@
 """Stand-in for slime.utils.types: the Sample dataclass and its response-append API."""
 
+import base64
+from array import array
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-_TOP_P_IDS_KEY = "top_p_token_ids"
-_TOP_P_OFFSETS_KEY = "top_p_token_offsets"
+_TOP_P_ID_KEYS = ("top_p_token_ids", "top_p_kept_token_ids")
+_TOP_P_OFFSET_KEYS = ("top_p_token_offsets", "top_p_kept_token_offsets")
+
+
+def _int32_meta_array(meta_info: dict, keys: tuple[str, ...]) -> list[int] | None:
+    """slime's decode_int32_meta_array: the first key present; base64 of native int32, bytes or a list."""
+    value = next((meta_info[k] for k in keys if k in meta_info), None)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = base64.b64decode(value.encode("ascii"))
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return array("i", bytes(value)).tolist()
+    return [int(v) for v in value]
 
 
 @dataclass
@@ -37,6 +51,17 @@ class Sample:
 
     status: Status = Status.PENDING
     metadata: dict = field(default_factory=dict)
+
+    @dataclass
+    class PrefixCacheInfo:
+        cached_tokens: int = 0
+        total_prompt_tokens: int = 0
+
+        def add(self, meta_info: dict):
+            self.cached_tokens += meta_info.get("cached_tokens", 0)
+            self.total_prompt_tokens += meta_info.get("prompt_tokens", 0)
+
+    prefix_cache_info: PrefixCacheInfo = field(default_factory=PrefixCacheInfo)
     train_metadata: dict | None = None
     session_id: str | None = None
 
@@ -93,6 +118,7 @@ class Sample:
         if tokens:
             self._extend_top_p_spans(meta_info or {}, len(tokens), trainable)
         if meta_info is not None and update_terminal_info and "finish_reason" in meta_info:
+            self.prefix_cache_info.add(meta_info)
             if "weight_version" in meta_info:
                 self.weight_versions.append(meta_info["weight_version"])
             match meta_info["finish_reason"]["type"]:
@@ -105,7 +131,7 @@ class Sample:
         self._validate_lengths()
 
     def _extend_top_p_spans(self, meta_info: dict, count: int, trainable: bool) -> None:
-        ids, offsets = meta_info.get(_TOP_P_IDS_KEY), meta_info.get(_TOP_P_OFFSETS_KEY)
+        ids, offsets = _int32_meta_array(meta_info, _TOP_P_ID_KEYS), _int32_meta_array(meta_info, _TOP_P_OFFSET_KEYS)
         if (ids is None) != (offsets is None):
             raise ValueError("SGLang top-p token replay must include both token ids and offsets.")
         if ids is not None:
