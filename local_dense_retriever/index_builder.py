@@ -79,6 +79,7 @@ def _encoded_chunks(config: BuildConfig, corpus_path: Path, total: int) -> Itera
         dtype=config.dtype,
         max_tokens_per_forward=config.max_tokens_per_forward,
         max_rows_per_forward=config.batch_size,
+        multi_gpu=True,
     )
     if encoder.device.type == "cpu":
         configure_cpu_threads()

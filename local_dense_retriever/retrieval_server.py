@@ -10,6 +10,7 @@ background; `/health` answers 503 until all three are ready.
 """
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -80,6 +81,8 @@ class Resources:
     def close(self) -> None:
         self.batcher.close()
         self.corpus.close()
+        if hasattr(self.searcher, "close"):
+            self.searcher.close()
 
 
 def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda stage: None) -> Resources:
@@ -160,6 +163,7 @@ class Runtime:
             self.on_failure()
             return
         self._close_stage("ready")
+        gc.freeze()  # the model, index and tokenizer live forever: keep them out of every full GC pass
         self.status = "ok"
         logger.info("retriever ready in %.1f s: %s", sum(self.load_seconds.values()), self.resources.description)
 
