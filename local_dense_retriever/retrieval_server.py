@@ -61,7 +61,7 @@ class ServerConfig:
     max_length: int = 256
     num_threads: int | None = None
     max_batch_size: int | None = None  # None: 64 on CPU, 512 on GPU
-    max_wait_ms: float = 0.0
+    max_wait_ms: float = 5.0  # measured on CPU: 16 clients 216 -> 292 QPS, 64 clients 281 -> 320 QPS vs 0
     max_queries_per_request: int = 512
     max_query_chars: int = 4096
     max_topk: int = 100
@@ -324,7 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     serving.add_argument("--host", default="127.0.0.1", help="bind address; 0.0.0.0 exposes the server")
     serving.add_argument("--port", type=int, default=8000)
     serving.add_argument("--max_batch_size", type=int, default=None, help="queries per forward pass (64 CPU/512 GPU)")
-    serving.add_argument("--max_wait_ms", type=float, default=0.0, help="extra wait for a batch to fill")
+    serving.add_argument(
+        "--max_wait_ms", type=float, default=5.0, help="wait for returning clients to refill a batch (0: never)"
+    )
     serving.add_argument("--max_queries_per_request", type=int, default=512)
     serving.add_argument("--max_query_chars", type=int, default=4096)
     serving.add_argument("--max_topk", type=int, default=100)
