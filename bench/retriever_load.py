@@ -265,13 +265,15 @@ class ForeignCpu:
         self.cores = max(0.0, ((busy - self._start[0]) - (ours - self._start[1])) / (now - self._start[2]))
 
 
-def wait_until_quiet(max_wait: float, server_pid: int | None = None, threshold: float = 0.25) -> None:
-    """On a shared machine, wait (bounded) for other processes to stop using the CPU before measuring."""
+def wait_until_quiet(max_wait: float, server_pid: int | None = None, threshold: float = 0.1) -> None:
+    """On a shared machine, wait (bounded) until other processes leave the CPU alone for 3 seconds in a row."""
     deadline = time.perf_counter() + max_wait
+    quiet_seconds = 0
     while time.perf_counter() < deadline:
         with ForeignCpu(server_pid) as foreign:
             time.sleep(1.0)
-        if foreign.cores < threshold:
+        quiet_seconds = quiet_seconds + 1 if foreign.cores < threshold else 0
+        if quiet_seconds >= 3:
             return
     if max_wait > 0:
         print(f"  (other processes still busy after {max_wait:.0f} s; measuring anyway)", flush=True)
@@ -435,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         "--repeats", type=int, default=2, help="measure each point this often; keep the one least disturbed by others"
     )
     parser.add_argument(
-        "--wait_for_quiet", type=float, default=60.0, help="max seconds to wait for other CPU users before each point"
+        "--wait_for_quiet", type=float, default=180.0, help="max seconds to wait for other CPU users before each point"
     )
     parser.add_argument("--no_write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = parser.parse_args(argv)
