@@ -9,4 +9,5 @@ Modules, one job each:
 - `index_builder`: corpus jsonl -> FAISS index / Qdrant collection / BM25 index.
 - `download`: the wiki-18 E5 index and corpus from the Hugging Face hub.
 - `mini_wiki`, `embedded_default`: the offline mini-Wikipedia default and its evaluation.
+- `launcher`: the server CLI as a child process on loopback (demo, benchmark, CLI tests).
 """

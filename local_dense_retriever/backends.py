@@ -123,6 +123,10 @@ class DenseSearcher:
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         return self.index.search_vectors(self.encoder.encode_queries(queries), k)
 
+    def close(self) -> None:
+        if hasattr(self.index, "close"):  # embedded Qdrant holds a lock on its directory until closed
+            self.index.close()
+
 
 def bm25_tokenize(texts: list[str], stopwords: str, show_progress: bool = False) -> list[list[str]]:
     import bm25s

@@ -1,8 +1,9 @@
 """Dynamic cross-request batching: concurrent requests share one encoder forward pass and one index search.
 
 Requests wait in a FIFO queue; a single worker thread takes everything queued (up to `max_batch_size` queries),
-optionally waits up to `max_wait_ms` for more, runs the batch, and hands each request its slice of the result.
-While a batch runs, the next one accumulates, so batches grow with load and no time is spent waiting when idle.
+runs the batch, and hands each request its slice of the result. While a batch runs, the next one accumulates, so
+batches grow with load. With `max_wait_ms` > 0 the worker may also wait that long for the batch to reach the size
+of the previous one (the clients it just answered are likely to return at once); it never waits when idle.
 One worker, not a pool: the fast tokenizer and FAISS GPU indexes are not thread-safe, and on CPU one batch
 already uses every core. The event loop only enqueues and awaits, so it stays free to accept requests.
 """
@@ -36,6 +37,7 @@ class BatcherStats:
     queries: int = 0
     largest_batch: int = 0
     busy_seconds: float = 0.0
+    slowest_batch_seconds: float = 0.0
     errors: int = 0
 
     def as_dict(self) -> dict:
@@ -45,6 +47,7 @@ class BatcherStats:
             "mean_batch_size": round(self.queries / self.batches, 2) if self.batches else 0.0,
             "largest_batch": self.largest_batch,
             "busy_seconds": round(self.busy_seconds, 3),
+            "slowest_batch_seconds": round(self.slowest_batch_seconds, 3),
             "errors": self.errors,
         }
 
@@ -68,6 +71,7 @@ class DynamicBatcher:
         self.stats = BatcherStats()
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._carry: _Pending | None = None  # a request that did not fit in the previous batch goes first next time
+        self._last_batch_size = 0
         self._thread = threading.Thread(target=self._run, name="retrieval-worker", daemon=True)
         self._thread.start()
 
@@ -88,10 +92,13 @@ class DynamicBatcher:
         if first is None:
             return None
         batch, size = [first], len(first.queries)
+        # Waiting only pays when more requests are due: the clients answered by the last batch tend to come
+        # straight back, so wait (at most max_wait) until that many queries are here, and never when idle.
+        expected = min(self.max_batch_size, max(1, self._last_batch_size))
         deadline = time.monotonic() + self.max_wait
         while size < self.max_batch_size:
             try:
-                remaining = deadline - time.monotonic()
+                remaining = deadline - time.monotonic() if size < expected else 0.0
                 item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
             except queue.Empty:
                 break
@@ -108,6 +115,7 @@ class DynamicBatcher:
     def _run(self) -> None:
         while (batch := self._next_batch()) is not None:
             queries = [query for item in batch for query in item.queries]
+            self._last_batch_size = len(queries)
             started = time.perf_counter()
             try:
                 scores, rows = self._search(queries, max(item.topk for item in batch))
@@ -131,3 +139,4 @@ class DynamicBatcher:
         stats.queries += size
         stats.largest_batch = max(stats.largest_batch, size)
         stats.busy_seconds += seconds
+        stats.slowest_batch_seconds = max(stats.slowest_batch_seconds, seconds)

@@ -77,12 +77,13 @@ def prepare(cache_dir: Path = DEFAULT_CACHE_DIR, rebuild: bool = False, progress
     return MiniWikiAssets(corpus_path, index_path, embeddings_path, model_dir, titles, build_seconds)
 
 
-def server_flags(assets: MiniWikiAssets, topk: int = 3) -> list[str]:
+def server_flags(model_dir: Path, index_path: Path, corpus_path: Path, topk: int = 3) -> list[str]:
+    """Retrieval server flags for a MiniLM index (the mini-Wikipedia's, or the benchmark's synthetic ones)."""
     return [
-        "--index_path", str(assets.index_path),
-        "--corpus_path", str(assets.corpus_path),
+        "--index_path", str(index_path),
+        "--corpus_path", str(corpus_path),
         "--retriever_name", RETRIEVER_NAME,
-        "--retriever_model", str(assets.model_dir),
+        "--retriever_model", str(model_dir),
         "--max_length", str(MAX_LENGTH),
         "--topk", str(topk),
     ]  # fmt: skip
@@ -143,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     questions = mini_wiki.fanoutqa_questions(assets.titles, single_value_only=not args.all_answers)
 
     log_path = args.cache_dir / "server.log"
-    with ServerProcess(server_flags(assets), log_path=log_path, port=args.port) as server:
+    flags = server_flags(assets.model_dir, assets.index_path, assets.corpus_path)
+    with ServerProcess(flags, log_path=log_path, port=args.port) as server:
         print(f"server ready at {server.url} after {server.startup_seconds:.1f} s (log: {log_path})")
         hits, latencies, seconds = asyncio.run(
             ask_all(server.url, [q.question for q in questions], topk=3, concurrency=args.concurrency)

@@ -4,7 +4,8 @@
         --retriever_model intfloat/e5-base-v2 --faiss_type Flat --save_dir indexes/
 
 Passages are streamed in chunks (bounded memory), encoded in length-sorted micro-batches (fp16 and every GPU
-when present, fp32 on CPU), and added as they come; IVF/PQ types are trained on the first --train_size vectors.
+when present, fp32 on CPU), and added as they come; IVF/PQ types are trained on the first --train_size vectors
+(on the first GPU with --faiss_gpu).
 Row i of the index is line i of the corpus. The corpus's byte-offset sidecar is written too, for the server.
 """
 
@@ -79,6 +80,7 @@ def _encoded_chunks(config: BuildConfig, corpus_path: Path, total: int) -> Itera
         dtype=config.dtype,
         max_tokens_per_forward=config.max_tokens_per_forward,
         max_rows_per_forward=config.batch_size,
+        multi_gpu=True,
     )
     if encoder.device.type == "cpu":
         configure_cpu_threads()
@@ -123,7 +125,7 @@ def write_faiss_index(chunks: Iterable[np.ndarray], config: BuildConfig, index_p
         if index is None:
             index = faiss.index_factory(chunk.shape[1], config.faiss_type, metric)
             if config.faiss_gpu:
-                index = _to_all_gpus(index)
+                index = _to_gpu(index)
         if not index.is_trained:  # IVF / PQ: hold back vectors until there are enough to train on
             pending.append(chunk)
             if sum(len(part) for part in pending) < config.train_size:
@@ -153,14 +155,13 @@ def _train(index, vectors: np.ndarray) -> None:
     index.train(vectors)
 
 
-def _to_all_gpus(index):
+def _to_gpu(index):
+    """One GPU: training (k-means) is what gains; shards would each train their own quantizer."""
     import faiss
 
     if not hasattr(faiss, "get_num_gpus") or faiss.get_num_gpus() == 0:
         raise ValueError("--faiss_gpu needs the faiss-gpu package and a visible GPU; this faiss sees none")
-    options = faiss.GpuMultipleClonerOptions()
-    options.shard = True
-    return faiss.index_cpu_to_all_gpus(index, co=options)
+    return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
 
 
 def write_qdrant_collection(chunks: Iterable[np.ndarray], config: BuildConfig) -> int:
@@ -251,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--backend", choices=["faiss", "qdrant"], default="faiss")
     parser.add_argument("--faiss_type", default="Flat", help="faiss.index_factory string: Flat, HNSW32, IVF4096,PQ64")
     parser.add_argument("--metric", choices=["ip", "l2"], default="ip")
-    parser.add_argument("--faiss_gpu", action="store_true", help="train and add on every visible GPU")
+    parser.add_argument("--faiss_gpu", action="store_true", help="train and add on the first GPU (IVF/PQ k-means)")
     parser.add_argument("--train_size", type=int, default=200_000, help="vectors used to train IVF/PQ types")
     parser.add_argument("--chunk_size", type=int, default=16_384, help="passages encoded and added at a time")
     parser.add_argument("--max_length", type=int, default=256, help="passage tokens kept by the encoder")

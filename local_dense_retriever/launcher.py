@@ -27,10 +27,14 @@ def health_status(url: str, timeout: float = 2.0) -> int | None:
         return None
 
 
+SERVER_MODULE = ["-m", "local_dense_retriever.retrieval_server"]
+SERVER_SCRIPT = [str(Path(__file__).with_name("retrieval_server.py"))]  # how the original server is run
+
+
 class ServerProcess:
     """`with ServerProcess([...flags]) as server:` runs `python -m local_dense_retriever.retrieval_server`.
 
-    With `as_script` it runs `python local_dense_retriever/retrieval_server.py` instead, as the original is run.
+    `program` replaces what follows `python` (e.g. SERVER_SCRIPT, or another server speaking the same API).
     """
 
     def __init__(
@@ -39,17 +43,11 @@ class ServerProcess:
         log_path: Path,
         port: int | None = None,
         startup_timeout: float = 600.0,
-        as_script: bool = False,
+        program: list[str] = SERVER_MODULE,
     ):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        target = (
-            [str(Path(__file__).with_name("retrieval_server.py"))]
-            if as_script
-            else ["-m", f"{__package__}.retrieval_server"]
-        )
-        self.command = [sys.executable, *target, *flags]
-        self.command += ["--host", "127.0.0.1", "--port", str(self.port)]
+        self.command = [sys.executable, *program, *flags, "--host", "127.0.0.1", "--port", str(self.port)]
         self.log_path = log_path
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen | None = None

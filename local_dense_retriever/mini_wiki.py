@@ -84,6 +84,11 @@ def _sub_questions(node: dict):
         yield from _sub_questions(child)
 
 
+def fanoutqa_sub_questions() -> list[dict]:
+    """All 2,193 FanOutQA dev sub-questions, nested ones included (question, answer, evidence, ...)."""
+    return [sub for top in json.loads(fanoutqa_dev_file().read_text(encoding="utf-8")) for sub in _sub_questions(top)]
+
+
 def fanoutqa_questions(titles: set[str], single_value_only: bool = True) -> list[EvalQuestion]:
     """FanOutQA dev sub-questions whose evidence page is one of `titles`.
 
@@ -91,12 +96,11 @@ def fanoutqa_questions(titles: set[str], single_value_only: bool = True) -> list
     answers: 509 of them have their page among the 10,033 summaries (558 with any answer).
     """
     questions = []
-    for top in json.loads(fanoutqa_dev_file().read_text(encoding="utf-8")):
-        for sub in _sub_questions(top):
-            evidence = sub.get("evidence") or {}
-            if evidence.get("title") not in titles:
-                continue
-            if single_value_only and isinstance(sub.get("answer"), list | dict):
-                continue
-            questions.append(EvalQuestion(sub["question"], evidence["title"]))
+    for sub in fanoutqa_sub_questions():
+        evidence = sub.get("evidence") or {}
+        if evidence.get("title") not in titles:
+            continue
+        if single_value_only and isinstance(sub.get("answer"), list | dict):
+            continue
+        questions.append(EvalQuestion(sub["question"], evidence["title"]))
     return questions

@@ -10,6 +10,7 @@ background; `/health` answers 503 until all three are ready.
 """
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -60,7 +61,7 @@ class ServerConfig:
     max_length: int = 256
     num_threads: int | None = None
     max_batch_size: int | None = None  # None: 64 on CPU, 512 on GPU
-    max_wait_ms: float = 0.0
+    max_wait_ms: float = 5.0  # measured on CPU: 16 clients 216 -> 292 QPS, 64 clients 281 -> 320 QPS vs 0
     max_queries_per_request: int = 512
     max_query_chars: int = 4096
     max_topk: int = 100
@@ -80,6 +81,8 @@ class Resources:
     def close(self) -> None:
         self.batcher.close()
         self.corpus.close()
+        if hasattr(self.searcher, "close"):
+            self.searcher.close()
 
 
 def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda stage: None) -> Resources:
@@ -160,6 +163,7 @@ class Runtime:
             self.on_failure()
             return
         self._close_stage("ready")
+        gc.freeze()  # the model, index and tokenizer live forever: keep them out of every full GC pass
         self.status = "ok"
         logger.info("retriever ready in %.1f s: %s", sum(self.load_seconds.values()), self.resources.description)
 
@@ -320,7 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     serving.add_argument("--host", default="127.0.0.1", help="bind address; 0.0.0.0 exposes the server")
     serving.add_argument("--port", type=int, default=8000)
     serving.add_argument("--max_batch_size", type=int, default=None, help="queries per forward pass (64 CPU/512 GPU)")
-    serving.add_argument("--max_wait_ms", type=float, default=0.0, help="extra wait for a batch to fill")
+    serving.add_argument(
+        "--max_wait_ms", type=float, default=5.0, help="wait for returning clients to refill a batch (0: never)"
+    )
     serving.add_argument("--max_queries_per_request", type=int, default=512)
     serving.add_argument("--max_query_chars", type=int, default=4096)
     serving.add_argument("--max_topk", type=int, default=100)

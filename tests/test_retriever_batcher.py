@@ -89,20 +89,44 @@ def test_batch_size_one_means_one_search_per_request():
     assert [len(call) for call in search.calls] == [1] * 20
 
 
-def test_waiting_for_a_fuller_batch_is_bounded():
+def test_an_idle_server_does_not_wait_and_a_busy_one_waits_a_bounded_time():
     search = RecordingSearch(delay=0.0)
-    batcher = DynamicBatcher(search, max_batch_size=64, max_wait_ms=50)
+    batcher = DynamicBatcher(search, max_batch_size=64, max_wait_ms=200)
 
-    async def lone_request():
+    async def timed(queries):
         started = time.perf_counter()
-        await batcher.submit(["alone"], 1)
+        await batcher.submit(queries, 1)
         return time.perf_counter() - started
 
     try:
-        waited = asyncio.run(lone_request())
+        first = asyncio.run(timed(["first"]))  # no history: answered at once
+        asyncio.run(timed([f"q{i}" for i in range(10)]))  # a batch of 10: the next batch expects 10 again
+        waited = asyncio.run(timed(["alone"]))  # only one comes: it waits, but no longer than max_wait
     finally:
         batcher.close()
-    assert 0.04 <= waited < 1.0
+    assert first < 0.1
+    assert 0.19 <= waited < 1.0
+
+
+def test_waiting_merges_clients_that_return_just_after_their_answer():
+    search = RecordingSearch(delay=0.03)
+    batcher = DynamicBatcher(search, max_batch_size=64, max_wait_ms=100)
+
+    async def client(i: int):
+        for _ in range(4):
+            await batcher.submit([f"client {i}"], 1)
+            await asyncio.sleep(0.002 * i)  # each client takes a little longer to come back
+
+    async def all_clients():
+        await asyncio.gather(*(client(i) for i in range(8)))
+
+    try:
+        asyncio.run(all_clients())
+    finally:
+        batcher.close()
+    sizes = [len(call) for call in search.calls]
+    assert sum(sizes) == 32
+    assert sizes[-3:] == [8, 8, 8], sizes  # after the first rounds every batch holds all eight clients
 
 
 def test_a_cancelled_request_does_not_break_the_worker():

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from local_dense_retriever import index_builder, retrieval_server
-from local_dense_retriever.launcher import PACKAGE_ROOT, ServerProcess
+from local_dense_retriever.launcher import PACKAGE_ROOT, SERVER_SCRIPT, ServerProcess
 from local_dense_retriever.mini_wiki import load_summaries, title_of, write_corpus
 from support.retriever_fixtures import small_wiki_fixture  # noqa: F401
 
@@ -26,7 +26,7 @@ def test_builder_cli_then_server_script_round_trip(small_wiki, tmp_path):
     assert f"indexed {len(summaries)} documents into {index_path}" in built.stdout
     flags = ["--index_path", str(index_path), "--corpus_path", str(corpus), "--topk", "2",
              "--retriever_name", "minilm", "--retriever_model", str(small_wiki.model_dir)]  # fmt: skip
-    with ServerProcess(flags, log_path=tmp_path / "server.log", as_script=True, startup_timeout=120) as server:
+    with ServerProcess(flags, log_path=tmp_path / "server.log", program=SERVER_SCRIPT, startup_timeout=120) as server:
         titles = [s["title"] for s in summaries[::4]]
         response = httpx.post(f"{server.url}/retrieve", json={"queries": titles}, timeout=60)
         health = httpx.get(f"{server.url}/health").json()

@@ -79,3 +79,13 @@ def test_unknown_pooling_is_rejected():
 
 def test_empty_input_gives_an_empty_matrix(minilm):
     assert minilm.encode([]).shape == (0, 384)
+
+
+def test_query_batches_are_split_only_where_padding_costs_more_than_a_pass(minilm):
+    assert [len(rows) for rows in minilm._micro_batches([12] * 64)] == [64]
+    uneven = minilm._micro_batches([10] * 40 + [200])
+    assert sorted(len(rows) for rows in uneven) == [1, 40] and 40 in uneven[-1].tolist()
+    # Above the exact-split limit (index building) a greedy split fills each pass up to the token budget.
+    many = minilm._micro_batches([100] * 2000)
+    assert all(len(rows) * 100 <= minilm.max_tokens_per_forward for rows in many)
+    assert sorted(np.concatenate(many).tolist()) == list(range(2000))
