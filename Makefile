@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The CPU wheel of torch 2.13.0 is preinstalled on the project's machines; elsewhere pick your build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install test lint demo bench bench-retriever clean shellcheck
+.PHONY: install test lint demo bench bench-rollout bench-retriever clean shellcheck
 
 $(STAMP): pyproject.toml requirements-assets.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,13 @@ test: lint
 # Main job on the embedded default: mini-Wikipedia + MiniLM index (built once), served on 127.0.0.1 and measured.
 demo: $(STAMP)
 	$(BIN)/python -m local_dense_retriever.embedded_default
+
+# Slower checks than the test suite; each writes its own section of bench/RESULTS.md.
+bench: bench-rollout bench-retriever
+
+# Client-side CPU per turn of generate() at 256 concurrent samples (target: <= 3 ms).
+bench-rollout: $(STAMP)
+	$(BIN)/python bench/rollout_overhead.py --samples 256 --rounds 4 --repeats 3 --write-results
 
 # Retriever load benchmark (10k real + 100k synthetic; add SIZES=1m for the 1M corpus); writes bench/RESULTS.md.
 SIZES ?= 10k,100k
