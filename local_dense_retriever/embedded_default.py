@@ -132,11 +132,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=None, help="server port (default: a free one)")
     parser.add_argument("--all_answers", action="store_true", help="also ask sub-questions with list/table answers")
     parser.add_argument("--serve", action="store_true", help="keep serving after the evaluation until Ctrl-C")
+    parser.add_argument(
+        "--print_server_flags",
+        action="store_true",
+        help="prepare the index, print the retrieval server's flags one per line, and exit (used by the tmux wrapper)",
+    )
     args = parser.parse_args(argv)
     if args.concurrency < 1:
         parser.error(f"--concurrency must be at least 1, got {args.concurrency}")
 
     assets = prepare(args.cache_dir, rebuild=args.rebuild)
+    if args.print_server_flags:  # stdout carries only the flags (the wrapper reads them); progress goes to stderr
+        print("\n".join(server_flags(assets.model_dir, assets.index_path, assets.corpus_path)))
+        return 0
     if assets.build_seconds is None:
         print(f"using the cached corpus and index in {args.cache_dir}")
     else:

@@ -135,6 +135,54 @@ def test_rollouts_use_the_retriever_it_started_then_everything_stops(wrapper_env
     assert_all_stopped(env)
 
 
+def test_embedded_preset_serves_the_index_that_embedded_default_prepared(wrapper_env, small_wiki, tmp_path):
+    """RETRIEVER_PRESET=embedded: the wrapper takes the server flags from `embedded_default --print_server_flags`.
+
+    Building the real 10k-summary index takes minutes, so only `prepare` is swapped for the small wiki (through a
+    RETRIEVER_PYTHON shim); the flag printing, the wrapper's parsing of it and the server it starts are real.
+    """
+    fake_prepare = (
+        "import sys; from pathlib import Path; from local_dense_retriever import embedded_default as e; "
+        "e.prepare = lambda *a, **k: e.MiniWikiAssets(corpus_path=Path(sys.argv[1]), index_path=Path(sys.argv[2]), "
+        "embeddings_path=Path('unused'), model_dir=Path(sys.argv[3]), titles=set(), build_seconds=None); "
+        "sys.exit(e.main(['--print_server_flags']))"
+    )
+    shim = tmp_path / "retriever_python"
+    shim.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [[ "$*" == "-m local_dense_retriever.embedded_default --print_server_flags" ]]; then\n'
+        f'  exec {sys.executable} -c "{fake_prepare}" '
+        f"{small_wiki.corpus_path} {small_wiki.index_path} {small_wiki.model_dir}\n"
+        "fi\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    shim.chmod(0o755)
+    questions = [[q.question, q.evidence_title] for q in small_wiki.questions[:2]]
+    (tmp_path / "questions.json").write_text(json.dumps(questions))
+    report_path = tmp_path / "report.json"
+    env = {
+        **wrapper_env,
+        "RETRIEVER_PRESET": "embedded",
+        "RETRIEVER_PYTHON": str(shim),
+        "RETRIEVER_INDEX_PATH": "/nonexistent/e5_Flat.index",  # the preset's flags must win over these
+        "RETRIEVER_CORPUS_PATH": "/nonexistent/wiki-18.jsonl",
+        "RETRIEVER_NAME": "e5",
+        "RETRIEVER_MODEL": "intfloat/e5-base-v2",
+        "STANDIN_QUESTIONS": str(tmp_path / "questions.json"),
+        "STANDIN_REPORT": str(report_path),
+        "TRAIN_CMD": f"{sys.executable} {STANDIN}",
+    }
+    result = run_wrapper(env)
+    assert result.returncode == 0, result.stderr + logs(env, "training")
+
+    report = json.loads(report_path.read_text())
+    assert report["rollouts"] == 4 and report["search_failures"] == 0
+    assert all(answer and answer[0] in set(small_wiki.titles) for answer in report["answers"])
+    server_log = logs(env, "retrieval_server")  # begins with the command the wrapper ran
+    assert str(small_wiki.index_path) in server_log and "minilm" in server_log and "e5_Flat" not in server_log
+    assert_all_stopped(env)
+
+
 def test_ctrl_c_stops_training_and_the_retriever(wrapper_env, tmp_path):
     training = tmp_path / "long_training.py"
     training.write_text(
