@@ -66,6 +66,19 @@ def configure_cpu_threads(num_threads: int | None = None) -> int:
     return num_threads
 
 
+def encoder_from_config(config, **extra) -> "TextEncoder":
+    """A TextEncoder from a server or builder config (both name the encoder settings alike)."""
+    return TextEncoder(
+        config.retriever_model,
+        retriever_name=config.retriever_name,
+        pooling=config.pooling_method,
+        max_length=config.max_length,
+        device=config.device,
+        dtype=config.dtype,
+        **extra,
+    )
+
+
 class TextEncoder:
     """Encode queries or passages into float32 vectors, in length-sorted micro-batches."""
 

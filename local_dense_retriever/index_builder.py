@@ -69,15 +69,10 @@ class BuildSummary:
 
 
 def _encoded_chunks(config: BuildConfig, corpus_path: Path, total: int) -> Iterator[np.ndarray]:
-    from local_dense_retriever.encoders import TextEncoder, configure_cpu_threads
+    from local_dense_retriever.encoders import configure_cpu_threads, encoder_from_config
 
-    encoder = TextEncoder(
-        config.retriever_model,
-        retriever_name=config.retriever_name,
-        pooling=config.pooling_method,
-        max_length=config.max_length,
-        device=config.device,
-        dtype=config.dtype,
+    encoder = encoder_from_config(
+        config,
         max_tokens_per_forward=config.max_tokens_per_forward,
         max_rows_per_forward=config.batch_size,
         multi_gpu=True,

@@ -95,17 +95,10 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
         searcher = backends.BM25Searcher(config.index_path)
         max_batch_size = config.max_batch_size or CPU_MAX_BATCH_SIZE
     else:
-        from local_dense_retriever.encoders import TextEncoder, configure_cpu_threads
+        from local_dense_retriever.encoders import configure_cpu_threads, encoder_from_config
 
         report("loading the encoder")
-        encoder = TextEncoder(
-            config.retriever_model,
-            retriever_name=config.retriever_name,
-            pooling=config.pooling_method,
-            max_length=config.max_length,
-            device=config.device,
-            dtype=config.dtype,
-        )
+        encoder = encoder_from_config(config)
         if encoder.device.type == "cpu":
             configure_cpu_threads(config.num_threads)
         report("loading the index")

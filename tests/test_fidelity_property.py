@@ -1,6 +1,7 @@
 """Property test: random scripted episodes under random settings always give a token-exact trajectory."""
 
 import asyncio
+import os
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -25,8 +26,11 @@ turn = st.one_of(
 )
 
 # Every example runs a whole episode against loopback servers that live as long as the test function.
+# FIDELITY_EXAMPLES=500 for a longer search than the suite's.
 EPISODES = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+    max_examples=int(os.environ.get("FIDELITY_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
 docs = st.lists(st.builds(lambda title, body: f'"{title}"\n{body}', text, text), min_size=1, max_size=5)

@@ -107,20 +107,24 @@ def logs(env, prefix: str) -> str:
     return files[0].read_text(errors="replace")
 
 
-def test_rollouts_use_the_retriever_it_started_then_everything_stops(wrapper_env, small_wiki, tmp_path):
-    questions = [[q.question, q.evidence_title] for q in small_wiki.questions[:6]]
-    (tmp_path / "questions.json").write_text(json.dumps(questions))
+def run_standin_training(env, wiki, tmp_path, questions: int) -> tuple[dict, subprocess.CompletedProcess, dict]:
+    """The wrapper with the stand-in training command on the first `questions` questions; checks it succeeded."""
+    pairs = [[q.question, q.evidence_title] for q in wiki.questions[:questions]]
+    (tmp_path / "questions.json").write_text(json.dumps(pairs))
     report_path = tmp_path / "report.json"
     env = {
-        **wrapper_env,
+        **env,
         "STANDIN_QUESTIONS": str(tmp_path / "questions.json"),
         "STANDIN_REPORT": str(report_path),
         "TRAIN_CMD": f"{sys.executable} {STANDIN}",
     }
     result = run_wrapper(env)
     assert result.returncode == 0, result.stderr + logs(env, "training")
+    return env, result, json.loads(report_path.read_text())
 
-    report = json.loads(report_path.read_text())
+
+def test_rollouts_use_the_retriever_it_started_then_everything_stops(wrapper_env, small_wiki, tmp_path):
+    env, result, report = run_standin_training(wrapper_env, small_wiki, tmp_path, questions=6)
     # the plugin read RETRIEVAL_SERVER_URL from the wrapper and every rollout searched the real index
     assert report["retrieval_urls"] == [env["RETRIEVAL_SERVER_URL"] + "/retrieve"]
     assert report["rollouts"] == 12 and set(report["statuses"]) == {"completed"}
@@ -157,10 +161,7 @@ def test_embedded_preset_serves_the_index_that_embedded_default_prepared(wrapper
         f'exec {sys.executable} "$@"\n'
     )
     shim.chmod(0o755)
-    questions = [[q.question, q.evidence_title] for q in small_wiki.questions[:2]]
-    (tmp_path / "questions.json").write_text(json.dumps(questions))
-    report_path = tmp_path / "report.json"
-    env = {
+    preset_env = {
         **wrapper_env,
         "RETRIEVER_PRESET": "embedded",
         "RETRIEVER_PYTHON": str(shim),
@@ -168,14 +169,8 @@ def test_embedded_preset_serves_the_index_that_embedded_default_prepared(wrapper
         "RETRIEVER_CORPUS_PATH": "/nonexistent/wiki-18.jsonl",
         "RETRIEVER_NAME": "e5",
         "RETRIEVER_MODEL": "intfloat/e5-base-v2",
-        "STANDIN_QUESTIONS": str(tmp_path / "questions.json"),
-        "STANDIN_REPORT": str(report_path),
-        "TRAIN_CMD": f"{sys.executable} {STANDIN}",
     }
-    result = run_wrapper(env)
-    assert result.returncode == 0, result.stderr + logs(env, "training")
-
-    report = json.loads(report_path.read_text())
+    env, _, report = run_standin_training(preset_env, small_wiki, tmp_path, questions=2)
     assert report["rollouts"] == 4 and report["search_failures"] == 0
     assert all(answer and answer[0] in set(small_wiki.titles) for answer in report["answers"])
     server_log = logs(env, "retrieval_server")  # begins with the command the wrapper ran
