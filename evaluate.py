@@ -311,10 +311,12 @@ def load_plugin():
     try:
         importlib.import_module("slime.utils.types")
     except ImportError as exc:
-        raise SystemExit(
+        print(
             f"evaluate.py: error: slime is not importable ({exc}); run it in slime's environment "
-            "(pip install -e /root/slime)"
-        ) from None
+            "(pip install -e /root/slime)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None  # 2 = bad environment or input, as for unreachable servers
     plugin = importlib.import_module("generate_with_search")
     from slime.utils.types import Sample
 

@@ -243,6 +243,21 @@ def test_help_runs_as_a_script():
     assert result.returncode == 0 and "--data-sources" in result.stdout and "--concurrency" in result.stdout
 
 
+def test_missing_slime_exits_2_with_a_message(monkeypatch, capsys):
+    real_import = evaluate.importlib.import_module
+
+    def without_slime(name, *args):
+        if name.startswith("slime"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(evaluate.importlib, "import_module", without_slime)
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.load_plugin()
+    assert exit_info.value.code == 2
+    assert "slime is not importable" in capsys.readouterr().err
+
+
 def test_chat_mode_keeps_the_messages_and_reads_tools_from_the_file(
     data_file, engine, policy, retriever, search_config, tokenizer_dir, tmp_path
 ):
