@@ -40,6 +40,11 @@ def loop_session(key: str, factory: Callable[[], aiohttp.ClientSession]) -> aioh
     return session
 
 
+def unbounded_session(key: str) -> aiohttp.ClientSession:
+    """A loop session without aiohttp's 100-connection cap: the caller's semaphore (or slime) bounds concurrency."""
+    return loop_session(key, lambda: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
+
+
 def loop_semaphore(key: str, limit: int) -> asyncio.Semaphore:
     state = _loop_state()
     semaphore = state.get(("semaphore", key, limit))

@@ -7,7 +7,7 @@ The answer scored is the last <answer> of the final assistant message.
 """
 
 from chat_tools import parse_openai_message
-from qa_em_format import ANSWER_PATTERN, FormatWeights, ScoreDetails, normalize_answer, table_score
+from qa_em_format import ANSWER_PATTERN, FormatWeights, ScoreDetails, contains_gold, table_score
 
 
 def conversation_format_problem(conversation: list[dict]) -> str | None:
@@ -49,7 +49,6 @@ def score_conversation(conversation: list[dict], golden_answers: list[str], weig
     )
     answer = answers[-1].strip() if answers else None
     format_valid = conversation_format_problem(conversation) is None
-    tool_text = [normalize_answer(m.get("content") or "") for m in conversation if m.get("role") == "tool"]
-    golds = [normalize_answer(gold) for gold in golden_answers]
-    hit = format_valid and any(gold in text for text in tool_text for gold in golds)
+    tool_texts = [m.get("content") or "" for m in conversation if m.get("role") == "tool"]
+    hit = format_valid and contains_gold(tool_texts, golden_answers)
     return table_score(answer, golden_answers, format_valid, hit, weights)

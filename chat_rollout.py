@@ -15,10 +15,8 @@ from chat_template import ChatRenderer
 from chat_tools import NO_ACTION_HINT, SEARCH_TOOL, AssistantTurn, parse_generated_turn, parse_openai_message
 from episode import encode_prompt, episode_budget, run_episode, timed_search
 from observations import encode_text
-from router_tracking import require_endpoint
 from search_r1_config import SearchR1Config
 from search_results import format_documents
-from sglang_engine import base_url
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
 from token_drivers import ExactDriver, GeneratedTurn, HandlerDriver, RadixDriver
@@ -73,10 +71,10 @@ class ChatProtocol:
     def __init__(self, renderer: ChatRenderer, messages, conversation, config, stats, tokenizer, sampling_params):
         self.renderer, self.messages, self.conversation = renderer, messages, conversation
         self.config, self.stats, self.tokenizer = config, stats, tokenizer
-        self.end_of_turn = renderer.end_of_turn_text(messages)
+        self.end_of_turn = renderer.end_of_turn_text
         # The assistant turn ends with the template's end-of-turn token (<|im_end|> for Qwen2.5).
         stop_ids = list(sampling_params.get("stop_token_ids") or [])
-        eot_token = renderer.end_of_turn_token(messages)
+        eot_token = renderer.end_of_turn_token
         if eot_token is not None and eot_token not in stop_ids:
             stop_ids.append(eot_token)
         self.sampling_params = {**sampling_params, "stop_token_ids": stop_ids}
@@ -111,18 +109,17 @@ async def run_chat_episode(args, sample: Sample, sampling_params: dict, config: 
     tokenizer = state.tokenizer
     messages = initial_messages(sample.prompt)
     tools = sample_tools(sample)
-    renderer = ChatRenderer(tokenizer, tools, sample.apply_chat_template_kwargs)
+    renderer = ChatRenderer(tokenizer, tools, sample.apply_chat_template_kwargs, messages)
     prompt_text = renderer.render(messages, add_generation_prompt=True)
     prompt_ids = encode_prompt(tokenizer, prompt_text)
     conversation: list[dict] = []
-    router = base_url(args)
     if config.token_tracking_mode == "router_handler":
-        await require_endpoint(router, "/retrieve_from_messages_template", "router_handler")
+        await HandlerDriver.check_router(args)
         driver = HandlerDriver(
             args, sample, tokenizer, prompt_ids, config, messages=messages, conversation=conversation, tools=tools
         )
     elif config.token_tracking_mode == "router_radix":
-        await require_endpoint(router, "/retrieve_from_text", "router_radix")
+        await RadixDriver.check_router(args)
         driver = RadixDriver(args, sample, tokenizer, prompt_ids, config, prompt_text=prompt_text)
     else:
         driver = ExactDriver(args, sample, tokenizer, prompt_ids, config)

@@ -38,11 +38,17 @@ def template_messages(messages: list[dict]) -> list[dict]:
 
 
 class ChatRenderer:
-    def __init__(self, tokenizer, tools: list[dict], template_kwargs: dict | None = None):
+    def __init__(self, tokenizer, tools: list[dict], template_kwargs: dict | None, prompt_messages: list[dict]):
         self.tokenizer = tokenizer
         self.tools = tools
         self.template_kwargs = dict(template_kwargs or {})
-        self._end_of_turn_text: str | None = None
+        # What the template writes after an assistant message's content, e.g. "<|im_end|>\n" for ChatML.
+        rendered = self.render([*prompt_messages, {"role": "assistant", "content": _ASSISTANT_SENTINEL}], False)
+        self.end_of_turn_text = rendered[rendered.rindex(_ASSISTANT_SENTINEL) + len(_ASSISTANT_SENTINEL) :]
+        self.end_of_turn_ids = encode_text(tokenizer, self.end_of_turn_text, special_tokens_as_text=False)
+        # The special token that ends an assistant turn (a stop token for generation), if the template has one.
+        special = set(tokenizer.all_special_ids)
+        self.end_of_turn_token = next((i for i in self.end_of_turn_ids if i in special), None)
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
@@ -52,19 +58,6 @@ class ChatRenderer:
             add_generation_prompt=add_generation_prompt,
             **self.template_kwargs,
         )
-
-    def end_of_turn_text(self, history: list[dict]) -> str:
-        """What the template writes after an assistant message's content, e.g. "<|im_end|>\\n" for ChatML."""
-        if self._end_of_turn_text is None:
-            rendered = self.render([*history, {"role": "assistant", "content": _ASSISTANT_SENTINEL}], False)
-            self._end_of_turn_text = rendered[rendered.rindex(_ASSISTANT_SENTINEL) + len(_ASSISTANT_SENTINEL) :]
-        return self._end_of_turn_text
-
-    def end_of_turn_token(self, history: list[dict]) -> int | None:
-        """The special token that ends an assistant turn (a stop token for generation), if the template has one."""
-        ids = encode_text(self.tokenizer, self.end_of_turn_text(history), special_tokens_as_text=False)
-        special = set(self.tokenizer.all_special_ids)
-        return next((i for i in ids if i in special), None)
 
     def followup_ids(self, history: list[dict], new_messages: list[dict], generated_ids: list[int]) -> list[int]:
         """Ids to append after the model's turn: the rest of its end-of-turn, `new_messages`, the generation prompt.
@@ -81,7 +74,7 @@ class ChatRenderer:
                 "so turns cannot be appended token-exactly; use a template whose earlier render is a prefix of "
                 "the later one (ChatML/Qwen2.5 templates are)"
             )
-        closing = encode_text(self.tokenizer, self.end_of_turn_text(history), special_tokens_as_text=False)
+        closing = self.end_of_turn_ids
         already = _overlap(generated_ids, closing)
         return closing[already:] + self._encode_with_contents(after[len(before) :], new_messages)
 

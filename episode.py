@@ -132,5 +132,6 @@ async def run_episode(state, driver, protocol: TurnProtocol, config: SearchR1Con
             # The reply plus at least one generated token must fit.
             return await finish(Sample.Status.TRUNCATED, "token_budget")
         driver.add_observation(reply)
+        stats.observation_tokens += len(reply)
         protocol.accept()
     raise AssertionError("unreachable: the last turn always returns")

@@ -25,6 +25,7 @@ from collections import Counter
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from async_http import close_loop_sessions
 from eval_dataset import ColumnNames, DatasetError, EvalRow, build_sample, read_rows, select_rows
 from eval_results import (
     RETRIED_STATUSES,
@@ -213,7 +214,7 @@ def trajectory_record(eval_row: EvalRow, sample, reward, seconds: float) -> dict
 
 
 class Evaluation:
-    def __init__(self, cli: Namespace, plugin, sample_cls, config, store: TrajectoryStore):
+    def __init__(self, cli: Namespace, plugin, sample_cls, config, store: TrajectoryStore, columns: ColumnNames):
         from slime.rollout.sglang_rollout import GenerateState
 
         self.cli = cli
@@ -222,7 +223,7 @@ class Evaluation:
         self.args = slime_args(cli)
         # slime's process-wide state: the tokenizer generate() uses is the one that renders the prompts
         self.tokenizer = GenerateState(self.args).tokenizer
-        self.columns = ColumnNames(cli.input_key, cli.label_key, cli.tool_key, data_source_key=cli.data_source_key)
+        self.columns = columns
         self.apply_chat_template = config.llm_api_mode == "generate"  # chat mode keeps the message list
         self.sampling_params = eval_sampling_params(cli)
         self.store = store
@@ -270,22 +271,14 @@ class Evaluation:
                 progress.update(1)
                 progress.set_postfix(em=f"{self.em_sum / self.done:.3f}", errors=len(self.errors), refresh=False)
 
-        workers = [asyncio.create_task(worker()) for _ in range(min(self.cli.concurrency, len(todo)) or 1)]
+        workers = [asyncio.create_task(worker()) for _ in range(min(self.cli.concurrency, len(todo)))]
         try:
             await asyncio.gather(*workers)
         finally:
             for task in workers:
                 task.cancel()
             progress.close()
-            await _close_plugin_sessions()
-
-
-async def _close_plugin_sessions() -> None:
-    try:
-        from async_http import close_loop_sessions
-    except ImportError:  # an older plugin without pooled sessions
-        return
-    await close_loop_sessions()
+            await close_loop_sessions()  # the plugin's pooled sessions are bound to this event loop
 
 
 def run_config(cli: Namespace, config) -> dict:
@@ -372,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             preflight(cli, config)
         except PreflightError as exc:
             return fail(str(exc))
-        evaluation = Evaluation(cli, plugin, sample_cls, config, store)
+        evaluation = Evaluation(cli, plugin, sample_cls, config, store, columns)
         store.open()
         try:
             asyncio.run(evaluation.run(todo))

@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from async_http import RequestFailed, loop_session, post_json, retrying
+from async_http import RequestFailed, post_json, retrying, unbounded_session
 from search_results import hit_contents
 
 
@@ -22,8 +22,7 @@ class LocalRetrieverClient:
         self._next_url = itertools.cycle(range(len(urls)))
 
     def _session(self) -> aiohttp.ClientSession:
-        # Connection pooling is per loop; the concurrency bound is the caller's semaphore.
-        return loop_session("local-retriever", lambda: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
+        return unbounded_session("local-retriever")  # pooled per loop; bounded by the caller's semaphore
 
     async def search(self, query: str, topk: int, give_up: Callable[[], bool] | None = None) -> list[str]:
         """The contents of the top-k passages for one query; `give_up()` true stops retrying."""

@@ -109,10 +109,15 @@ def last_answer(response: str) -> str | None:
     return matches[-1].strip() if matches else None
 
 
-def retrieval_hit(text: str, golden_answers: Iterable[str]) -> bool:
-    blocks = [normalize_answer(block) for block in INFORMATION_PATTERN.findall(text)]
+def contains_gold(texts: Iterable[str], golden_answers: Iterable[str]) -> bool:
+    """Whether any normalised gold answer appears inside any of the normalised texts (retrieved documents)."""
+    normalized = [normalize_answer(text) for text in texts]
     golds = [normalize_answer(gold) for gold in golden_answers]
-    return any(gold in block for block in blocks for gold in golds)
+    return any(gold in text for text in normalized for gold in golds)
+
+
+def retrieval_hit(text: str, golden_answers: Iterable[str]) -> bool:
+    return contains_gold(INFORMATION_PATTERN.findall(text), golden_answers)
 
 
 def table_score(answer: str | None, golden_answers: list[str], format_valid: bool, hit: bool, weights) -> ScoreDetails:

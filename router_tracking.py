@@ -62,7 +62,6 @@ async def retrieve(router: str, endpoint: str, payload: dict) -> dict:
 
 
 def fill_sample_from_router(
-    args,
     sample,
     prompt_ids: list[int],
     retrieved: dict,

@@ -391,16 +391,21 @@ cleanup() {
   exit "$status"
 }
 
-start_ray_head() {
-  local -a cmd=(
+# The one Ray head command, run by start_ray_head and printed by --dry-run.
+ray_head_command() {
+  RAY_HEAD_CMD=(
     "$RAY_BIN" start --head --block
     --node-ip-address "$MASTER_ADDR"
     --num-gpus "$NUM_GPUS"
     --disable-usage-stats
     --dashboard-port "$RAY_DASHBOARD_PORT"
   )
-  info "starting a Ray head: $(print_command "${cmd[@]}")"
-  "${cmd[@]}" >"${RUN_DIR}/ray_head.log" 2>&1 &
+}
+
+start_ray_head() {
+  ray_head_command
+  info "starting a Ray head: $(print_command "${RAY_HEAD_CMD[@]}")"
+  "${RAY_HEAD_CMD[@]}" >"${RUN_DIR}/ray_head.log" 2>&1 &
   RAY_HEAD_PID=$!
   local waited=0
   until ray_dashboard_up; do
@@ -448,8 +453,8 @@ main() {
       0) echo "# Ray head: not started (START_RAY=0); the job goes to ${RAY_DASHBOARD_URL}" ;;
     esac
     if [[ "$START_RAY" != 0 ]]; then
-      print_command "$RAY_BIN" start --head --block --node-ip-address "$MASTER_ADDR" --num-gpus "$NUM_GPUS" \
-        --disable-usage-stats --dashboard-port "$RAY_DASHBOARD_PORT"
+      ray_head_command
+      print_command "${RAY_HEAD_CMD[@]}"
     fi
     echo "# training job:"
     print_command "${SUBMIT_PREFIX[@]}" "<runtime-env-file>" "${SUBMIT_ENTRYPOINT[@]}"

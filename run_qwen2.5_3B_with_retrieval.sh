@@ -114,7 +114,7 @@ decide_what_to_start() {
   ((${#SERVER_BASES[@]})) || die "RETRIEVAL_SERVER_URL is empty"
   START_LOCAL=0
   if [[ "$START_RETRIEVER" == auto && ${#SERVER_BASES[@]} -eq 1 ]]; then
-    parse_url "${SERVER_BASES[0]}"
+    # URL_HOST and URL_PORT are the single URL's, parsed in the loop above
     if is_local_host "$URL_HOST"; then
       START_LOCAL=1
     fi
@@ -333,24 +333,28 @@ wait_for_training() {
   info "training exited with code ${EXIT_CODE}"
 }
 
-stop_training() {
-  pid_alive "$TRAINING_PANE_PID" || return 0
-  [[ -f "${RUN_DIR}/training.exit" ]] && return 0
-  info "stopping training (Ctrl-C in its window, up to ${SHUTDOWN_TIMEOUT} s)"
-  tmux_cmd send-keys -t "=${TMUX_SESSION}:training" C-c 2>/dev/null || true
+training_running() {
+  pid_alive "$TRAINING_PANE_PID" && [[ ! -f "${RUN_DIR}/training.exit" ]]
+}
+
+# Waits while training runs, at most $1 tenths of a second.
+wait_while_training() {
   local waited=0
-  while pid_alive "$TRAINING_PANE_PID" && [[ ! -f "${RUN_DIR}/training.exit" ]] && ((waited < SHUTDOWN_TIMEOUT * 10)); do
+  while training_running && ((waited < $1)); do
     sleep 0.1
     waited=$((waited + 1))
   done
-  if pid_alive "$TRAINING_PANE_PID" && [[ ! -f "${RUN_DIR}/training.exit" ]]; then
+}
+
+stop_training() {
+  training_running || return 0
+  info "stopping training (Ctrl-C in its window, up to ${SHUTDOWN_TIMEOUT} s)"
+  tmux_cmd send-keys -t "=${TMUX_SESSION}:training" C-c 2>/dev/null || true
+  wait_while_training $((SHUTDOWN_TIMEOUT * 10))
+  if training_running; then
     info "training did not stop; sending SIGTERM to its window's process group"
     kill -TERM -- "-${TRAINING_PANE_PID}" 2>/dev/null || true
-    waited=0
-    while pid_alive "$TRAINING_PANE_PID" && [[ ! -f "${RUN_DIR}/training.exit" ]] && ((waited < 100)); do
-      sleep 0.1
-      waited=$((waited + 1))
-    done
+    wait_while_training 100
   fi
 }
 

@@ -5,10 +5,9 @@ import logging
 from array import array
 from dataclasses import dataclass
 
-import aiohttp
 from tenacity import before_sleep_log, wait_fixed
 
-from async_http import RequestFailed, RetryableRequestFailed, loop_session, post_json, retrying
+from async_http import RequestFailed, RetryableRequestFailed, post_json, retrying, unbounded_session
 from slime.utils.http_utils import post as slime_post
 
 logger = logging.getLogger(__name__)
@@ -56,7 +55,7 @@ def base_url(args) -> str:
 
 async def post_with_retries(url: str, payload: dict, headers: dict | None = None) -> object:
     """POST to the engine or router over aiohttp, retried like slime's post() on 5xx, 429 and connection errors."""
-    session = loop_session("sglang", lambda: aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
+    session = unbounded_session("sglang")
     try:
         async for attempt in retrying(
             ENGINE_ATTEMPTS,

@@ -10,6 +10,7 @@ from router_tracking import (
     RouterTrackingError,
     fill_sample_from_router,
     post_to_router,
+    require_endpoint,
     retrieve,
 )
 from sglang_engine import base_url, engine_url, generate_turn, keep_first_tokens, routing_headers
@@ -63,9 +64,7 @@ class ExactDriver:
             track_log_probs=config.return_logprob,
             train_observations=config.train_observations,
         )
-        self.sample = sample
         self.stats = self.trajectory.stats
-        self.return_logprob = config.return_logprob
         self.url = engine_url(args)
         self.use_slime_post = config.engine_transport == "slime" or bool(getattr(args, "use_distributed_post", False))
         self.headers = routing_headers(args, sample)
@@ -84,7 +83,7 @@ class ExactDriver:
             self.url,
             list(self.trajectory.sample.tokens),
             sampling_params,
-            self.return_logprob,
+            self.trajectory.track_log_probs,
             use_slime_post=self.use_slime_post,
             headers=self.headers,
         )
@@ -109,9 +108,15 @@ class _RouterDriver:
     """Counts tokens as the episode goes; the trajectory itself comes from the router's cache at the end."""
 
     retrieve_endpoint = ""
+    mode = ""  # the TOKEN_TRACKING_MODE this driver serves
+
+    @classmethod
+    async def check_router(cls, args) -> None:
+        """Fail before the sample is touched when the router lacks this driver's endpoint."""
+        await require_endpoint(base_url(args), cls.retrieve_endpoint, cls.mode)
 
     def __init__(self, args, sample, tokenizer, prompt_ids, config):
-        self.args, self.sample, self.tokenizer, self.config = args, sample, tokenizer, config
+        self.sample, self.tokenizer, self.config = sample, tokenizer, config
         self.prompt_ids = list(prompt_ids)
         self.stats = EpisodeStats()
         self.router = base_url(args)
@@ -125,7 +130,6 @@ class _RouterDriver:
 
     def add_observation(self, ids: list[int]) -> None:
         self._count(len(ids))
-        self.stats.observation_tokens += len(ids)
 
     def retrieve_payload(self) -> dict:
         raise NotImplementedError
@@ -134,7 +138,6 @@ class _RouterDriver:
         if status != Sample.Status.ABORTED:  # slime drops aborted samples: no trajectory needed
             retrieved = await retrieve(self.router, self.retrieve_endpoint, self.retrieve_payload())
             fill_sample_from_router(
-                self.args,
                 self.sample,
                 self.prompt_ids,
                 retrieved,
@@ -149,6 +152,7 @@ class RadixDriver(_RouterDriver):
     """TOKEN_TRACKING_MODE=router_radix: text through the router's /generate, the trajectory from its cache."""
 
     retrieve_endpoint = "/retrieve_from_text"
+    mode = "router_radix"
 
     def __init__(self, args, sample, tokenizer, prompt_ids, config, *, prompt_text: str):
         super().__init__(args, sample, tokenizer, prompt_ids, config)
@@ -190,6 +194,7 @@ class HandlerDriver(_RouterDriver):
     /retrieve_from_messages_template at the end (prompt tokens sliced off)."""
 
     retrieve_endpoint = "/retrieve_from_messages_template"
+    mode = "router_handler"
 
     def __init__(self, args, sample, tokenizer, prompt_ids, config, *, messages, conversation, tools):
         super().__init__(args, sample, tokenizer, prompt_ids, config)

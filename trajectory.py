@@ -59,7 +59,6 @@ class Trajectory:
             self._extend_untracked(ids, 1)
 
     def add_observation(self, ids: list[int]) -> None:
-        self.stats.observation_tokens += len(ids)
         if not self.track_log_probs:
             self._extend_untracked(ids, 1 if self.train_observations else 0)
         elif self.train_observations:

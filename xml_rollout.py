@@ -8,9 +8,7 @@ through the slime router instead and takes the trajectory from its cache.
 
 from episode import encode_prompt, episode_budget, run_episode, timed_search
 from observations import information_ids, invalid_action_ids
-from router_tracking import require_endpoint
 from search_r1_config import SearchR1Config
-from sglang_engine import base_url
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
 from token_drivers import ExactDriver, GeneratedTurn, RadixDriver
@@ -58,7 +56,7 @@ async def run_xml_episode(args, sample: Sample, sampling_params: dict, config: S
     prompt_text = prompt_string(tokenizer, sample)
     prompt_ids = encode_prompt(tokenizer, prompt_text)
     if config.token_tracking_mode == "router_radix":
-        await require_endpoint(base_url(args), "/retrieve_from_text", "router_radix")
+        await RadixDriver.check_router(args)
         driver = RadixDriver(args, sample, tokenizer, prompt_ids, config, prompt_text=prompt_text)
     else:
         driver = ExactDriver(args, sample, tokenizer, prompt_ids, config, cut_at_stops=STOP_STRINGS)
