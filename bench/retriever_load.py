@@ -95,12 +95,11 @@ def synthetic_corpus(n: int, assets: embedded_default.MiniWikiAssets) -> tuple[P
     real = np.load(assets.embeddings_path)
     base = len(summaries)
     started = time.perf_counter()
-    with open(corpus_path, "wb") as f:
-        for row in range(n):
-            summary = summaries[row % base]
-            title = summary["title"] if row < base else f"{summary['title']} [copy {row // base}]"
-            contents = mini_wiki.format_contents(title, summary["extract"].strip())
-            f.write(orjson.dumps({"id": str(row), "contents": contents}) + b"\n")
+    copies = (
+        {**summary, "title": f"{summary['title']} [copy {row // base}]"} if row >= base else summary
+        for row, summary in ((row, summaries[row % base]) for row in range(n))
+    )
+    mini_wiki.write_corpus(copies, corpus_path)
     rng = np.random.default_rng(0)
     index = faiss.IndexFlatIP(real.shape[1])
     for start in range(0, n, 100_000):
@@ -466,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         ceilings[size] = c = max(candidates, key=lambda c: c["qps"])
         c["qps_range"] = (min(candidate["qps"] for candidate in candidates), c["qps"])
         print(f"  ceiling {c['qps']:.0f} queries/s (encode {c['encode_ms']:.0f} ms + search {c['search_ms']:.0f} ms"
-              f" per 64; other processes {foreign.cores:.2f} cores)", flush=True)  # fmt: skip
+              f" per 64; other processes {c['other_cores']:.2f} cores)", flush=True)  # fmt: skip
         flags = embedded_default.server_flags(assets.model_dir, index_path, corpus_path, topk=TOPK)
         for mode in modes:
             runs.append(run_server(size, mode, flags, questions, args))

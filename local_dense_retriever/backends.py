@@ -7,11 +7,12 @@ Every searcher returns float32 scores and int64 rows of shape (len(queries), k);
 import json
 import os
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from local_dense_retriever.encoders import TextEncoder
+if TYPE_CHECKING:  # only for annotations: importing encoders loads torch, which BM25 never needs
+    from local_dense_retriever.encoders import TextEncoder
 
 # Below this many queries FAISS's scalar Flat scan beats BLAS; at or above it one sgemm wins by 5-10x. faiss-cpu
 # 1.15 ships 128000 (no BLAS for any realistic batch). Measured here: crossover at 2-4 queries for 100k-1M vectors.
@@ -41,6 +42,16 @@ def configure_faiss_cpu(num_threads: int | None = None) -> None:
     faiss.cvar.distance_compute_blas_threshold = FAISS_BLAS_THRESHOLD
 
 
+def faiss_gpu_count() -> int:
+    """GPUs this faiss can use; an error that says what is missing when there are none (for --faiss_gpu)."""
+    import faiss
+
+    num_gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    if num_gpus == 0:
+        raise ValueError("--faiss_gpu needs the faiss-gpu package and a visible GPU; this faiss sees none")
+    return num_gpus
+
+
 class FaissIndex:
     """A FAISS index file (any factory type), on CPU or cloned to every visible GPU (fp16, sharded)."""
 
@@ -64,9 +75,7 @@ class FaissIndex:
         self.size, self.dim = int(index.ntotal), int(index.d)
         self.description = f"faiss {type(index).__name__} ({self.size} x {self.dim}) on CPU"
         if use_gpu:
-            num_gpus = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
-            if num_gpus == 0:
-                raise ValueError("--faiss_gpu needs the faiss-gpu package and a visible GPU; this faiss sees none")
+            num_gpus = faiss_gpu_count()
             options = faiss.GpuMultipleClonerOptions()
             options.useFloat16 = gpu_fp16
             options.shard = True  # a 61 GB Flat index fits only when split across GPUs
@@ -113,7 +122,7 @@ class QdrantIndex:
 
 
 class DenseSearcher:
-    def __init__(self, encoder: TextEncoder, index: VectorIndex):
+    def __init__(self, encoder: "TextEncoder", index: VectorIndex):
         if index.dim != encoder.dim:
             raise ValueError(f"the index holds {index.dim}-d vectors but the encoder produces {encoder.dim}-d ones")
         self.encoder, self.index = encoder, index

@@ -116,8 +116,7 @@ def download_index(save_dir: Path, fetch_fn: FetchFn, sizes_fn: SizesFn, keep_pa
         part = fetch_fn(INDEX_REPO, name, save_dir)
         check_size(part, sizes[name])
         parts.append(part)
-    merge_parts(parts, index_path, progress=progress)
-    check_size(index_path, sum(sizes.values()))
+    merge_parts(parts, index_path, progress=progress)  # checks the merged size before it takes the final name
     if not keep_parts:
         for part in parts:
             part.unlink()

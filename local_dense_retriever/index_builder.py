@@ -154,8 +154,9 @@ def _to_gpu(index):
     """One GPU: training (k-means) is what gains; shards would each train their own quantizer."""
     import faiss
 
-    if not hasattr(faiss, "get_num_gpus") or faiss.get_num_gpus() == 0:
-        raise ValueError("--faiss_gpu needs the faiss-gpu package and a visible GPU; this faiss sees none")
+    from local_dense_retriever.backends import faiss_gpu_count
+
+    faiss_gpu_count()  # raises when there is none
     return faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, index)
 
 

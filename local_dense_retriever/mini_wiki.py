@@ -10,6 +10,7 @@ The packages are never imported (ovos's needs an undeclared dependency); only th
 import importlib.util
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def title_of(contents: str) -> str:
     return contents.split("\n", 1)[0].strip('"')
 
 
-def write_corpus(summaries: list[dict], out_path: Path) -> Path:
+def write_corpus(summaries: Iterable[dict], out_path: Path) -> Path:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     partial = out_path.with_name(out_path.name + ".partial")
     with open(partial, "wb") as f:

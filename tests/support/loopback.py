@@ -1,18 +1,13 @@
 """Run real ASGI apps under uvicorn on 127.0.0.1 for the duration of a test."""
 
 import contextlib
-import socket
 import threading
 import time
 from collections.abc import Iterator
 
 import uvicorn
 
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from local_dense_retriever.launcher import free_port  # tests import it from here too
 
 
 @contextlib.contextmanager
