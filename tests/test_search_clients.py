@@ -1,6 +1,7 @@
 """The search clients against loopback servers: retries, load spreading, result shapes, concurrency, Google."""
 
 import asyncio
+import copy
 import time
 
 import pytest
@@ -132,7 +133,8 @@ RESULTS = [
 
 @pytest.fixture
 def serper():
-    fake = FakeSerper("test-key-123", RESULTS, {"flore": (LATIN1_PAGE, "text/html")})
+    # a copy: the links below are rewritten to this test's server, which stops with the test
+    fake = FakeSerper("test-key-123", copy.deepcopy(RESULTS), {"flore": (LATIN1_PAGE, "text/html")})
     with serve_in_thread(fake.app) as url:
         fake.url = url
         for item in fake.results:
@@ -157,6 +159,7 @@ async def test_google_fetched_pages_are_decoded_and_cut_to_the_snippet_paragraph
     hits = await google_search(
         "test-key-123", "cafe", 3, snippet_only=False, search_url=serper.url + "/search", fetch_concurrency=2
     )
+    assert "flore" in serper.pages_served  # decoded from the fetched page, not the snippet fallback
     flore = hits[0]["document"]["contents"]
     assert flore.startswith('"Café de Flore"\nLe café de Flore est un café parisien')
     assert "Intro paragraph" not in flore and "not text" not in flore

@@ -12,6 +12,7 @@ class FakeSerper:
         self.pages = pages or {}
         self.requests: list[dict] = []
         self.seen_keys: list[str | None] = []
+        self.pages_served: list[str] = []
         self.failures_left = 0
         self.app = self._build_app()
 
@@ -34,6 +35,7 @@ class FakeSerper:
         async def page(name: str):
             if name not in self.pages:
                 return Response(status_code=404)
+            self.pages_served.append(name)
             body, content_type = self.pages[name]
             return Response(content=body, media_type=None, headers={"Content-Type": content_type})
 
