@@ -12,8 +12,7 @@ import pytest
 
 import evaluate
 from conftest import chat_prompt
-from support.fake_sglang import FakeSGLangEngine, ScriptedPolicy
-from support.loopback import free_port, serve_in_thread
+from support.loopback import free_port
 from support.search_r1_data import write_search_r1_parquet
 
 REPO = Path(__file__).resolve().parents[1]
@@ -201,38 +200,36 @@ def test_servers_that_do_not_answer_fail_fast(data_file, tokenizer_dir, engine, 
 
 
 def test_interrupted_run_keeps_finished_trajectories_and_resumes(
-    tokenizer, tokenizer_dir, retriever, search_config, tmp_path
+    engine, tokenizer_dir, retriever, search_config, tmp_path
 ):
     """A real evaluate.py process interrupted with SIGINT (Ctrl-C), then the same command run again."""
     questions = [("nq", f"Question number {i}", ["unknown"]) for i in range(30)]
     data = write_search_r1_parquet(tmp_path / "many.parquet", questions)
-    slow = FakeSGLangEngine(tokenizer, ScriptedPolicy(), latency_s=0.15)
+    engine.latency_s = 0.15  # slow enough to interrupt mid-run
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests" / "slime_stub")])}
-    with serve_in_thread(slow.app) as url:
-        slow.url = url
-        arguments = cli(data, slow, tokenizer_dir, out, "--retrieval-url", retriever.url)
-        arguments[arguments.index("--concurrency") + 1] = "2"
-        process = subprocess.Popen(
-            [sys.executable, str(REPO / "evaluate.py"), *arguments],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        deadline = time.monotonic() + 60
-        while len(slow.calls) < 6 and time.monotonic() < deadline and process.poll() is None:
-            time.sleep(0.05)
-        process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=60)
-        assert process.returncode == 130, err
-        assert "rerun the same command to resume" in err
-        done = trajectories(out)
-        assert 0 < len(done) < 30
+    arguments = cli(data, engine, tokenizer_dir, out, "--retrieval-url", retriever.url)
+    arguments[arguments.index("--concurrency") + 1] = "2"
+    process = subprocess.Popen(
+        [sys.executable, str(REPO / "evaluate.py"), *arguments],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while len(engine.calls) < 6 and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "rerun the same command to resume" in err
+    done = trajectories(out)
+    assert 0 < len(done) < 30
 
-        calls_before = len(slow.calls)
-        assert evaluate.main(arguments) == 0
-        assert len(slow.calls) - calls_before == 30 - len(done)  # only the rows that had not finished
+    calls_before = len(engine.calls)
+    assert evaluate.main(arguments) == 0
+    assert len(engine.calls) - calls_before == 30 - len(done)  # only the rows that had not finished
     records = trajectories(out)
     assert sorted(int(r["key"]) for r in records) == list(range(30))  # each row exactly once
     assert json.loads((out / "results.json").read_text())["complete"] is True

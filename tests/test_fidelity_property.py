@@ -159,6 +159,7 @@ def test_random_chat_and_router_episodes_are_token_exact(
     retriever,
     search_config,
     router,
+    router_args,
     mode,
     chat_turns,
     xml_turns,
@@ -170,7 +171,6 @@ def test_random_chat_and_router_episodes_are_token_exact(
     non_canonical,
 ):
     from chat_tools import CHAT_SYSTEM_PROMPT, SEARCH_TOOL, chat_question
-    from conftest import chat_prompt
     from support.fake_router import RadixCache
 
     api_mode, tracking = mode
@@ -190,8 +190,7 @@ def test_random_chat_and_router_episodes_are_token_exact(
         max_obs_tokens=max_obs_tokens,
         loss_mask_mode="simple" if simple_mask else "strict",
     )
-    host, port = router.url.removeprefix("http://").split(":")
-    args = make_args(**({} if tracking == "manual" else {"sglang_router_ip": host, "sglang_router_port": int(port)}))
+    args = make_args() if tracking == "manual" else router_args()
     if api_mode == "chat":
         prompt = [
             {"role": "system", "content": CHAT_SYSTEM_PROMPT},

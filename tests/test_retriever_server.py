@@ -12,7 +12,13 @@ import pytest
 from local_dense_retriever.mini_wiki import title_of
 from local_dense_retriever.retrieval_server import Resources, create_app, load_resources
 from support.loopback import serve_in_thread
-from support.retriever_fixtures import dense_config, dense_server_fixture, small_wiki_fixture, wait_ready  # noqa: F401
+from support.retriever_fixtures import (  # noqa: F401
+    dense_config,
+    dense_server_fixture,
+    serve_ready,
+    small_wiki_fixture,
+    wait_ready,
+)
 
 
 def retrieve(url: str, payload: dict) -> httpx.Response:
@@ -159,8 +165,7 @@ def _same_ranking(a: list[dict], b: list[dict], tolerance: float = 1e-4) -> bool
 def test_hundreds_of_concurrent_single_query_requests_match_the_sequential_answers(small_wiki):
     queries = [q.question for q in small_wiki.questions] + small_wiki.titles
     queries = (queries * 2)[:320]
-    with serve_in_thread(create_app(dense_config(small_wiki))) as url:
-        wait_ready(url)
+    with serve_ready(dense_config(small_wiki)) as url:
         with httpx.Client(timeout=60) as client:
             sequential = [
                 client.post(f"{url}/retrieve", json={"queries": [q], "return_scores": True}).json()["result"][0]

@@ -13,7 +13,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from support.fake_sglang import openai_response, render_openai_messages
+from support.fake_sglang import openai_response, openai_sampling_params, render_openai_messages
 
 
 class RadixCache:
@@ -124,10 +124,7 @@ class FakeSlimeRouter:
                 return failure
             body = await request.json()
             prompt = self._render(body["messages"], body.get("tools"), True)
-            params = {"max_new_tokens": body.get("max_tokens", 512)}
-            for name in ("temperature", "top_p", "top_k", "stop", "stop_token_ids"):
-                if name in body:
-                    params[name] = body[name]
+            params = openai_sampling_params(body)
             output = await self._generate(prompt, {"sampling_params": params})
             return openai_response(output, self.tokenizer)
 
