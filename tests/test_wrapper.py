@@ -18,10 +18,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from support.fake_retriever import FakeRetriever
-from support.loopback import free_port
+from support.loopback import free_port, serve_in_thread
 from support.retriever_fixtures import small_wiki_fixture  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
@@ -208,22 +207,11 @@ def test_ctrl_c_stops_training_and_the_retriever(wrapper_env, tmp_path):
     assert_all_stopped(env)
 
 
-def _serve_on(host: str, app) -> tuple[uvicorn.Server, threading.Thread, str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    return server, thread, f"http://{host}:{port}"
-
-
 @pytest.mark.parametrize("how", ["non-local URL", "START_RETRIEVER=0"])
 def test_a_given_server_is_used_as_it_is_and_the_exit_code_propagates(wrapper_env, how):
     retriever = FakeRetriever()
     host = "127.0.0.2" if how == "non-local URL" else "127.0.0.1"  # any 127/8 address reaches loopback
-    server, thread, url = _serve_on(host, retriever.app)
-    try:
+    with serve_in_thread(retriever.app, host=host) as url:
         env = {
             **wrapper_env,
             "RETRIEVAL_SERVER_URL": url,
@@ -238,10 +226,9 @@ def test_a_given_server_is_used_as_it_is_and_the_exit_code_propagates(wrapper_en
         assert retriever.queries == ["Paris"]  # training reached the given server
         assert retriever_pids(port_of(env)) == []
         assert not tmux_server_running(env)
-        assert retriever.requests == 1 and thread.is_alive()  # left running, untouched
-    finally:
-        server.should_exit = True
-        thread.join(10)
+        server_thread = f"uvicorn-{url.rsplit(':', 1)[1]}"
+        still_serving = any(t.name == server_thread and t.is_alive() for t in threading.enumerate())
+        assert retriever.requests == 1 and still_serving  # left running, untouched
 
 
 @pytest.mark.parametrize(

@@ -11,10 +11,12 @@ from local_dense_retriever.launcher import free_port  # tests import it from her
 
 
 @contextlib.contextmanager
-def serve_in_thread(app, port: int | None = None, startup_timeout: float = 30.0) -> Iterator[str]:
-    """Serve `app` with uvicorn in a background thread; yields its base URL and stops it on exit."""
+def serve_in_thread(
+    app, port: int | None = None, startup_timeout: float = 30.0, host: str = "127.0.0.1"
+) -> Iterator[str]:
+    """Serve `app` with uvicorn in a background thread named uvicorn-<port>; yields its base URL, stops it on exit."""
     port = port or free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
     thread.start()
@@ -27,7 +29,7 @@ def serve_in_thread(app, port: int | None = None, startup_timeout: float = 30.0)
             raise TimeoutError(f"uvicorn on port {port} did not start within {startup_timeout} s")
         time.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://{host}:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=10)
