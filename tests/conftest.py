@@ -13,7 +13,12 @@ from support.fake_router import FakeSlimeRouter
 from support.fake_sglang import FakeSGLangEngine, ScriptedPolicy
 from support.loopback import serve_in_thread
 from support.qwen_tokenizer import qwen25_tokenizer_dir
-from xml_actions import search_r1_prompt
+from support.slime_rollout import (  # noqa: F401 (chat_prompt, slime_sampling_params: tests import them from here)
+    chat_prompt,
+    router_address,
+    slime_args,
+    slime_sampling_params,
+)
 
 
 @pytest.fixture(scope="session")
@@ -24,27 +29,6 @@ def tokenizer_dir():
 @pytest.fixture(scope="session")
 def tokenizer(tokenizer_dir):
     return AutoTokenizer.from_pretrained(tokenizer_dir)
-
-
-def chat_prompt(tokenizer, question: str) -> str:
-    """The prompt string slime builds with --apply-chat-template from Search-R1's parquet."""
-    messages = [{"role": "user", "content": search_r1_prompt(question)}]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-
-
-def slime_sampling_params(max_new_tokens: int) -> dict:
-    """slime's default per-sample sampling params (GenerateState.sampling_params)."""
-    return dict(
-        temperature=1.0,
-        top_p=1.0,
-        top_k=-1,
-        max_new_tokens=max_new_tokens,
-        stop=None,
-        stop_token_ids=None,
-        skip_special_tokens=False,
-        no_stop_trim=True,
-        spaces_between_special_tokens=False,
-    )
 
 
 @pytest.fixture(autouse=True)
@@ -97,23 +81,7 @@ def search_config(retriever):
 @pytest.fixture
 def make_args(tokenizer_dir, engine):
     def make(**overrides) -> Namespace:
-        host, port = engine.url.removeprefix("http://").split(":")
-        values = dict(
-            hf_checkpoint=tokenizer_dir,
-            sglang_router_ip=host,
-            sglang_router_port=int(port),
-            rollout_max_response_len=1024,
-            rollout_max_context_len=None,
-            partial_rollout=False,
-            rollout_top_p=1.0,
-            rollout_temperature=1.0,
-            n_samples_per_prompt=1,
-            use_tis=False,
-            reward_key=None,
-            eval_reward_key=None,
-        )
-        values.update(overrides)
-        return Namespace(**values)
+        return slime_args(tokenizer_dir, engine.url, **overrides)
 
     return make
 
@@ -132,7 +100,6 @@ def router_args(make_args, router):
     """slime args whose router address is the stand-in router."""
 
     def make(**overrides):
-        host, port = router.url.removeprefix("http://").split(":")
-        return make_args(sglang_router_ip=host, sglang_router_port=int(port), **overrides)
+        return make_args(**router_address(router.url), **overrides)
 
     return make

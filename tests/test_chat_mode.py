@@ -13,6 +13,7 @@ from slime.utils.types import Sample
 from support.fake_router import FakeSlimeRouter
 from support.fidelity import assert_faithful
 from support.loopback import serve_in_thread
+from support.slime_rollout import router_address
 
 QUESTION = "What is the capital of France"
 CALL = (
@@ -164,8 +165,7 @@ async def test_router_modes_are_token_exact(
 async def test_today_s_slime_router_is_rejected_with_advice(tokenizer, engine, make_args, search_config):
     router = FakeSlimeRouter(tokenizer, engine.url, legacy_endpoints=False)
     with serve_in_thread(router.app) as url:
-        host, port = url.removeprefix("http://").split(":")
-        args = make_args(sglang_router_ip=host, sglang_router_port=int(port))
+        args = make_args(**router_address(url))
         for mode, tracking in (("generate", "router_radix"), ("chat", "router_handler")):
             with pytest.raises(RouterTrackingError, match="answers 404.*TOKEN_TRACKING_MODE=manual is token-exact"):
                 await run_chat(args, search_config, mode, tracking=tracking, sample=chat_sample())

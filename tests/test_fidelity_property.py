@@ -34,20 +34,24 @@ EPISODES = settings(
 )
 
 docs = st.lists(st.builds(lambda title, body: f'"{title}"\n{body}', text, text), min_size=1, max_size=5)
-
-
-@EPISODES
-@given(
-    turns=st.lists(turn, min_size=1, max_size=5),
+# The settings space both property tests draw from, so their ranges cannot drift apart.
+EPISODE_SETTINGS = dict(
     corpus=docs,
     max_turns=st.integers(1, 4),
     budget=st.integers(1, 700),
     max_obs_tokens=st.integers(16, 200),
     simple_mask=st.booleans(),
+    non_canonical=st.booleans(),
+)
+
+
+@EPISODES
+@given(
+    turns=st.lists(turn, min_size=1, max_size=5),
     log_probs=st.booleans(),
     honor_stops=st.booleans(),
     evaluation=st.booleans(),
-    non_canonical=st.booleans(),
+    **EPISODE_SETTINGS,
 )
 def test_random_episodes_are_token_exact(
     make_args,
@@ -144,12 +148,7 @@ MODES = [("chat", "manual"), ("chat", "router_radix"), ("chat", "router_handler"
     mode=st.sampled_from(MODES),
     chat_turns=st.lists(chat_turn, min_size=1, max_size=5),
     xml_turns=st.lists(turn, min_size=1, max_size=5),
-    corpus=docs,
-    max_turns=st.integers(1, 4),
-    budget=st.integers(1, 700),
-    max_obs_tokens=st.integers(16, 200),
-    simple_mask=st.booleans(),
-    non_canonical=st.booleans(),
+    **EPISODE_SETTINGS,
 )
 def test_random_chat_and_router_episodes_are_token_exact(
     make_args,

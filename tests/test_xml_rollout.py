@@ -13,6 +13,7 @@ from slime.rollout.sglang_rollout import GenerateState
 from sglang_engine import EngineProtocolError, EngineUnavailable
 from slime.utils.types import Sample
 from support.fidelity import assert_faithful
+from support.slime_rollout import router_address
 from xml_actions import INVALID_ACTION_MESSAGE
 
 QUESTION = "What is the capital of France"
@@ -400,9 +401,8 @@ async def test_a_proxy_that_rewrites_input_ids_is_caught(make_args, tokenizer, e
             return (await client.post(engine.url + "/generate", json=body)).json()
 
     with serve_in_thread(proxy) as url:
-        host, port = url.removeprefix("http://").split(":")
         with pytest.raises(EngineProtocolError, match="rewrote or truncated input_ids"):
-            await rollout(lambda **kw: make_args(sglang_router_ip=host, sglang_router_port=int(port), **kw), tokenizer)
+            await rollout(lambda **kw: make_args(**router_address(url), **kw), tokenizer)
 
 
 async def test_group_reward_returns_one_reward_per_sample(make_args, tokenizer, engine, policy, search_config):

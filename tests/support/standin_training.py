@@ -33,7 +33,7 @@ from slime.utils.types import Sample  # noqa: E402
 from support.fake_sglang import FakeSGLangEngine, question_of  # noqa: E402
 from support.loopback import serve_in_thread  # noqa: E402
 from support.qwen_tokenizer import qwen25_tokenizer_dir  # noqa: E402
-from xml_actions import search_r1_prompt  # noqa: E402
+from support.slime_rollout import chat_prompt, slime_args, slime_sampling_params  # noqa: E402
 
 SAMPLES_PER_PROMPT = 2
 FIRST_TITLE = re.compile(r'Doc 1\(Title: "(.+?)"\)')
@@ -48,40 +48,17 @@ def read_then_answer(context_text: str) -> str:
     return f"<think>The first document is about {titles[-1]}.</think>\n<answer> {titles[-1]} </answer>"
 
 
-def slime_args(tokenizer_dir: str, engine_url: str) -> Namespace:
-    host, port = engine_url.removeprefix("http://").split(":")
-    return Namespace(
-        hf_checkpoint=tokenizer_dir,
-        sglang_router_ip=host,
-        sglang_router_port=int(port),
-        rollout_max_response_len=2048,
-        rollout_max_context_len=None,
-        partial_rollout=False,
-        rollout_top_p=1.0,
-        rollout_temperature=1.0,
-        n_samples_per_prompt=SAMPLES_PER_PROMPT,
-        use_tis=False,
-        reward_key=None,
-        eval_reward_key=None,
+def standin_args(tokenizer_dir: str, engine_url: str) -> Namespace:
+    return slime_args(
+        tokenizer_dir, engine_url, rollout_max_response_len=2048, n_samples_per_prompt=SAMPLES_PER_PROMPT
     )
 
 
 async def rollouts(args: Namespace, tokenizer, questions: list[list[str]]) -> list[tuple[Sample, float, str]]:
-    base_params = dict(
-        temperature=1.0,
-        top_p=1.0,
-        top_k=-1,
-        max_new_tokens=args.rollout_max_response_len,
-        stop=None,
-        stop_token_ids=None,
-        skip_special_tokens=False,
-        no_stop_trim=True,
-        spaces_between_special_tokens=False,
-    )
+    base_params = slime_sampling_params(args.rollout_max_response_len)
 
     async def one(question: str, answer: str) -> tuple[Sample, float, str]:
-        messages = [{"role": "user", "content": search_r1_prompt(question)}]
-        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        prompt = chat_prompt(tokenizer, question)
         label = {"style": "rule", "ground_truth": {"target": [answer]}}
         sample = await generate_with_search.generate(args, Sample(prompt=prompt, label=label), dict(base_params))
         return sample, await generate_with_search.reward_func(args, sample), answer
@@ -99,7 +76,7 @@ def main() -> int:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     engine = FakeSGLangEngine(tokenizer, read_then_answer)
     with serve_in_thread(engine.app) as engine_url:
-        results = asyncio.run(rollouts(slime_args(tokenizer_dir, engine_url), tokenizer, questions))
+        results = asyncio.run(rollouts(standin_args(tokenizer_dir, engine_url), tokenizer, questions))
 
     report = {
         "retrieval_urls": list(generate_with_search.resolve_config(generate_with_search.SEARCH_R1_CONFIGS).local.urls),
