@@ -6,8 +6,8 @@ assistant turn makes no call and holds exactly one <answer>…</answer> with not
 The answer scored is the last <answer> of the final assistant message.
 """
 
-from chat_tools import parse_openai_message
-from qa_em_format import ANSWER_PATTERN, FormatWeights, ScoreDetails, contains_gold, table_score
+from chat_tools import answers_in, parse_openai_message
+from qa_em_format import FormatWeights, ScoreDetails, contains_gold, table_score
 
 
 def conversation_format_problem(conversation: list[dict]) -> str | None:
@@ -44,10 +44,8 @@ def conversation_format_problem(conversation: list[dict]) -> str | None:
 
 def score_conversation(conversation: list[dict], golden_answers: list[str], weights: FormatWeights) -> ScoreDetails:
     final = next((m for m in reversed(conversation) if m.get("role") == "assistant"), None)
-    answers = (
-        ANSWER_PATTERN.findall((final or {}).get("content") or "") if final and not final.get("tool_calls") else []
-    )
-    answer = answers[-1].strip() if answers else None
+    answers = answers_in(final.get("content") or "") if final and not final.get("tool_calls") else []
+    answer = answers[-1] if answers else None
     format_valid = conversation_format_problem(conversation) is None
     tool_texts = [m.get("content") or "" for m in conversation if m.get("role") == "tool"]
     hit = format_valid and contains_gold(tool_texts, golden_answers)

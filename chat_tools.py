@@ -62,12 +62,20 @@ class ToolCall:
     error: str | None = None  # why the call cannot run; the model is told in the tool message
 
 
+def answers_in(content: str) -> list[str]:
+    """The stripped contents of every <answer>...</answer> in an assistant message, in order."""
+    return [answer.strip() for answer in ANSWER_PATTERN.findall(content)]
+
+
 @dataclass
 class AssistantTurn:
     content: str
     tool_calls: list[ToolCall]
     unparsable: list[str]  # <tool_call> blocks that are not JSON objects
-    answers: list[str]
+
+    @property
+    def answers(self) -> list[str]:
+        return answers_in(self.content)
 
     @property
     def is_final_answer(self) -> bool:
@@ -130,7 +138,7 @@ def parse_generated_turn(text: str, end_of_turn: str, turn_index: int) -> Assist
             unparsable.append(block)
             continue
         calls.append(_check_call(f"call_{turn_index}_{index}", payload["name"], payload.get("arguments", {})))
-    return AssistantTurn(content, calls, unparsable, [a.strip() for a in ANSWER_PATTERN.findall(content)])
+    return AssistantTurn(content, calls, unparsable)
 
 
 def parse_openai_message(message: dict, turn_index: int) -> AssistantTurn:
@@ -142,4 +150,4 @@ def parse_openai_message(message: dict, turn_index: int) -> AssistantTurn:
         call_id = raw.get("id") or f"call_{turn_index}_{index}"
         calls.append(_check_call(call_id, function.get("name"), function.get("arguments", {})))
     unparsable = TOOL_CALL_PATTERN.findall(content) if "<tool_call>" in content else []
-    return AssistantTurn(content, calls, unparsable, [a.strip() for a in ANSWER_PATTERN.findall(content)])
+    return AssistantTurn(content, calls, unparsable)

@@ -81,7 +81,8 @@ def select_rows(
     if data_sources and columns.data_source_key not in present:
         raise DatasetError(f"--data-sources needs a '{columns.data_source_key}' column; the file has none")
 
-    available = Counter(str(row.get(columns.data_source_key) or UNKNOWN_SOURCE) for row in rows)
+    sources = [str(row.get(columns.data_source_key) or UNKNOWN_SOURCE) for row in rows]
+    available = Counter(sources)
     if data_sources:
         unknown = [source for source in data_sources if source not in available]
         if unknown:
@@ -92,8 +93,7 @@ def select_rows(
     wanted = set(data_sources or available)
     taken: Counter = Counter()
     selected = []
-    for index, row in enumerate(rows):
-        source = str(row.get(columns.data_source_key) or UNKNOWN_SOURCE)
+    for index, (row, source) in enumerate(zip(rows, sources, strict=True)):
         if source not in wanted or (limit is not None and taken[source] >= limit):
             continue
         taken[source] += 1

@@ -128,13 +128,14 @@ async def reward_func(args, sample: Sample | list[Sample], **kwargs) -> float | 
     if isinstance(sample, list):
         return [await reward_func(args, one) for one in sample]
     config = resolve_config(SEARCH_R1_CONFIGS)
-    evaluation = bool((sample.metadata or {}).get(METADATA_KEY, {}).get("evaluation"))
+    episode = (sample.metadata or {}).get(METADATA_KEY, {})  # what generate() recorded
+    evaluation = bool(episode.get("evaluation"))
     weights = (
         FormatWeights()
         if evaluation
         else FormatWeights(config.format_score, config.final_format_score, config.retrieval_score)
     )
-    conversation = (sample.metadata or {}).get(METADATA_KEY, {}).get("conversation")
+    conversation = episode.get("conversation")
     if conversation is not None:
         details = score_conversation(conversation, golden_answers(sample.label), weights)
     else:
