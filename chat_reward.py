@@ -1,8 +1,9 @@
 """Reward for chat-mode conversations: Search-R1's EM and format table, with a format rule for tool calls.
 
 A conversation is format-valid when every assistant turn but the last makes only well-formed `search`
-calls (each answered by its tool message) and writes no <answer>, no retry hint was needed, and the last
-assistant turn makes no call and holds exactly one <answer>…</answer> with nothing after it.
+calls (each answered by its tool message), writes nothing but whitespace and further calls after its
+first call (no invented <tool_response>, no answer) and no <answer> before it, no retry hint was needed,
+and the last assistant turn makes no call and holds exactly one <answer>…</answer> with nothing after it.
 The answer scored is the last <answer> of the final assistant message.
 """
 
@@ -22,6 +23,8 @@ def conversation_format_problem(conversation: list[dict]) -> str | None:
         turn = parse_openai_message(message, position)
         if turn.unparsable:
             return "unparsable tool call"
+        if turn.text_after_tool_calls:
+            return "text after a tool call"
         if position != assistants[-1]:
             if not turn.tool_calls:
                 return "an assistant turn before the last made no tool call"

@@ -11,7 +11,7 @@ router_handler messages go through the router's /v1/chat/completions; the trajec
 import asyncio
 import copy
 
-from chat_template import ChatRenderer
+from chat_template import ChatRenderer, chat_template_kwargs
 from chat_tools import NO_ACTION_HINT, SEARCH_TOOL, AssistantTurn, parse_generated_turn, parse_openai_message
 from episode import encode_prompt, episode_budget, run_episode, timed_search
 from observations import encode_text
@@ -109,17 +109,17 @@ async def run_chat_episode(args, sample: Sample, sampling_params: dict, config: 
     tokenizer = state.tokenizer
     messages = initial_messages(sample.prompt)
     tools = sample_tools(sample)
-    renderer = ChatRenderer(tokenizer, tools, sample.apply_chat_template_kwargs, messages)
+    renderer = ChatRenderer(tokenizer, tools, chat_template_kwargs(args, sample), messages)
     prompt_text = renderer.render(messages, add_generation_prompt=True)
     prompt_ids = encode_prompt(tokenizer, prompt_text)
     conversation: list[dict] = []
     if config.token_tracking_mode == "router_handler":
-        await HandlerDriver.check_router(args)
+        await HandlerDriver.check_router(args, config)
         driver = HandlerDriver(
             args, sample, tokenizer, prompt_ids, config, messages=messages, conversation=conversation, tools=tools
         )
     elif config.token_tracking_mode == "router_radix":
-        await RadixDriver.check_router(args)
+        await RadixDriver.check_router(args, config)
         driver = RadixDriver(args, sample, tokenizer, prompt_ids, config, prompt_text=prompt_text)
     else:
         driver = ExactDriver(args, sample, tokenizer, prompt_ids, config)

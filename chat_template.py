@@ -5,7 +5,9 @@ are the engine's own; follow-up ids (the end of the assistant turn the model did
 messages, the next generation prompt) are the template's delta between two renders of the same
 conversation: without and with the new messages. The earlier render is checked to be a true prefix
 of the later one (both end the assistant turn the same way, and neither adds a generation prompt
-before the new messages), so the delta is exactly what the template puts there.
+before the new messages), so the delta is exactly what the template puts there. The delta is
+tokenized as a chat server tokenizes the whole rendered conversation (split only at the template's
+added tokens), so the observations trained on are the ones the served model meets.
 """
 
 import copy
@@ -17,6 +19,11 @@ from observations import encode_text
 _ASSISTANT_SENTINEL = "\ue000search-r1-assistant-turn\ue001"
 _CONTENT_SLOT = "\ue000search-r1-slot-{}\ue001"
 _SLOT_PATTERN = re.compile("\ue000search-r1-slot-(\\d+)\ue001")
+
+
+def chat_template_kwargs(args, sample) -> dict:
+    """slime's --apply-chat-template-kwargs with the sample's own on top (slime itself never fills the sample's)."""
+    return {**(getattr(args, "apply_chat_template_kwargs", None) or {}), **(sample.apply_chat_template_kwargs or {})}
 
 
 class ChatTemplateError(RuntimeError):
@@ -49,6 +56,10 @@ class ChatRenderer:
         # The special token that ends an assistant turn (a stop token for generation), if the template has one.
         special = set(tokenizer.all_special_ids)
         self.end_of_turn_token = next((i for i in self.end_of_turn_ids if i in special), None)
+        # Where a chat server's tokenizer splits rendered text: every added token (special or not), longest first.
+        self.markers: dict[str, int] = tokenizer.get_added_vocab()
+        alternatives = "|".join(re.escape(token) for token in sorted(self.markers, key=len, reverse=True))
+        self.marker_pattern = re.compile(f"({alternatives})") if alternatives else None
 
     def render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
@@ -74,20 +85,45 @@ class ChatRenderer:
                 "so turns cannot be appended token-exactly; use a template whose earlier render is a prefix of "
                 "the later one (ChatML/Qwen2.5 templates are)"
             )
-        closing = self.end_of_turn_ids
-        already = _overlap(generated_ids, closing)
-        return closing[already:] + self._encode_with_contents(after[len(before) :], new_messages)
+        written = _overlap(generated_ids, self.end_of_turn_ids)
+        return self._encode_rendered(self._unwritten_end_of_turn(written) + after[len(before) :], new_messages)
 
-    def _encode_with_contents(self, delta: str, new_messages: list[dict]) -> list[int]:
-        # Template text keeps its special tokens; message contents (search results) are encoded as plain text.
+    def _unwritten_end_of_turn(self, written: int) -> str:
+        """The template's end-of-turn text after the first `written` of its ids (those the model generated)."""
+        written_text = self.tokenizer.decode(self.end_of_turn_ids[:written], skip_special_tokens=False)
+        if not self.end_of_turn_text.startswith(written_text):
+            raise ChatTemplateError(
+                f"the end of turn the model wrote ({written_text!r}) is not the start of the template's "
+                f"{self.end_of_turn_text!r}"
+            )
+        return self.end_of_turn_text[len(written_text) :]
+
+    def _encode_rendered(self, rendered: str, new_messages: list[dict]) -> list[int]:
+        """Ids of template text with content slots, as a chat server tokenizes the rendered conversation.
+
+        The template's own added tokens (<|im_start|>, <|im_end|>, ...) become their ids; each run of text between
+        them, template text and message contents together, is tokenized as one string, because that is what the
+        policy meets when served behind /v1/chat/completions. Text in a content that looks like a special token
+        stays text: a retrieved page cannot end the turn.
+        """
         ids: list[int] = []
-        pieces = _SLOT_PATTERN.split(delta)
-        for index, piece in enumerate(pieces):
+        run: list[str] = []
+        for index, piece in enumerate(_SLOT_PATTERN.split(rendered)):
             if index % 2:
-                ids += encode_text(self.tokenizer, str(new_messages[int(piece)].get("content") or ""))
-            elif piece:
-                ids += encode_text(self.tokenizer, piece, special_tokens_as_text=False)
-        return ids
+                run.append(str(new_messages[int(piece)].get("content") or ""))
+                continue
+            for part_index, part in enumerate(self._split_at_markers(piece)):
+                if part_index % 2:
+                    ids += encode_text(self.tokenizer, "".join(run))
+                    run = []
+                    ids.append(self.markers[part])
+                elif part:
+                    run.append(part)
+        return ids + encode_text(self.tokenizer, "".join(run))
+
+    def _split_at_markers(self, template_text: str) -> list[str]:
+        """[text, marker, text, marker, ..., text]: the template text split at the tokenizer's added tokens."""
+        return self.marker_pattern.split(template_text) if self.marker_pattern else [template_text]
 
 
 def _overlap(generated: list[int], closing: list[int]) -> int:

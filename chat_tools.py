@@ -67,11 +67,17 @@ def answers_in(content: str) -> list[str]:
     return [answer.strip() for answer in ANSWER_PATTERN.findall(content)]
 
 
+# The model's own text after its first tool call (e.g. an invented <tool_response>), kept in the recorded
+# assistant message under this key: chat templates ignore it, the chat reward does not.
+TEXT_AFTER_TOOL_CALLS = "text_after_tool_calls"
+
+
 @dataclass
 class AssistantTurn:
     content: str
     tool_calls: list[ToolCall]
     unparsable: list[str]  # <tool_call> blocks that are not JSON objects
+    text_after_tool_calls: str = ""  # what the model wrote after its first call besides whitespace and parsed calls
 
     @property
     def answers(self) -> list[str]:
@@ -93,6 +99,8 @@ class AssistantTurn:
                 }
                 for call in self.tool_calls
             ]
+        if self.text_after_tool_calls:
+            message[TEXT_AFTER_TOOL_CALLS] = self.text_after_tool_calls
         return message
 
 
@@ -120,25 +128,40 @@ def _check_call(call_id: str, name: object, arguments: object) -> ToolCall:
 
 
 def parse_generated_turn(text: str, end_of_turn: str, turn_index: int) -> AssistantTurn:
-    """Read a raw assistant turn in Qwen's format: text, then `<tool_call>{"name", "arguments"}</tool_call>`s."""
+    """Read a raw assistant turn in Qwen's format: text, then `<tool_call>{"name", "arguments"}</tool_call>`s.
+
+    Only whitespace and further well-formed calls may follow the first call; anything else the model wrote
+    there (an invented tool response, an answer, a broken call) is kept as text_after_tool_calls.
+    """
     body = text.removesuffix(end_of_turn) if end_of_turn else text
     first_call = body.find("<tool_call>")
-    content = (body if first_call < 0 else body[:first_call]).rstrip("\n")
-    calls, unparsable = [], []
-    blocks = TOOL_CALL_PATTERN.findall(body)
-    if first_call >= 0 and len(blocks) < body.count("<tool_call>"):
-        unparsable.append(body[body.rfind("<tool_call>") :])  # an unclosed call
-    for index, block in enumerate(blocks):
-        try:
-            payload = json.loads(block)
-        except json.JSONDecodeError:
-            unparsable.append(block)
+    if first_call < 0:
+        return AssistantTurn(body.rstrip("\n"), [], [])
+    content, rest = body[:first_call].rstrip("\n"), body[first_call:]
+    calls, unparsable, leftover, position = [], [], [], 0
+    for match in TOOL_CALL_PATTERN.finditer(rest):
+        call = _parse_call_block(match.group(1), f"call_{turn_index}_{len(calls)}")
+        if call is None:
+            unparsable.append(match.group(1))
             continue
-        if not isinstance(payload, dict) or "name" not in payload:
-            unparsable.append(block)
-            continue
-        calls.append(_check_call(f"call_{turn_index}_{index}", payload["name"], payload.get("arguments", {})))
-    return AssistantTurn(content, calls, unparsable)
+        calls.append(call)
+        leftover.append(rest[position : match.start()])
+        position = match.end()
+    leftover.append(rest[position:])
+    if rest.count("<tool_call>") > rest.count("</tool_call>"):
+        unparsable.append(rest[rest.rfind("<tool_call>") :])  # an unclosed call
+    return AssistantTurn(content, calls, unparsable, "".join(leftover).strip())
+
+
+def _parse_call_block(block: str, call_id: str) -> ToolCall | None:
+    """A <tool_call> block's {"name", "arguments"} object, or None when the block is not one."""
+    try:
+        payload = json.loads(block)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(payload, dict) or "name" not in payload:
+        return None
+    return _check_call(call_id, payload["name"], payload.get("arguments", {}))
 
 
 def parse_openai_message(message: dict, turn_index: int) -> AssistantTurn:
@@ -150,4 +173,4 @@ def parse_openai_message(message: dict, turn_index: int) -> AssistantTurn:
         call_id = raw.get("id") or f"call_{turn_index}_{index}"
         calls.append(_check_call(call_id, function.get("name"), function.get("arguments", {})))
     unparsable = TOOL_CALL_PATTERN.findall(content) if "<tool_call>" in content else []
-    return AssistantTurn(content, calls, unparsable)
+    return AssistantTurn(content, calls, unparsable, message.get(TEXT_AFTER_TOOL_CALLS) or "")

@@ -122,7 +122,9 @@ def tools_of(row: dict, columns: ColumnNames) -> list | None:
     return tools or None
 
 
-def build_sample(sample_cls, eval_row: EvalRow, columns: ColumnNames, tokenizer, apply_chat_template: bool):
+def build_sample(
+    sample_cls, eval_row: EvalRow, columns: ColumnNames, tokenizer, apply_chat_template: bool, template_kwargs: dict
+):
     """A Sample as slime's Dataset builds it (prompt, label, metadata with tools), indexed by file position."""
     row = eval_row.row
     prompt = row[columns.input_key]
@@ -132,5 +134,7 @@ def build_sample(sample_cls, eval_row: EvalRow, columns: ColumnNames, tokenizer,
         metadata["tools"] = tools
     if apply_chat_template:
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
-        prompt = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+        prompt = tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=True, **template_kwargs
+        )
     return sample_cls(index=eval_row.index, prompt=prompt, label=row[columns.label_key], metadata=metadata)

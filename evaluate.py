@@ -35,6 +35,7 @@ from eval_results import (
     summarize,
     write_reports,
 )
+from search_r1_config import ConfigError, resolve_config
 
 logger = logging.getLogger("evaluate")
 
@@ -47,6 +48,16 @@ def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {text!r}")
     return value
 
 
@@ -75,6 +86,12 @@ def parse_args(argv: list[str] | None = None) -> Namespace:
     parser.add_argument("--label-key", default="reward_model")
     parser.add_argument("--tool-key", default="tools")
     parser.add_argument("--data-source-key", default="data_source")
+    parser.add_argument(
+        "--apply-chat-template-kwargs",
+        type=json_object,
+        default={},
+        help="extra chat-template arguments as JSON, as slime's flag (e.g. '{\"enable_thinking\": false}')",
+    )
     parser.add_argument("--max-errors", type=int, default=20, help="stop after this many samples raise")
     parser.add_argument("--overwrite", action="store_true", help="discard an earlier run in --output-dir")
     args = parser.parse_args(argv)
@@ -120,6 +137,7 @@ def slime_args(cli: Namespace) -> Namespace:
         rollout_stop=None,
         rollout_stop_token_ids=None,
         rollout_skip_special_tokens=False,
+        apply_chat_template_kwargs=cli.apply_chat_template_kwargs,
         n_samples_per_prompt=1,
         partial_rollout=False,
         use_tis=False,
@@ -216,11 +234,13 @@ def trajectory_record(eval_row: EvalRow, sample, reward, seconds: float) -> dict
 class Evaluation:
     def __init__(self, cli: Namespace, plugin, sample_cls, config, store: TrajectoryStore, columns: ColumnNames):
         from slime.rollout.sglang_rollout import GenerateState
+        from slime.utils.http_utils import init_http_client
 
         self.cli = cli
         self.plugin = plugin
         self.sample_cls = sample_cls
         self.args = slime_args(cli)
+        init_http_client(self.args)  # slime's post() (SEARCH_R1_ENGINE_TRANSPORT=slime) has no client before this
         # slime's process-wide state: the tokenizer generate() uses is the one that renders the prompts
         self.tokenizer = GenerateState(self.args).tokenizer
         self.columns = columns
@@ -232,7 +252,14 @@ class Evaluation:
         self.done = 0
 
     async def evaluate_one(self, eval_row: EvalRow) -> dict:
-        sample = build_sample(self.sample_cls, eval_row, self.columns, self.tokenizer, self.apply_chat_template)
+        sample = build_sample(
+            self.sample_cls,
+            eval_row,
+            self.columns,
+            self.tokenizer,
+            self.apply_chat_template,
+            self.cli.apply_chat_template_kwargs,
+        )
         started = time.perf_counter()
         sample = await self.plugin.generate(self.args, sample, self.sampling_params, evaluation=True)
         reward = await self.plugin.reward_func(self.args, sample)
@@ -255,7 +282,7 @@ class Evaluation:
                     return
                 try:
                     record = await self.evaluate_one(eval_row)
-                except self.plugin.ConfigError:
+                except ConfigError:
                     stop.set()
                     raise
                 except Exception as exc:
@@ -335,8 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     plugin, sample_cls = load_plugin()
     try:
         apply_cli_overrides(cli, plugin.SEARCH_R1_CONFIGS)
-        config = plugin.resolve_config(plugin.SEARCH_R1_CONFIGS)
-    except plugin.ConfigError as exc:
+        config = resolve_config(plugin.SEARCH_R1_CONFIGS)
+    except ConfigError as exc:
         return fail(str(exc))
 
     cli.output_dir.mkdir(parents=True, exist_ok=True)
@@ -371,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
             asyncio.run(evaluation.run(todo))
         except KeyboardInterrupt:
             interrupted = True
-        except plugin.ConfigError as exc:
+        except ConfigError as exc:
             return fail(str(exc))
         finally:
             store.close()

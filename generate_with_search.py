@@ -2,6 +2,7 @@
 
     --custom-generate-function-path generate_with_search.generate
     --custom-rm-path generate_with_search.reward_func
+    --custom-reward-post-process-path generate_with_search.post_process_rewards   # FAILED samples out of GRPO groups
 
 LLM_API_MODE=generate speaks Search-R1's XML tags (xml_rollout.py), chat speaks OpenAI tool calls
 (chat_rollout.py); TOKEN_TRACKING_MODE=manual keeps the trajectory token-exact with any SGLang engine,
@@ -16,8 +17,9 @@ import logging
 
 from chat_reward import score_conversation
 from chat_rollout import run_chat_episode
+from group_rewards import post_process_rewards  # noqa: F401 (slime loads it from here)
 from qa_em_format import FormatWeights, golden_answers, score_response
-from search_r1_config import ConfigError, SearchR1Config, apply_env_overrides, resolve_config
+from search_r1_config import apply_env_overrides, check_slime_args, resolve_config
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
 from trajectory import METADATA_KEY
@@ -33,6 +35,7 @@ SEARCH_R1_CONFIGS = apply_env_overrides(
         "loss_mask_mode": "strict",  # "strict": observations masked out | "simple": trained too
         "return_logprob": True,  # engine log probs of every sampled token (needed for TIS)
         "engine_transport": "aiohttp",  # "aiohttp" | "slime": slime's post() (used anyway with --use-distributed-post)
+        "engine_model": "actor",  # the policy's name in --sglang-config (slime's get_model_url); else slime's router
         # ============== Rollout ==============
         "max_turns": 3,  # model turns per sample; a search on the last turn is not executed
         "max_context_length": 16384,  # prompt + response tokens (slime's --rollout-max-context-len also caps it)
@@ -65,31 +68,6 @@ SEARCH_R1_CONFIGS = apply_env_overrides(
 resolve_config(SEARCH_R1_CONFIGS)  # fail at import, not in the middle of a rollout
 
 
-def check_slime_args(args, config: SearchR1Config) -> None:
-    """Combinations of slime flags and plugin settings that would train on wrong numbers or fail later."""
-    uses_rollout_log_probs = [f for f in ("use_tis", "use_rollout_logprobs") if getattr(args, f, False)]
-    flags = " and ".join("--" + f.replace("_", "-") for f in uses_rollout_log_probs)
-    if uses_rollout_log_probs and config.train_observations:
-        raise ConfigError(
-            f"LOSS_MASK_MODE=simple trains observation tokens whose rollout log probs are 0.0 placeholders (the "
-            f"engine never sampled them), which {flags} would treat as real; use LOSS_MASK_MODE=strict"
-        )
-    if uses_rollout_log_probs and not config.return_logprob:
-        raise ConfigError(f"{flags} needs the engine's log probs: set TRACK_LOG_PROBS=true")
-    if float(getattr(args, "rollout_top_p", 1.0) or 1.0) != 1.0 and (
-        config.train_observations or not config.return_logprob or config.token_tracking_mode != "manual"
-    ):
-        raise ConfigError(
-            "--rollout-top-p != 1 replays the engine's nucleus per sampled token; it needs TRACK_LOG_PROBS=true, "
-            "LOSS_MASK_MODE=strict and TOKEN_TRACKING_MODE=manual"
-        )
-    if getattr(args, "use_rollout_routing_replay", False):
-        raise ConfigError(
-            "--use-rollout-routing-replay (MoE routed-expert replay) is not supported by this plugin: drop the "
-            "flag (Qwen2.5 is a dense model)"
-        )
-
-
 _warned: set[str] = set()
 
 
@@ -101,7 +79,8 @@ def _warn_once(message: str) -> None:
 
 async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
     config = resolve_config(SEARCH_R1_CONFIGS)
-    check_slime_args(args, config)
+    for warning in check_slime_args(args, config):
+        _warn_once(warning)
     if config.llm_api_mode == "chat":
         if config.token_tracking_mode == "router_radix":
             _warn_once(

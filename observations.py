@@ -23,13 +23,20 @@ def invalid_action_ids(tokenizer) -> list[int]:
 def information_ids(tokenizer, contents: list[str], max_tokens: int) -> tuple[list[int], bool]:
     """`\\n\\n<information>{docs}</information>\\n\\n` in at most `max_tokens` ids; True if docs were cut.
 
-    When the block fits it is tokenized whole (exactly what Search-R1 feeds); otherwise the documents
-    are cut to fit and the tags kept, so the block stays well-formed.
+    The block is always tokenized whole, as one string (what Search-R1 feeds, and what tokenizing the
+    rendered text gives): when it does not fit, the documents are cut at a token boundary, the tags kept,
+    and the cut block tokenized whole again.
     """
     docs = format_documents(contents).strip()
     whole = encode_text(tokenizer, f"{INFORMATION_OPEN}{docs}{INFORMATION_CLOSE}")
     if len(whole) <= max_tokens:
         return whole, False
-    opening, closing = _fixed_ids(tokenizer, INFORMATION_OPEN), _fixed_ids(tokenizer, INFORMATION_CLOSE)
-    room = max(0, max_tokens - len(opening) - len(closing))
-    return [*opening, *encode_text(tokenizer, docs)[:room], *closing], True
+    doc_ids = encode_text(tokenizer, docs)
+    tags = len(_fixed_ids(tokenizer, INFORMATION_OPEN)) + len(_fixed_ids(tokenizer, INFORMATION_CLOSE))
+    keep = max(0, max_tokens - tags)
+    while True:
+        kept_docs = tokenizer.decode(doc_ids[:keep], skip_special_tokens=False)
+        block = encode_text(tokenizer, f"{INFORMATION_OPEN}{kept_docs}{INFORMATION_CLOSE}")
+        if len(block) <= max_tokens or keep == 0:
+            return block, True
+        keep = max(0, keep - (len(block) - max_tokens))  # the cut text merged into more tokens than counted

@@ -1,14 +1,21 @@
-"""SEARCH_R1_CONFIGS: environment overrides and a validated, typed view of the dict.
+"""SEARCH_R1_CONFIGS: environment overrides, a validated, typed view of the dict, and the slime flags it needs.
 
 Users edit the dict in generate_with_search.py (as slime's docs say) or set environment variables
 (the launch scripts do). Both paths are validated here and fail fast with a message that names the
-variable or key, the bad value and what is accepted.
+variable or key, the bad value and what is accepted. This module imports nothing from slime, so the
+launch script runs the same checks before any GPU is spent:
+
+    python search_r1_config.py check-launch [--plugin generate_with_search.py] -- <slime's train.py flags>
 """
 
+import argparse
+import ast
 import copy
 import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -83,6 +90,7 @@ ENV_OVERRIDES: list[tuple[str, tuple[str, ...], Callable[[str], Any]]] = [
     ("SEARCH_R1_SEARCH_RETRIES", ("search_max_retries",), _parse_int),
     ("SEARCH_R1_DROP_FAILED_SAMPLES", ("drop_failed_samples",), _parse_bool),
     ("SEARCH_R1_ENGINE_TRANSPORT", ("engine_transport",), _parse_choice(ENGINE_TRANSPORTS)),
+    ("SEARCH_R1_ENGINE_MODEL", ("engine_model",), _parse_text),
     ("GOOGLE_SEARCH_URL", ("google", "search_url"), _parse_text),
     ("GOOGLE_SNIPPET_ONLY", ("google", "snippet_only"), _parse_bool),
 ]
@@ -149,6 +157,7 @@ class SearchR1Config:
     loss_mask_mode: str
     return_logprob: bool
     engine_transport: str
+    engine_model: str
     max_turns: int
     topk: int
     search_concurrency: int
@@ -202,6 +211,13 @@ def _flag(config, path):
     return value
 
 
+def _text(config, path):
+    value = _get(config, path)
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"SEARCH_R1_CONFIGS[{path!r}]={value!r} is invalid; accepted: a non-empty string")
+    return value.strip()
+
+
 def _optional_text(config, path):
     value = _get(config, path)
     if value is not None and not isinstance(value, str):
@@ -230,6 +246,7 @@ def resolve_config(config: Mapping[str, Any]) -> SearchR1Config:
         loss_mask_mode=_choice(config, "loss_mask_mode", LOSS_MASK_MODES),
         return_logprob=_flag(config, "return_logprob"),
         engine_transport=_choice(config, "engine_transport", ENGINE_TRANSPORTS),
+        engine_model=_text(config, "engine_model"),
         max_turns=_number(config, "max_turns", int, 1, 64),
         topk=_number(config, "topk", int, 1, 100),
         search_concurrency=_number(config, "search_concurrency", int, 1),
@@ -265,3 +282,157 @@ def resolve_config(config: Mapping[str, Any]) -> SearchR1Config:
     if resolved.final_format_score > resolved.format_score:
         raise ConfigError("final_format_score must not exceed format_score (a wrong answer cannot beat valid format)")
     return resolved
+
+
+# The reward post-process that keeps removed samples out of their group's advantages (group_rewards.py).
+REWARD_POST_PROCESS_PATH = "generate_with_search.post_process_rewards"
+_GROUP_NORMALIZED_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
+
+
+def _flag_names(args, names: tuple[str, ...]) -> list[str]:
+    return ["--" + name.replace("_", "-") for name in names if getattr(args, name, False)]
+
+
+def check_slime_args(args, config: SearchR1Config) -> list[str]:
+    """slime flags that cannot work with this configuration raise ConfigError; returns warnings for the rest.
+
+    Runs in generate() on every sample and, through `check-launch`, in run_qwen2.5_3B.sh before the job starts.
+    """
+    uses_rollout_log_probs = _flag_names(args, ("use_tis", "use_rollout_logprobs", "get_mismatch_metrics"))
+    flags = " and ".join(uses_rollout_log_probs)
+    if uses_rollout_log_probs and config.train_observations:
+        raise ConfigError(
+            f"LOSS_MASK_MODE=simple trains observation tokens whose rollout log probs are 0.0 placeholders (the "
+            f"engine never sampled them), which {flags} would treat as real; use LOSS_MASK_MODE=strict"
+        )
+    if uses_rollout_log_probs and not config.return_logprob:
+        raise ConfigError(f"{flags} needs the engine's log probs: set TRACK_LOG_PROBS=true")
+    if float(getattr(args, "rollout_top_p", 1.0) or 1.0) != 1.0 and (
+        config.train_observations or not config.return_logprob or config.token_tracking_mode != "manual"
+    ):
+        raise ConfigError(
+            "--rollout-top-p != 1 replays the engine's nucleus per sampled token; it needs TRACK_LOG_PROBS=true, "
+            "LOSS_MASK_MODE=strict and TOKEN_TRACKING_MODE=manual"
+        )
+    if getattr(args, "use_rollout_routing_replay", False):
+        raise ConfigError(
+            "--use-rollout-routing-replay (MoE routed-expert replay) is not supported by this plugin: drop the "
+            "flag (Qwen2.5 is a dense model)"
+        )
+    if getattr(args, "partial_rollout", False):
+        raise ConfigError(
+            "--partial-rollout is not supported: slime would hand an aborted multi-turn sample back to generate() "
+            "to resume from its kept tokens, but an episode's turns, searches and conversation cannot be resumed "
+            "from tokens, so it would restart and train on stale metadata; drop --partial-rollout (slime's own "
+            "multi-turn examples refuse it too)"
+        )
+    warnings = []
+    normalized = getattr(args, "advantage_estimator", "grpo") in _GROUP_NORMALIZED_ESTIMATORS and getattr(
+        args, "rewards_normalization", True
+    )
+    if config.drop_failed_samples and normalized:
+        if getattr(args, "custom_convert_samples_to_train_data_path", None):
+            warnings.append(
+                "--custom-convert-samples-to-train-data-path replaces slime's reward post-processing, so "
+                f"{REWARD_POST_PROCESS_PATH} does not run: make sure your converter keeps removed (FAILED) samples "
+                "out of their group's advantages"
+            )
+        elif getattr(args, "custom_reward_post_process_path", None) != REWARD_POST_PROCESS_PATH:
+            warnings.append(
+                "FAILED samples (search down after its retries) get remove_sample, but slime's reward "
+                "post-processing still counts their reward in their group's mean and std, which shifts their "
+                f"siblings' advantages: pass --custom-reward-post-process-path {REWARD_POST_PROCESS_PATH} "
+                "(run_qwen2.5_3B.sh does)"
+            )
+    return warnings
+
+
+LEGACY_ROUTER_VARIABLE = "LEGACY_SLIME_ROUTER"
+
+
+def check_router_mode(config: SearchR1Config, environ: Mapping[str, str]) -> None:
+    """The router modes need the slime router slime removed in March 2026 (THUDM/slime#1735)."""
+    if config.token_tracking_mode == "manual":
+        return
+    try:
+        stated = _parse_bool(environ.get(LEGACY_ROUTER_VARIABLE, "0"))
+    except ValueError as exc:
+        raise ConfigError(f"environment variable {LEGACY_ROUTER_VARIABLE} is invalid; {exc}") from None
+    if not stated:
+        raise ConfigError(
+            f"TOKEN_TRACKING_MODE={config.token_tracking_mode} needs the old slime router with its radix-tree "
+            "cache (/retrieve_from_text, /retrieve_from_messages_template), which current slime no longer has "
+            "(removed in THUDM/slime#1735). Use TOKEN_TRACKING_MODE=manual (token-exact with any SGLang engine or "
+            f"router), or set {LEGACY_ROUTER_VARIABLE}=1 if your slime still launches that router"
+        )
+
+
+def configs_from_source(path: Path) -> dict[str, Any]:
+    """SEARCH_R1_CONFIGS as written in generate_with_search.py, read without importing it (that imports slime)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "SEARCH_R1_CONFIGS" for t in node.targets):
+            value = node.value
+            if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "apply_env_overrides":
+                value = value.args[0] if value.args else value
+            try:
+                configs = ast.literal_eval(value)
+            except ValueError:
+                configs = None
+            if not isinstance(configs, dict):
+                raise ConfigError(
+                    f"SEARCH_R1_CONFIGS in {path} is not a literal dict, so it cannot be checked before launch; "
+                    "keep it a literal (set values through environment variables) or skip the check with "
+                    "SKIP_PLUGIN_CHECK=1"
+                )
+            return configs
+    raise ConfigError(f"{path} defines no SEARCH_R1_CONFIGS")
+
+
+def parse_slime_flags(train_args: list[str]) -> argparse.Namespace:
+    """The slime flags check_slime_args reads, parsed from train.py's command line with slime's defaults."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for flag in (
+        "--use-tis",
+        "--use-rollout-logprobs",
+        "--get-mismatch-metrics",
+        "--use-rollout-routing-replay",
+        "--partial-rollout",
+    ):
+        parser.add_argument(flag, action="store_true", default=False)
+    parser.add_argument("--rollout-top-p", type=float, default=1.0)
+    parser.add_argument("--advantage-estimator", default="grpo")
+    parser.add_argument("--disable-rewards-normalization", action="store_false", dest="rewards_normalization")
+    parser.add_argument("--custom-reward-post-process-path", default=None)
+    parser.add_argument("--custom-convert-samples-to-train-data-path", default=None)
+    known, _ = parser.parse_known_args(train_args)
+    return known
+
+
+def check_launch(plugin: Path, train_args: list[str], environ: Mapping[str, str]) -> list[str]:
+    """Everything generate() would refuse at its first sample, checked from the launch command; returns warnings."""
+    config = resolve_config(apply_env_overrides(configs_from_source(plugin), environ))
+    check_router_mode(config, environ)
+    return check_slime_args(parse_slime_flags(train_args), config)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Check SEARCH_R1_CONFIGS and slime's flags before launching.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    launch = commands.add_parser("check-launch", help="the checks generate() runs, on the launch command")
+    launch.add_argument("--plugin", type=Path, default=Path(__file__).resolve().parent / "generate_with_search.py")
+    launch.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then train.py's flags")
+    options = parser.parse_args(argv)
+    train_args = options.train_args[1:] if options.train_args[:1] == ["--"] else options.train_args
+    try:
+        warnings = check_launch(options.plugin, train_args, os.environ)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

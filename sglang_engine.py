@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from tenacity import before_sleep_log, wait_fixed
 
 from async_http import RequestFailed, RetryableRequestFailed, post_json, retrying, unbounded_session
+from slime.rollout.sglang_rollout import get_model_url
 from slime.utils.http_utils import post as slime_post
 
 logger = logging.getLogger(__name__)
@@ -37,8 +38,8 @@ class EngineTurn:
     meta_info: dict
 
 
-def engine_url(args) -> str:
-    return base_url(args) + "/generate"
+def engine_url(args, model: str) -> str:
+    return get_model_url(args, model, "/generate")
 
 
 def routing_headers(args, sample) -> dict | None:
@@ -48,9 +49,10 @@ def routing_headers(args, sample) -> dict | None:
     return None
 
 
-def base_url(args) -> str:
-    """slime's router address (sglang-router in front of the engines, or the old slime router)."""
-    return f"http://{args.sglang_router_ip}:{args.sglang_router_port}"
+def base_url(args, model: str) -> str:
+    """The policy's router (sglang-router in front of the engines, or the old slime router), found as slime finds
+    it: `model`'s router from --sglang-config, else --sglang-router-ip/--sglang-router-port."""
+    return get_model_url(args, model, endpoint="")
 
 
 async def post_with_retries(url: str, payload: dict, headers: dict | None = None) -> object:

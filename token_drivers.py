@@ -65,7 +65,7 @@ class ExactDriver:
             train_observations=config.train_observations,
         )
         self.stats = self.trajectory.stats
-        self.url = engine_url(args)
+        self.url = engine_url(args, config.engine_model)
         self.use_slime_post = config.engine_transport == "slime" or bool(getattr(args, "use_distributed_post", False))
         self.headers = routing_headers(args, sample)
         self.cut_at_stops = cut_at_stops
@@ -111,15 +111,15 @@ class _RouterDriver:
     mode = ""  # the TOKEN_TRACKING_MODE this driver serves
 
     @classmethod
-    async def check_router(cls, args) -> None:
+    async def check_router(cls, args, config) -> None:
         """Fail before the sample is touched when the router lacks this driver's endpoint."""
-        await require_endpoint(base_url(args), cls.retrieve_endpoint, cls.mode)
+        await require_endpoint(base_url(args, config.engine_model), cls.retrieve_endpoint, cls.mode)
 
     def __init__(self, args, sample, tokenizer, prompt_ids, config):
         self.sample, self.tokenizer, self.config = sample, tokenizer, config
         self.prompt_ids = list(prompt_ids)
         self.stats = EpisodeStats()
-        self.router = base_url(args)
+        self.router = base_url(args, config.engine_model)
         self.context_length = len(prompt_ids)
         self.response_length = 0
         reset_response_fields(sample, prompt_ids, config.return_logprob)

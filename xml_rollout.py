@@ -6,6 +6,7 @@ re-tokenized, so the engine's context is always a prefix of `sample.tokens`. rou
 through the slime router instead and takes the trajectory from its cache.
 """
 
+from chat_template import chat_template_kwargs
 from episode import encode_prompt, episode_budget, run_episode, timed_search
 from observations import information_ids, invalid_action_ids
 from search_r1_config import SearchR1Config
@@ -15,12 +16,12 @@ from token_drivers import ExactDriver, GeneratedTurn, RadixDriver
 from xml_actions import STOP_STRINGS, parse_action, with_stop_strings
 
 
-def prompt_string(tokenizer, sample: Sample) -> str:
+def prompt_string(args, tokenizer, sample: Sample) -> str:
     """The prompt as slime's --apply-chat-template leaves it, rendering messages here if it did not."""
     if isinstance(sample.prompt, str):
         return sample.prompt
     return tokenizer.apply_chat_template(
-        list(sample.prompt), tokenize=False, add_generation_prompt=True, **(sample.apply_chat_template_kwargs or {})
+        list(sample.prompt), tokenize=False, add_generation_prompt=True, **chat_template_kwargs(args, sample)
     )
 
 
@@ -53,10 +54,10 @@ class XmlProtocol:
 async def run_xml_episode(args, sample: Sample, sampling_params: dict, config: SearchR1Config, evaluation: bool):
     state = GenerateState(args)
     tokenizer = state.tokenizer
-    prompt_text = prompt_string(tokenizer, sample)
+    prompt_text = prompt_string(args, tokenizer, sample)
     prompt_ids = encode_prompt(tokenizer, prompt_text)
     if config.token_tracking_mode == "router_radix":
-        await RadixDriver.check_router(args)
+        await RadixDriver.check_router(args, config)
         driver = RadixDriver(args, sample, tokenizer, prompt_ids, config, prompt_text=prompt_text)
     else:
         driver = ExactDriver(args, sample, tokenizer, prompt_ids, config, cut_at_stops=STOP_STRINGS)

@@ -15,7 +15,6 @@ import multiprocessing
 import statistics
 import sys
 import time
-from argparse import Namespace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,9 +88,13 @@ async def run_rollouts(args, samples: int, rounds: int, prompt: str, transport: 
     import generate_with_search
     from generate_with_search import generate
     from async_http import close_loop_sessions
+    from slime.utils import http_utils
     from slime.utils.types import Sample
 
     generate_with_search.SEARCH_R1_CONFIGS["engine_transport"] = transport
+    if transport == "slime":
+        http_utils._http_client = None  # the last one's connections belong to a finished event loop
+        http_utils.init_http_client(args)  # as slime's rollout manager does before the first rollout
     params = dict(temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=1024, stop=None, no_stop_trim=True)
     turns = 0
     cpu_start, wall_start = time.process_time(), time.perf_counter()
@@ -138,6 +141,7 @@ def main() -> None:
     from results_md import write_section
     from support.loopback import free_port
     from support.qwen_tokenizer import qwen25_tokenizer_dir
+    from support.slime_rollout import slime_args
     from transformers import AutoTokenizer
 
     import generate_with_search
@@ -156,15 +160,7 @@ def main() -> None:
         wait_for_port(engine_port)
         wait_for_port(search_port)
         generate_with_search.SEARCH_R1_CONFIGS["local"]["search_url"] = f"http://127.0.0.1:{search_port}"
-        args = Namespace(
-            hf_checkpoint=tokenizer_dir,
-            sglang_router_ip="127.0.0.1",
-            sglang_router_port=engine_port,
-            rollout_max_response_len=1024,
-            rollout_max_context_len=None,
-            rollout_top_p=1.0,
-            use_tis=False,
-        )
+        args = slime_args(tokenizer_dir, f"http://127.0.0.1:{engine_port}")
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         messages = [{"role": "user", "content": search_r1_prompt("What is the capital of France")}]
         prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -5,9 +5,10 @@ from argparse import Namespace
 import pytest
 from transformers import AutoTokenizer
 
+from support import slime_compat  # first: SLIME_SRC=/path/to/slime puts real slime in the stand-in's place
+
 import generate_with_search
 from async_http import close_loop_sessions
-from slime.rollout.sglang_rollout import reset_generate_state
 from support.fake_retriever import FakeRetriever
 from support.fake_router import FakeSlimeRouter
 from support.fake_sglang import FakeSGLangEngine, ScriptedPolicy
@@ -33,9 +34,10 @@ def tokenizer(tokenizer_dir):
 
 @pytest.fixture(autouse=True)
 def fresh_generate_state():
-    reset_generate_state()
+    slime_compat.reset_generate_state()
     yield
-    reset_generate_state()
+    slime_compat.reset_generate_state()
+    slime_compat.reset_http_client()
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ import pytest
 
 import generate_with_search
 from search_r1_config import ConfigError, apply_env_overrides, normalize_retrieval_urls, resolve_config
+from support.slime_compat import subprocess_pythonpath
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = generate_with_search.SEARCH_R1_CONFIGS
@@ -98,7 +99,7 @@ def test_several_retrieval_servers():
 
 
 def test_a_bad_variable_stops_the_import_with_its_message():
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'slime_stub'}", "LOSS_MASK_MODE": "everything"}
+    env = {**os.environ, "PYTHONPATH": subprocess_pythonpath(), "LOSS_MASK_MODE": "everything"}
     result = subprocess.run(
         [sys.executable, "-c", "import generate_with_search"], env=env, capture_output=True, text=True, cwd=ROOT
     )

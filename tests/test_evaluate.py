@@ -13,6 +13,7 @@ import pytest
 import evaluate
 from conftest import chat_prompt
 from support.loopback import free_port
+from support.slime_compat import subprocess_pythonpath
 from support.search_r1_data import write_search_r1_parquet
 
 REPO = Path(__file__).resolve().parents[1]
@@ -207,7 +208,7 @@ def test_interrupted_run_keeps_finished_trajectories_and_resumes(
     data = write_search_r1_parquet(tmp_path / "many.parquet", questions)
     engine.latency_s = 0.15  # slow enough to interrupt mid-run
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests" / "slime_stub")])}
+    env = {**os.environ, "PYTHONPATH": subprocess_pythonpath()}
     arguments = cli(data, engine, tokenizer_dir, out, "--retrieval-url", retriever.url)
     arguments[arguments.index("--concurrency") + 1] = "2"
     process = subprocess.Popen(

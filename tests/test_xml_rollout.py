@@ -4,12 +4,14 @@ import asyncio
 import copy
 
 import pytest
+import torch
 
 import generate_with_search
 import sglang_engine
 from conftest import chat_prompt, slime_sampling_params
 from generate_with_search import generate, reward_func
 from slime.rollout.sglang_rollout import GenerateState
+from slime.utils.http_utils import init_http_client
 from sglang_engine import EngineProtocolError, EngineUnavailable
 from slime.utils.types import Sample
 from support.fidelity import assert_faithful
@@ -353,6 +355,7 @@ def test_configs_are_exposed_for_slime_users():
 
 async def test_slime_post_transport(make_args, tokenizer, engine, policy, search_config):
     search_config["engine_transport"] = "slime"
+    init_http_client(make_args())  # slime's rollout manager does this before the first rollout
     policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
     _, sample, prompt_ids = await rollout(make_args, tokenizer)
     assert sample.status == Sample.Status.COMPLETED
@@ -458,7 +461,9 @@ async def test_top_p_replay_spans_follow_the_tokens_even_when_cut(
     engine.honor_stop_strings = False  # the first turn is cut after </search>: its spans are cut with it
     policy.scripts[QUESTION + "?"] = [SEARCH_TURN + " and more text after the tag", ANSWER_TURN]
     _, sample, prompt_ids = await rollout(make_args, tokenizer, rollout_top_p=0.9)
-    offsets, ids = sample.rollout_top_p_token_offsets, sample.rollout_top_p_token_ids
+    # slime keeps the replay arrays as torch int32 tensors
+    assert sample.rollout_top_p_token_ids.dtype == sample.rollout_top_p_token_offsets.dtype == torch.int32
+    offsets, ids = sample.rollout_top_p_token_offsets.tolist(), sample.rollout_top_p_token_ids.tolist()
     assert len(offsets) == sample.response_length + 1 and offsets[-1] == len(ids)
     response = sample.tokens[len(prompt_ids) :]
     for position, token in enumerate(response):

@@ -36,19 +36,44 @@ def router_address(url: str) -> dict:
 
 
 def slime_args(tokenizer_dir: str, engine_url: str, **overrides) -> Namespace:
-    """The slime args the plugin reads, with slime's defaults, pointing at the engine (or router) at `engine_url`."""
+    """The slime args the plugin and slime's rollout code read, with slime's argparse defaults (after its
+    post-processing: eval_reward_key falls back to reward_key), pointing at the engine (or router) at `engine_url`."""
     values = dict(
         hf_checkpoint=tokenizer_dir,
         **router_address(engine_url),
+        sglang_server_concurrency=512,
+        rollout_num_engines=1,
+        sglang_dp_size=None,
+        sglang_enable_deterministic_inference=False,
+        sglang_speculative_algorithm=None,
+        use_distributed_post=False,
+        rollout_seed=42,
         rollout_max_response_len=1024,
         rollout_max_context_len=None,
-        partial_rollout=False,
-        rollout_top_p=1.0,
         rollout_temperature=1.0,
+        rollout_top_p=1.0,
+        rollout_top_k=-1,
+        rollout_stop=None,
+        rollout_stop_token_ids=None,
+        rollout_skip_special_tokens=False,
+        apply_chat_template_kwargs={},
         n_samples_per_prompt=1,
+        rollout_batch_size=1,
+        partial_rollout=False,
+        group_rm=False,
+        advantage_estimator="grpo",
+        rewards_normalization=True,
+        grpo_std_normalization=True,
         use_tis=False,
+        use_rollout_logprobs=False,
+        get_mismatch_metrics=False,
+        use_rollout_routing_replay=False,
+        custom_reward_post_process_path=None,
+        custom_convert_samples_to_train_data_path=None,
         reward_key=None,
         eval_reward_key=None,
     )
     values.update(overrides)
+    if values["eval_reward_key"] is None:
+        values["eval_reward_key"] = values["reward_key"]
     return Namespace(**values)

@@ -23,8 +23,9 @@ from argparse import Namespace
 from pathlib import Path
 
 SUPPORT = Path(__file__).resolve().parent
-sys.path[:0] = [str(SUPPORT.parent), str(SUPPORT.parent / "slime_stub"), str(SUPPORT.parents[1])]
+sys.path[:0] = [str(SUPPORT.parent), str(SUPPORT.parents[1])]
 
+from support import slime_compat  # noqa: E402, F401 (puts the slime under test on sys.path: stand-in or SLIME_SRC)
 from transformers import AutoTokenizer  # noqa: E402
 
 import generate_with_search  # noqa: E402
