@@ -5,10 +5,17 @@ this machine against ~0.6 ms for aiohttp (bench/rollout_overhead.py), so the hot
 """
 
 import asyncio
+import codecs
+import json
 from collections.abc import Callable
 
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, stop_any, wait_random_exponential
+
+_CHUNK_BYTES = 64 * 1024
+# An error answer's body is read only this far: enough for FastAPI's {"detail": ...} or serper's message.
+_ERROR_DETAIL_CHARS = 300
+_ERROR_DETAIL_BYTES = 4 * _ERROR_DETAIL_CHARS  # UTF-8 takes at most 4 bytes a character
 
 # A session or semaphore belongs to the event loop it was made on; slime runs one loop, tests run many.
 _per_loop: dict[asyncio.AbstractEventLoop, dict] = {}
@@ -76,19 +83,75 @@ def retrying(max_attempts: int, wait=None, before_sleep=None, give_up: Callable[
     )
 
 
+async def read_at_most(resp: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The (decompressed) body, or None as soon as it is known to be longer than `limit` bytes."""
+    if resp.content_length is not None and resp.content_length > limit:
+        return None  # refused before reading a byte
+    chunks, size = [], 0
+    async for chunk in resp.content.iter_chunked(_CHUNK_BYTES):
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_prefix(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The first `limit` bytes of the (decompressed) body; the rest is left unread."""
+    chunks, size = [], 0
+    async for chunk in resp.content.iter_chunked(_CHUNK_BYTES):
+        chunks.append(chunk[: limit - size])
+        size += len(chunks[-1])
+        if size >= limit:
+            break
+    return b"".join(chunks)
+
+
+def _charset(resp: aiohttp.ClientResponse) -> str:
+    """The declared charset when Python knows it, else UTF-8 (JSON's own, RFC 8259)."""
+    try:
+        return codecs.lookup(resp.charset or "utf-8").name
+    except LookupError:
+        return "utf-8"
+
+
+async def _error_detail(resp: aiohttp.ClientResponse) -> str:
+    """The start of an error answer's body on one line (what the server said went wrong)."""
+    data = b""
+    while len(data) < _ERROR_DETAIL_BYTES and (chunk := await resp.content.read(_ERROR_DETAIL_BYTES - len(data))):
+        data += chunk
+    return " ".join(data.decode(_charset(resp), errors="replace").split())[:_ERROR_DETAIL_CHARS]
+
+
 async def post_json(
-    session: aiohttp.ClientSession, url: str, payload: dict, timeout: float | None, **kwargs
+    session: aiohttp.ClientSession,
+    url: str,
+    payload: dict,
+    timeout: float | None,
+    *,
+    max_body_bytes: int | None = None,
+    **kwargs,
 ) -> object:
-    """POST JSON and return the decoded body, mapping failures onto the two error classes."""
+    """POST JSON and return the decoded body, mapping failures onto the two error classes.
+
+    `max_body_bytes` refuses a longer answer without reading the rest (the search clients set it per request;
+    the engine's answers have no such bound: long generations with log probs are legitimately large).
+    """
     try:
         async with session.post(url, json=payload, timeout=aiohttp.ClientTimeout(total=timeout), **kwargs) as resp:
             if resp.status == 429 or resp.status >= 500:
-                raise RetryableRequestFailed(f"{url} answered HTTP {resp.status}")
+                raise RetryableRequestFailed(f"{url} answered HTTP {resp.status}: {await _error_detail(resp)}")
             if resp.status >= 400:
-                detail = (await resp.text())[:300]
+                detail = await _error_detail(resp)
                 raise RequestFailed(f"{url} rejected the request with HTTP {resp.status}: {detail}")
-            return await resp.json(content_type=None)
-    except (aiohttp.ContentTypeError, ValueError) as exc:
+            raw = await (resp.read() if max_body_bytes is None else read_at_most(resp, max_body_bytes))
+            if raw is None:
+                raise RequestFailed(f"{url} answered more than {max_body_bytes} bytes, the limit for this request")
+            text = raw.decode(_charset(resp)).strip()
+        return json.loads(text) if text else None  # an empty body is None, as aiohttp's resp.json() has it
+    except RecursionError as exc:  # the C decoder recurses once per level, bounded by the recursion limit
+        raise RequestFailed(f"{url} answered JSON nested too deeply to decode") from exc
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise RequestFailed(f"{url} did not answer with JSON: {exc}") from exc
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:  # connection, payload, proxy errors, timeouts
         raise RetryableRequestFailed(f"{url}: {type(exc).__name__}: {exc}") from exc

@@ -1,23 +1,31 @@
 """Google search through serper.dev, returning hits in the retrieval server's document shape.
 
 Snippet-only by default; with snippet_only=False each result page is fetched (bounded concurrency,
-short timeout), decoded with its declared charset or chardet, stripped to text, and the paragraphs
-that contain the snippet's sentences are kept. A page that cannot be fetched falls back to its snippet.
-The API key travels only in the request header: it never appears in a message or a log line.
+short timeout, at most PAGE_MAX_BYTES read), decoded with its declared charset or chardet, stripped to text,
+and the paragraphs that contain the snippet's sentences are kept. A page that cannot be fetched or parsed
+falls back to its snippet. The API key travels only in the request header, and is blanked out of any error
+message (an error body could echo it): it never appears in a message or a log line.
 """
 
 import asyncio
 import html
+import logging
 from collections.abc import Callable
 from html.parser import HTMLParser
 
 import aiohttp
 import chardet
 
-from async_http import RequestFailed, loop_semaphore, loop_session, post_json, retrying
+from async_http import RequestFailed, loop_semaphore, loop_session, post_json, read_prefix, retrying
+from search_results import answer_byte_limit
+
+logger = logging.getLogger(__name__)
 
 SERPER_URL = "https://google.serper.dev/search"
 PAGE_TIMEOUT_S = 5.0
+# Pages are cut here: most HTML pages are well under 1 MB, the snippet's paragraph sits near the top of a long
+# one, and HTMLParser costs ~0.2 s of CPU per MB (so a cut page costs at most ~0.4 s).
+PAGE_MAX_BYTES = 2 * 1024 * 1024
 _CHARDET_SAMPLE_BYTES = 64 * 1024
 _SKIPPED_TAGS = {"script", "style", "noscript", "head", "svg", "template"}
 _BLOCK_TAGS = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "section", "article", "td", "pre"}
@@ -84,6 +92,7 @@ def page_context(snippet: str, paragraphs: list[str]) -> str:
 
 
 async def _fetch_page(session: aiohttp.ClientSession, url: str, semaphore: asyncio.Semaphore) -> list[str]:
+    """The page's text paragraphs; none (so its snippet is used) when it cannot be fetched or parsed."""
     if not url:
         return []
     async with semaphore:
@@ -92,11 +101,20 @@ async def _fetch_page(session: aiohttp.ClientSession, url: str, semaphore: async
             async with session.get(url, timeout=timeout, headers={"User-Agent": "Mozilla/5.0 (search-r1)"}) as resp:
                 if resp.status >= 400 or "html" not in resp.headers.get("Content-Type", "text/html"):
                     return []
-                raw = await resp.read()
+                raw = await read_prefix(resp, PAGE_MAX_BYTES)
                 # charset detection and HTML parsing are CPU work: keep them off the rollout's event loop
                 return await asyncio.to_thread(_page_paragraphs, raw, resp.charset)
-        except (aiohttp.ClientError, asyncio.TimeoutError, UnicodeError):
+        except Exception as exc:
+            # Any failure, not only network ones: html.parser itself raises AssertionError on `<![ x` (Python
+            # 3.11), and a page must never cost more than its snippet. CancelledError still propagates.
+            logger.debug("page %s not used, its snippet is: %s: %s", url, type(exc).__name__, exc)
             return []
+
+
+def _text(item: dict, key: str) -> str:
+    """A result field that should be text; anything else (a number, a list, ...) reads as missing."""
+    value = item.get(key)
+    return value if isinstance(value, str) else ""
 
 
 def _document(title: str, context: str) -> dict:
@@ -121,25 +139,31 @@ async def google_search(
         raise RequestFailed("google search needs a serper.dev API key (GOOGLE_API_KEY)")
     session = loop_session("serper", aiohttp.ClientSession)
     payload = {"q": query, "num": top_k, "gl": "us", "hl": "en"}
-    headers = {"X-API-KEY": api_key, "Content-Type": "application/json"}
-    async for attempt in retrying(max_attempts, give_up=give_up):
-        with attempt:
-            body = await post_json(session, search_url, payload, timeout, headers=headers, proxy=proxy)
+    options = {"headers": {"X-API-KEY": api_key, "Content-Type": "application/json"}, "proxy": proxy}
+    try:
+        async for attempt in retrying(max_attempts, give_up=give_up):
+            with attempt:
+                body = await post_json(
+                    session, search_url, payload, timeout, max_body_bytes=answer_byte_limit(top_k), **options
+                )
+    except RequestFailed as exc:
+        # an error body (shown in the message) could echo the key: blank it out, keeping the error's class
+        raise type(exc)(str(exc).replace(api_key, "<GOOGLE_API_KEY>")) from None
     if not isinstance(body, dict) or not isinstance(body.get("organic", []), list):
         raise RequestFailed(f"{search_url} answered without an 'organic' result list")
     items = [item for item in body.get("organic", []) if isinstance(item, dict)][:top_k]
 
     if snippet_only:
-        contexts = [" ".join(snippet_sentences(item.get("snippet", ""))) for item in items]
+        contexts = [" ".join(snippet_sentences(_text(item, "snippet"))) for item in items]
     else:
         semaphore = loop_semaphore("page-fetch", fetch_concurrency)
-        pages = await asyncio.gather(*(_fetch_page(session, item.get("link", ""), semaphore) for item in items))
+        pages = await asyncio.gather(*(_fetch_page(session, _text(item, "link"), semaphore) for item in items))
         contexts = [
-            page_context(item.get("snippet", ""), paragraphs) or " ".join(snippet_sentences(item.get("snippet", "")))
+            page_context(_text(item, "snippet"), paragraphs) or " ".join(snippet_sentences(_text(item, "snippet")))
             for item, paragraphs in zip(items, pages, strict=True)
         ]
     return [
-        _document(item.get("title", ""), context)
+        _document(_text(item, "title"), context)
         for item, context in zip(items, contexts, strict=True)
-        if item.get("title") or context
+        if _text(item, "title") or context
     ]

@@ -1,12 +1,15 @@
 """Client for local retrieval servers (local_dense_retriever/retrieval_server.py or Search-R1's own)."""
 
 import itertools
+import logging
 from collections.abc import Callable
 
 import aiohttp
 
 from async_http import RequestFailed, post_json, retrying, unbounded_session
-from search_results import hit_contents
+from search_results import answer_byte_limit, hit_contents
+
+logger = logging.getLogger(__name__)
 
 
 class LocalRetrieverClient:
@@ -20,6 +23,7 @@ class LocalRetrieverClient:
         self.max_attempts = max_attempts
         self.proxy = proxy
         self._next_url = itertools.cycle(range(len(urls)))
+        self._warned_extra_hits = False
 
     def _session(self) -> aiohttp.ClientSession:
         return unbounded_session("local-retriever")  # pooled per loop; bounded by the caller's semaphore
@@ -27,16 +31,32 @@ class LocalRetrieverClient:
     async def search(self, query: str, topk: int, give_up: Callable[[], bool] | None = None) -> list[str]:
         """The contents of the top-k passages for one query; `give_up()` true stops retrying."""
         payload = {"queries": [query], "topk": topk, "return_scores": False}
+        limit = answer_byte_limit(topk)
         async for attempt in retrying(self.max_attempts, give_up=give_up):
             with attempt:
                 url = self.urls[next(self._next_url)]
-                body = await post_json(self._session(), url, payload, self.timeout, proxy=self.proxy)
-        return _first_result(body, url)
+                body = await post_json(
+                    self._session(), url, payload, self.timeout, max_body_bytes=limit, proxy=self.proxy
+                )
+        hits = _first_result(body, url)
+        if len(hits) > topk:
+            # Dropped, not refused: a server that ignores `topk` (answers its own default) still ranks best
+            # first, so its first k hits are the answer; the rest would only be cut from the observation.
+            if not self._warned_extra_hits:
+                self._warned_extra_hits = True
+                logger.warning(
+                    "%s answered %d hits for topk %d; only the first %d are used", url, len(hits), topk, topk
+                )
+            hits = hits[:topk]
+        try:
+            return [hit_contents(hit) for hit in hits]
+        except ValueError as exc:
+            raise RequestFailed(f"{url} answered without a usable 'result' list: {exc}") from exc
 
 
-def _first_result(body: object, url: str) -> list[str]:
-    try:
-        hits = body["result"][0]
-        return [hit_contents(hit) for hit in hits]
-    except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise RequestFailed(f"{url} answered without a usable 'result' list: {exc!r}") from exc
+def _first_result(body: object, url: str) -> list:
+    """The hit list of the one query sent: body["result"][0]."""
+    result = body.get("result") if isinstance(body, dict) else None
+    if not isinstance(result, list) or not result or not isinstance(result[0], list):
+        raise RequestFailed(f"{url} answered without a usable 'result' list (a list of hit lists, one per query)")
+    return result[0]

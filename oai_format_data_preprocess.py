@@ -16,6 +16,7 @@ Train with --input-key prompt --label-key reward_model --tool-key tools and WITH
 import argparse
 import json
 import os
+import re
 import sys
 from collections.abc import Iterable
 
@@ -60,22 +61,58 @@ def convert_row(row: dict, index: int, system_prompt: str, tools_json: str) -> d
     return converted
 
 
+# A hub dataset id is owner/name; anything else (or ending like a data file) is a local path.
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+_DATA_FILE_SUFFIXES = (".parquet", ".pq", ".json", ".jsonl", ".csv", ".tsv", ".arrow", ".txt", ".gz", ".zip")
+
+
+def _why_local(source: str) -> str | None:
+    """Why a missing `source` is taken as a local path, or None when it is shaped like a hub id (owner/name)."""
+    if source.lower().endswith(_DATA_FILE_SUFFIXES):
+        return "it ends like a data file"
+    if not _HUB_ID.fullmatch(source):
+        return "a hub dataset id is shaped like owner/name"
+    owner = source.split("/")[0]
+    if os.path.isdir(owner):
+        return f"{owner}/ is a local directory"
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
 def read_rows(source: str, split: str) -> tuple[Iterable[dict], int]:
     """Rows of a local parquet file, or of a Hugging Face dataset split."""
+    if os.path.isdir(source):
+        raise DataError(f"{source} is a directory; --input takes one parquet file or a hub dataset id (owner/name)")
     if os.path.exists(source):
-        table = pq.read_table(source)
+        try:
+            table = pq.read_table(source)
+        except (pa.ArrowException, OSError) as exc:  # not parquet, empty, truncated, unreadable
+            raise DataError(f"{source} is not a readable parquet file: {_first_line(exc)}") from None
         missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
         if missing:
             raise DataError(f"{source} has no column(s) {missing}; Search-R1 data has {list(REQUIRED_COLUMNS)}")
+        if table.num_rows == 0:
+            raise DataError(f"{source} has no rows")
         return iter(table.to_pylist()), table.num_rows
-    if source.endswith(".parquet"):
-        raise DataError(f"{source} does not exist")
+    why_local = _why_local(source)
+    if why_local is not None:
+        # said at once: a hub lookup of a mistyped path only fails after its network retries
+        raise DataError(f"{source} does not exist (taken as a local path: {why_local})")
     import datasets  # only for hub ids
 
-    dataset = datasets.load_dataset(source, split=split)
+    try:
+        dataset = datasets.load_dataset(source, split=split)
+    except Exception as exc:  # not found, unreachable, gated, no such split: the library's classes vary
+        raise DataError(f"cannot load hub dataset {source} (split {split}): {_first_line(exc)}") from None
     missing = [c for c in REQUIRED_COLUMNS if c not in dataset.column_names]
     if missing:
         raise DataError(f"{source}[{split}] has no column(s) {missing}")
+    if len(dataset) == 0:
+        raise DataError(f"{source}[{split}] has no rows")
     return iter(dataset), len(dataset)
 
 
@@ -91,14 +128,18 @@ def convert(
     rows, total = read_rows(source, split)
     tools_json = json.dumps([SEARCH_TOOL], ensure_ascii=False)
     converted = []
+    skipped_sources = set()
     for index, row in enumerate(tqdm(rows, total=total, desc="converting", unit="row")):
         if data_sources and row.get("data_source") not in data_sources:
+            skipped_sources.add(str(row.get("data_source")))
             continue
         converted.append(convert_row(row, index, system_prompt, tools_json))
         if limit is not None and len(converted) >= limit:
             break
-    if not converted:
-        raise DataError(f"no rows left to write (data sources {sorted(data_sources or [])} not found?)")
+    if not converted:  # only a data-source filter can leave nothing: read_rows refuses an input without rows
+        raise DataError(
+            f"no rows with data_source in {sorted(data_sources or [])}; the input has {sorted(skipped_sources)[:20]}"
+        )
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     pq.write_table(pa.Table.from_pylist(converted), output)
     return len(converted)
@@ -106,7 +147,7 @@ def convert(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--input", required=True, help="Search-R1 parquet file, or a Hugging Face dataset id")
+    parser.add_argument("--input", required=True, help="Search-R1 parquet file, or a hub dataset id (owner/name)")
     parser.add_argument("--output", required=True, help="where to write the chat-format parquet")
     parser.add_argument("--split", default="train", help="dataset split when --input is a hub id (default: train)")
     parser.add_argument("--data-sources", default=None, help="keep only these data_source values, comma-separated")

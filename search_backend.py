@@ -44,8 +44,14 @@ async def search(config: SearchR1Config, query: str, aborted: Callable[[], bool]
             if aborted is not None and aborted():
                 raise SearchAborted("the rollout was aborted before this search ran")
             return await _search(config, query, aborted)
+    except SearchError:
+        raise
     except (RequestFailed, ValueError) as exc:
         raise SearchError(str(exc)) from exc
+    except Exception as exc:
+        # Whatever a backend or its parsing raises fails this sample, never the batch. CancelledError is not an
+        # Exception (it propagates); the type is kept because an unexpected error's message alone may be bare.
+        raise SearchError(f"{config.search_backend} search failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
 
 
 async def _search(config: SearchR1Config, query: str, aborted: Callable[[], bool] | None) -> list[str]:

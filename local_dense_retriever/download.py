@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,11 +42,23 @@ class DownloadError(RuntimeError):
     pass
 
 
+def _hub_error(what: str, repo_id: str, exc: Exception) -> DownloadError:
+    """One line for a hub failure, whatever class the hub library (or its HTTP client) raised."""
+    from huggingface_hub import constants
+
+    lines = str(exc).strip().splitlines()
+    detail = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return DownloadError(f"cannot get {what} of {repo_id} from the Hugging Face hub ({constants.ENDPOINT}): {detail}")
+
+
 def remote_sizes(repo_id: str, filenames: list[str]) -> dict[str, int]:
     """Sizes in bytes that the hub reports for files of a dataset repository."""
     from huggingface_hub import HfApi
 
-    infos = HfApi().get_paths_info(repo_id, filenames, repo_type="dataset")
+    try:
+        infos = HfApi().get_paths_info(repo_id, filenames, repo_type="dataset")
+    except Exception as exc:  # unreachable, offline mode, not found, gated: the classes vary with the version
+        raise _hub_error("the file sizes", repo_id, exc) from None
     sizes = {info.path: int(info.size) for info in infos if getattr(info, "size", None) is not None}
     missing = sorted(set(filenames) - set(sizes))
     if missing:
@@ -71,13 +84,26 @@ def fetch(repo_id: str, filename: str, save_dir: Path) -> Path:
     def download() -> Path:
         return Path(hf_hub_download(repo_id=repo_id, filename=filename, repo_type="dataset", local_dir=save_dir))
 
-    return download()
+    try:
+        return download()
+    except Exception as exc:  # after the retries above, or at once for a permanent error
+        raise _hub_error(filename, repo_id, exc) from None
 
 
 def check_size(path: Path, expected: int) -> None:
     actual = path.stat().st_size
     if actual != expected:
         raise DownloadError(f"{path} has {actual} bytes but the hub says {expected}; delete it and run again")
+
+
+def ensure_writable_directory(directory: Path) -> None:
+    """Create `directory` and prove a file can be written in it, before hours of download depend on it."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise DownloadError(f"cannot write to {directory}: {exc.strerror or exc}") from None
 
 
 def ensure_free_space(directory: Path, needed: int, what: str) -> None:
@@ -151,7 +177,7 @@ def download_wiki18(
     sizes_fn: SizesFn = remote_sizes,
     progress: bool = True,
 ) -> dict[str, Path]:
-    save_dir.mkdir(parents=True, exist_ok=True)
+    ensure_writable_directory(save_dir)
     outputs = {}
     if index:
         outputs["index_path"] = download_index(save_dir, fetch_fn, sizes_fn, keep_parts, progress)
@@ -174,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         outputs = download_wiki18(
             args.save_path, index=not args.skip_index, corpus=not args.skip_corpus, keep_parts=args.keep_parts
         )
-    except DownloadError as err:
+    except (DownloadError, OSError) as err:  # OSError: the disk or the directory failed mid-way
         print(f"error: {err}", file=sys.stderr)
         return 1
     for name, path in outputs.items():

@@ -311,3 +311,14 @@ async def test_router_errors_are_retried_like_the_engine(
     sample = chat_sample() if mode == "chat" else Sample(prompt=chat_prompt(tokenizer, QUESTION), label=LABEL)
     sample = await run_chat(router_args(), search_config, mode, tracking=tracking, sample=sample)
     assert sample.status == Sample.Status.COMPLETED and router.failures_left == 0
+
+
+async def test_a_search_answer_nested_too_deeply_fails_the_chat_sample_not_the_batch(
+    make_args, engine, policy, retriever, search_config
+):
+    retriever.raw_answer = (b'{"result": [' + b"[" * 5000 + b"]" * 5000 + b"]}", 200)
+    policy.scripts[QUESTION + "?"] = [CALL, ANSWER]
+    sample = await run_chat(make_args(), search_config, "chat")
+    assert sample.status == Sample.Status.FAILED
+    assert sample.remove_sample is True
+    assert "nested too deeply" in sample.metadata["search_r1"]["search_error"]

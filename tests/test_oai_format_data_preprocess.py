@@ -136,3 +136,103 @@ async def test_converted_rows_train_in_chat_mode(
     sample = await generate(args, sample, slime_sampling_params(1024))
     assert sample.status == Sample.Status.COMPLETED
     assert await reward_func(args, sample) == 1.0
+
+
+# ---- Bad inputs get one line, not a traceback ------------------------------------------------------------------
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("converting")]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def truncated_parquet(path):
+    pq.write_table(pa.Table.from_pylist(search_r1_rows()), path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize(
+    ("make_input", "message"),
+    [
+        (lambda p: p.write_text("question,data_source\nq,nq\n"), "is not a readable parquet file"),
+        (lambda p: p.write_bytes(b""), "is not a readable parquet file"),
+        (truncated_parquet, "is not a readable parquet file"),
+        (lambda p: p.mkdir(), "is a directory; --input takes one parquet file"),
+        (
+            lambda p: pq.write_table(pa.table({"question": pa.array([], pa.string()), "data_source": []}), p),
+            "has no rows",
+        ),
+    ],
+    ids=["csv-text", "empty-file", "truncated", "directory", "zero-rows"],
+)
+def test_an_unreadable_input_is_one_error_line(tmp_path, capsys, make_input, message):
+    source = tmp_path / "input.parquet"
+    make_input(source)
+    assert main(["--input", str(source), "--output", str(tmp_path / "o.parquet")]) == 2
+    line = one_error_line(capsys)
+    assert str(source) in line
+    assert message in line
+
+
+def test_a_filter_that_keeps_no_row_names_the_data_sources_present(search_r1_parquet, tmp_path, capsys):
+    args = ["--input", str(search_r1_parquet), "--output", str(tmp_path / "o.parquet"), "--data-sources", "triviaqa"]
+    assert main(args) == 2
+    assert "no rows with data_source in ['triviaqa']; the input has ['hotpotqa', 'nq']" in one_error_line(capsys)
+
+
+class HubRecorder:
+    """Stands in for datasets.load_dataset: records the ids it is asked for."""
+
+    def __init__(self, result=None, error=None):
+        self.calls, self.result, self.error = [], result, error
+
+    def __call__(self, source, split):
+        self.calls.append((source, split))
+        if self.error:
+            raise self.error
+        return self.result
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["missing_questions", "data/missing", "nq/test.jsonl", "./owner/name", "{tmp}/absent"],
+    ids=["bare-name", "local-dir-prefix", "file-extension", "relative-path", "absolute-path"],
+)
+def test_a_missing_local_path_fails_at_once_without_asking_the_hub(tmp_path, capsys, monkeypatch, name):
+    import datasets
+
+    hub = HubRecorder(error=AssertionError("the hub must not be asked"))
+    monkeypatch.setattr(datasets, "load_dataset", hub)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    source = name.format(tmp=tmp_path)
+    assert main(["--input", source, "--output", str(tmp_path / "o.parquet")]) == 2
+    line = one_error_line(capsys)
+    assert f"{source} does not exist" in line
+    assert hub.calls == []
+
+
+def test_an_owner_name_id_is_loaded_from_the_hub(tmp_path, capsys, monkeypatch):
+    import datasets
+
+    hub = HubRecorder(result=datasets.Dataset.from_list(search_r1_rows()))
+    monkeypatch.setattr(datasets, "load_dataset", hub)
+    monkeypatch.chdir(tmp_path)
+    assert main(["--input", "PeterJinGo/nq_hotpotqa_train", "--output", "o.parquet", "--split", "test"]) == 0
+    assert hub.calls == [("PeterJinGo/nq_hotpotqa_train", "test")]
+    assert len(read_like_slime(tmp_path / "o.parquet")) == 3
+
+
+def test_a_hub_dataset_that_cannot_be_loaded_is_one_error_line(tmp_path, capsys, monkeypatch):
+    import datasets
+
+    error = ConnectionError("Couldn't reach 'someone/absent' on the Hub (LocalEntryNotFoundError)\nmore detail")
+    monkeypatch.setattr(datasets, "load_dataset", HubRecorder(error=error))
+    assert main(["--input", "someone/absent", "--output", str(tmp_path / "o.parquet")]) == 2
+    line = one_error_line(capsys)
+    assert "cannot load hub dataset someone/absent (split train)" in line
+    assert "Couldn't reach 'someone/absent' on the Hub" in line

@@ -114,3 +114,38 @@ def test_cli_needs_something_to_do(capsys):
         download.main(["--save_path", "x", "--skip_index", "--skip_corpus"])
     assert exit_info.value.code == 2
     assert "leave nothing to do" in capsys.readouterr().err
+
+
+def test_an_unwritable_save_path_is_one_error_line(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    assert download.main(["--save_path", str(blocker / "wiki18")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert err.startswith(f"error: cannot write to {blocker / 'wiki18'}")
+
+
+def test_an_unreachable_hub_is_one_error_line(tmp_path, capsys, monkeypatch):
+    import huggingface_hub.constants
+
+    from support.loopback import free_port
+
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{free_port()}")
+    assert download.main(["--save_path", str(tmp_path), "--skip_corpus"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert err.startswith(f"error: cannot get the file sizes of {download.INDEX_REPO} from the Hugging Face hub")
+
+
+def test_a_hub_error_while_fetching_is_a_download_error(tmp_path, monkeypatch):
+    import huggingface_hub
+    from huggingface_hub.errors import EntryNotFoundError
+
+    def not_found(**_kwargs):
+        raise EntryNotFoundError("404 Client Error.\n\nEntry Not Found for url: https://huggingface.co/x")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", not_found)
+    with pytest.raises(
+        download.DownloadError, match=r"cannot get part_aa of .* EntryNotFoundError: 404 Client Error\.$"
+    ):
+        download.fetch(download.INDEX_REPO, "part_aa", tmp_path)

@@ -2,14 +2,17 @@
 
 import asyncio
 import copy
+import json
 import time
 
+import aiohttp
 import pytest
 
-from google_search_server import google_search
+import search_backend
+from async_http import RequestFailed, close_loop_sessions, loop_session, post_json
+from google_search_server import PAGE_MAX_BYTES, google_search
 from local_search_client import LocalRetrieverClient
-from search_backend import search
-from async_http import RequestFailed, close_loop_sessions, loop_session
+from search_backend import SearchError, search
 from search_r1_config import apply_env_overrides, resolve_config
 from support.fake_retriever import FakeRetriever
 from support.fake_serper import FakeSerper
@@ -180,3 +183,139 @@ async def test_google_backend_through_the_config(serper):
     contents = await search(config, "cafe")
     assert contents[0].startswith('"Café de Flore"')
     assert serper.seen_keys[-1] == "test-key-123"
+
+
+# ---- Whatever a backend answers, a search ends in contents or SearchError ---------------------------------
+
+NESTED_JSON = b'{"result": [' + b"[" * 5000 + b"]" * 5000 + b"]}"
+
+
+def local_config(url: str, **env):
+    env = {"RETRIEVAL_SERVER_URL": url, "SEARCH_R1_SEARCH_RETRIES": "1", **env}
+    return resolve_config(apply_env_overrides(generate_with_search.SEARCH_R1_CONFIGS, env))
+
+
+def google_config(url: str, **env):
+    env = {"SEARCH_BACKEND": "google", "GOOGLE_API_KEY": "test-key-123", "GOOGLE_SEARCH_URL": url, **env}
+    return resolve_config(apply_env_overrides(generate_with_search.SEARCH_R1_CONFIGS, env))
+
+
+async def test_a_retriever_answering_deeply_nested_json_is_a_search_error(retriever):
+    retriever.raw_answer = (NESTED_JSON, 200)
+    with pytest.raises(SearchError, match="nested too deeply"):
+        await search(local_config(retriever.url), "Paris")
+
+
+async def test_serper_answering_deeply_nested_json_is_a_search_error(serper):
+    serper.raw_answer = (b'{"organic": ' + b"[" * 5000 + b"]" * 5000 + b"}", 200)
+    with pytest.raises(SearchError, match="nested too deeply"):
+        await search(google_config(serper.url + "/search"), "cafe")
+
+
+async def test_serper_items_whose_fields_are_not_text_are_read_as_missing(serper):
+    serper.results[:] = [
+        {"title": "Only a title", "snippet": {"a": 1}, "link": 7},
+        {"title": ["not", "text"], "snippet": "This snippet has more than five words in it.", "link": None},
+    ]
+    expected = ['"Only a title"\nNo snippet available.', '"No title."\nThis snippet has more than five words in it.']
+    for snippet_only in ("true", "false"):
+        config = google_config(serper.url + "/search", GOOGLE_SNIPPET_ONLY=snippet_only)
+        assert await search(config, "x") == expected
+
+
+async def test_any_unexpected_exception_from_a_backend_becomes_a_search_error(retriever, monkeypatch):
+    async def broken(*_args):
+        raise KeyError("a parser bug")
+
+    monkeypatch.setattr(search_backend, "_search", broken)
+    with pytest.raises(SearchError, match="KeyError: 'a parser bug'"):
+        await search(local_config(retriever.url), "Paris")
+
+
+async def test_cancellation_still_propagates_through_search(retriever, monkeypatch):
+    async def cancelled(*_args):
+        raise asyncio.CancelledError
+
+    monkeypatch.setattr(search_backend, "_search", cancelled)
+    with pytest.raises(asyncio.CancelledError):
+        await search(local_config(retriever.url), "Paris")
+
+
+async def test_a_page_the_html_parser_cannot_parse_falls_back_to_the_snippet(serper):
+    serper.pages["flore"] = (b"<html><body><p>Le caf\xc3\xa9 de Flore</p><![ x", "text/html; charset=utf-8")
+    hits = await google_search("test-key-123", "cafe", 3, snippet_only=False, search_url=serper.url + "/search")
+    assert "flore" in serper.pages_served
+    assert hits[0]["document"]["contents"] == (
+        '"Café de Flore"\nLe café de Flore est un café parisien situé au coin du boulevard Saint-Germain'
+    )
+
+
+async def test_a_fetched_page_is_read_only_up_to_the_page_limit(serper):
+    paragraph = "<p>Le café de Flore est un café parisien situé au coin du boulevard Saint-Germain, à Paris.</p>"
+    filler = "<p>" + "filler words " * (PAGE_MAX_BYTES // 12) + "</p>"
+    serper.pages["flore"] = ((filler + paragraph).encode(), "text/html; charset=utf-8")
+    hits = await google_search("test-key-123", "cafe", 3, snippet_only=False, search_url=serper.url + "/search")
+    assert "flore" in serper.pages_served
+    assert "à Paris" not in hits[0]["document"]["contents"]  # past the limit: the snippet is used
+    serper.pages["flore"] = ((paragraph + filler).encode(), "text/html; charset=utf-8")
+    hits = await google_search("test-key-123", "cafe", 3, snippet_only=False, search_url=serper.url + "/search")
+    assert hits[0]["document"]["contents"].endswith("Saint-Germain, à Paris.")
+
+
+# ---- What a search answer may weigh --------------------------------------------------------------------------
+
+
+async def test_hits_beyond_topk_are_dropped(retriever):
+    retriever.docs = [{"id": str(i), "contents": f'"Doc {i}"\nParis text {i}'} for i in range(50)]
+    retriever.answer_topk = 50
+    contents = await client_for(retriever.url).search("Paris", 3)
+    assert contents == [f'"Doc {i}"\nParis text {i}' for i in range(3)]
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["with-content-length", "streamed"])
+async def test_an_answer_over_the_size_limit_is_refused(retriever, streamed):
+    hit = {"contents": '"Big"\n' + "x" * 1000}
+    retriever.raw_answer = (json.dumps({"result": [[hit] * 20_000]}).encode(), 200)  # ~20 MB
+    retriever.stream_answer = streamed
+    with pytest.raises(RequestFailed, match=r"answered more than \d+ bytes"):
+        await client_for(retriever.url).search("Paris", 3)
+
+
+async def test_a_large_answer_within_the_limit_is_read(retriever):
+    hits = [{"contents": f'"Long {i}"\n' + "y" * 40_000} for i in range(3)]
+    retriever.raw_answer = (json.dumps({"result": [hits]}).encode(), 200)
+    contents = await client_for(retriever.url).search("Paris", 3)
+    assert [len(c) for c in contents] == [len(h["contents"]) for h in hits]
+
+
+async def test_post_json_without_a_limit_reads_any_size(retriever):
+    # the engine client calls post_json without max_body_bytes: a long /generate answer is legitimate
+    retriever.raw_answer = (json.dumps({"output_ids": list(range(1_500_000))}).encode(), 200)  # ~11 MB
+    async with aiohttp.ClientSession() as session:
+        body = await post_json(session, retriever.url + "/retrieve", {"queries": ["x"]}, 30.0)
+    assert len(body["output_ids"]) == 1_500_000
+
+
+@pytest.mark.parametrize("status", [500, 503, 400, 422])
+async def test_an_error_answer_keeps_the_server_detail(retriever, status):
+    retriever.raw_answer = (json.dumps({"detail": "FAISS index not loaded " + "z" * 5000}).encode(), status)
+    with pytest.raises(RequestFailed) as info:
+        await client_for(retriever.url, attempts=1).search("Paris", 3)
+    message = str(info.value)
+    assert f"HTTP {status}" in message
+    assert "FAISS index not loaded" in message
+    assert len(message) < 500  # the detail is cut (300 characters)
+
+
+async def test_search_error_names_the_server_detail_of_a_5xx(retriever):
+    retriever.down = True
+    with pytest.raises(SearchError, match='HTTP 503: {"detail":"down"}'):
+        await search(local_config(retriever.url), "Paris")
+
+
+async def test_a_serper_error_that_echoes_the_key_does_not_show_it(serper):
+    serper.raw_answer = (b'{"message": "bad key test-key-123 for this plan"}', 402)
+    with pytest.raises(SearchError) as info:
+        await search(google_config(serper.url + "/search"), "cafe")
+    assert "HTTP 402" in str(info.value) and "bad key" in str(info.value)
+    assert "test-key-123" not in str(info.value)

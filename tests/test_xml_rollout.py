@@ -519,3 +519,14 @@ async def test_a_search_server_answering_nonsense_fails_the_sample_not_the_batch
     _, sample, _ = await rollout(make_args, tokenizer)
     assert sample.status == Sample.Status.FAILED
     assert "retrieval hit must be an object" in sample.metadata["search_r1"]["search_error"]
+
+
+async def test_a_search_answer_nested_too_deeply_fails_the_sample_not_the_batch(
+    make_args, tokenizer, engine, policy, retriever, search_config
+):
+    retriever.raw_answer = (b'{"result": [' + b"[" * 5000 + b"]" * 5000 + b"]}", 200)
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    _, sample, _ = await rollout(make_args, tokenizer)
+    assert sample.status == Sample.Status.FAILED
+    assert sample.remove_sample is True
+    assert "nested too deeply" in info(sample)["search_error"]

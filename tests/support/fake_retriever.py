@@ -8,7 +8,7 @@ import asyncio
 import re
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 _WORD = re.compile(r"\w+")
 
@@ -36,6 +36,11 @@ class FakeRetriever:
         self.in_flight = 0
         self.max_in_flight = 0
         self.bodies: list[dict] = []
+        # misbehaviour on demand: a fixed answer (body bytes, status; streamed without Content-Length when
+        # `stream_answer`), or more hits than the request's topk
+        self.raw_answer: tuple[bytes, int] | None = None
+        self.stream_answer = False
+        self.answer_topk: int | None = None
         self.app = self._build_app()
 
     def fail_next(self, count: int, status: int = 503) -> None:
@@ -73,6 +78,12 @@ class FakeRetriever:
 
     async def _retrieve(self, body: dict):
         self.bodies.append(body)
+        if self.raw_answer is not None:
+            content, status = self.raw_answer
+            if self.stream_answer:
+                chunks = (content[i : i + 65536] for i in range(0, len(content), 65536))
+                return StreamingResponse(chunks, status_code=status, media_type="application/json")
+            return Response(content, status_code=status, media_type="application/json")
         if self.down:
             return JSONResponse({"detail": "down"}, status_code=503)
         if self.failures_left > 0:
@@ -84,7 +95,7 @@ class FakeRetriever:
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
         self.queries.extend(queries)
-        topk = int(body.get("topk") or 3)
+        topk = self.answer_topk or int(body.get("topk") or 3)
         results = []
         for query in queries:
             ranked = self.rank(query, topk)

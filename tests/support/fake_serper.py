@@ -14,6 +14,7 @@ class FakeSerper:
         self.seen_keys: list[str | None] = []
         self.pages_served: list[str] = []
         self.failures_left = 0
+        self.raw_answer: tuple[bytes, int] | None = None  # a fixed answer (body bytes, status) on demand
         self.app = self._build_app()
 
     def _build_app(self) -> FastAPI:
@@ -29,6 +30,8 @@ class FakeSerper:
                 return JSONResponse({"message": "busy"}, status_code=429)
             body = await request.json()
             self.requests.append(body)
+            if self.raw_answer is not None:
+                return Response(self.raw_answer[0], status_code=self.raw_answer[1], media_type="application/json")
             return {"searchParameters": body, "organic": self.results[: body.get("num", 10)]}
 
         @app.get("/pages/{name}")
