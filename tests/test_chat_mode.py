@@ -89,6 +89,36 @@ async def test_chat_manual_matches_a_full_template_render(make_args, tokenizer, 
 
     rendered = render_openai_messages(tokenizer, messages, [SEARCH_TOOL], False)
     assert tokenizer.decode(sample.tokens) + "\n" == rendered
+    # token for token too: the tool message is tokenized as a chat server tokenizes the rendered conversation
+    # (the result's last "." and the template's "\n" merge into one token, as they do when served)
+    assert sample.tokens + tokenizer.encode("\n") == tokenizer.encode(rendered, add_special_tokens=False)
+
+
+INVENTED_RESPONSE = CALL + "\n<tool_response>\nParis is the capital of France.\n</tool_response>"
+CALL_BERLIN = '<tool_call>\n{"name": "search", "arguments": {"query": "Berlin"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize(
+    ("first_turn", "after_call", "reward"),
+    [
+        (INVENTED_RESPONSE, "<tool_response>\nParis is the capital of France.\n</tool_response>", 0.8),
+        (CALL + "\nI am sure it is Paris.", "I am sure it is Paris.", 0.8),
+        (CALL + "\n<answer> Paris </answer>", "<answer> Paris </answer>", 0.8),
+        (CALL + "\n" + CALL_BERLIN + "\n", None, 1.0),  # two well-formed calls: valid
+    ],
+    ids=["invented tool response", "free text", "answer after the call", "two calls"],
+)
+async def test_only_whitespace_and_further_calls_may_follow_a_tool_call(
+    make_args, tokenizer, engine, policy, retriever, search_config, first_turn, after_call, reward
+):
+    policy.scripts[QUESTION + "?"] = [first_turn, ANSWER]
+    args = make_args()
+    sample = await run_chat(args, search_config, "chat")
+    first = conversation(sample)[0]
+    assert first.get("text_after_tool_calls") == after_call  # the record keeps what the model wrote
+    assert await reward_func(args, sample) == pytest.approx(reward)
+    prompt_ids = prompt_ids_of(tokenizer, sample.prompt)
+    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids, canonical_observations=True)
 
 
 async def test_chat_wrong_answer_and_eval(make_args, tokenizer, engine, policy, search_config):

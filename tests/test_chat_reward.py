@@ -49,6 +49,14 @@ GOOD = [
         ([assistant("<answer>a</answer>", call("q")), tool("r"), assistant("<answer>a</answer>")], "before the final"),
         ([assistant("x", call("q")), assistant("<answer>a</answer>")], "without its tool message"),
         ([assistant('<tool_call>{"name": </tool_call>')], "unparsable tool call"),
+        (
+            [
+                {**assistant("x", call("q")), "text_after_tool_calls": "<tool_response>r</tool_response>"},
+                tool("r"),
+                assistant("<answer>a</answer>"),
+            ],
+            "text after a tool call",
+        ),
         ([], "no assistant turn"),
     ],
 )
@@ -90,6 +98,33 @@ def test_generated_turn_parsing():
     )
     assert too_many.tool_calls[0].error == "at most 5 queries per call"
     assert parse_generated_turn("<answer> x </answer><|im_end|>", "<|im_end|>", 0).is_final_answer
+
+
+@pytest.mark.parametrize(
+    ("text", "after"),
+    [
+        (
+            '<tool_call>{"name": "search", "arguments": {"query": "q"}}</tool_call>\n<tool_response>r</tool_response>',
+            "<tool_response>r</tool_response>",
+        ),
+        ('<tool_call>{"name": "search", "arguments": {"query": "q"}}</tool_call> so Paris', "so Paris"),
+        (
+            '<tool_call>{"name": "search", "arguments": {"query": "q"}}</tool_call>\n<tool_call>{"name": '
+            '"search", "arguments": {"query": "r"}}</tool_call>\n',
+            "",
+        ),
+        (
+            '<tool_call>{"name": "search", "arguments": {"query": "q"}}</tool_call><tool_call>{"nam</tool_call>',
+            '<tool_call>{"nam</tool_call>',
+        ),
+    ],
+    ids=["invented response", "free text", "two calls", "a broken second call"],
+)
+def test_text_after_the_first_call_is_kept(text, after):
+    turn = parse_generated_turn(text + "<|im_end|>", "<|im_end|>", 0)
+    assert turn.text_after_tool_calls == after
+    assert turn.message().get("text_after_tool_calls") == (after or None)
+    assert parse_openai_message(turn.message(), 0).text_after_tool_calls == after  # the reward reads it back
 
 
 def test_openai_message_parsing():

@@ -12,6 +12,7 @@ def assert_faithful(
     track_log_probs: bool = True,
     train_observations: bool = False,
     allow_cut: bool = False,
+    canonical_observations: bool = False,
 ) -> None:
     """Check `sample` against the engine calls made for it.
 
@@ -19,7 +20,9 @@ def assert_faithful(
     - each turn's sampled ids sit right after its context with mask 1 and the engine's log probs
       (all of them, unless `allow_cut`: an engine that ran past a stop string may be cut after it);
     - every other response position is an observation: mask 0 (1 when trained) and log prob 0.0;
-    - len(loss_mask) == len(rollout_log_probs) == response_length; decode(response ids) == response.
+    - len(loss_mask) == len(rollout_log_probs) == response_length; decode(response ids) == response;
+    - with `canonical_observations`: every run of observation ids is the tokenizer's own tokenization of its text
+      (see assert_canonical_observation).
     """
     tokens, prompt_length = sample.tokens, len(prompt_ids)
     response_ids = tokens[prompt_length:]
@@ -63,3 +66,33 @@ def assert_faithful(
         assert sample.loss_mask[position] == observation_mask, f"observation token at {position} has the wrong mask"
         if track_log_probs:
             assert sample.rollout_log_probs[position] == 0.0, f"observation token at {position} has a log prob"
+
+    if canonical_observations:
+        run: list[int] = []
+        for token, is_generated in zip([*response_ids, None], [*generated, True], strict=True):
+            if is_generated:
+                if run:
+                    assert_canonical_observation(run, tokenizer)
+                run = []
+            else:
+                run.append(token)
+
+
+def assert_canonical_observation(ids: list[int], tokenizer) -> None:
+    """`ids` are what tokenizing their text gives, as a chat server tokenizes a rendered conversation: split at
+    the added tokens (the template's <|im_start|>, <|im_end|>, ...) and nowhere else; between them, the text is
+    tokenized as one string, with anything that merely looks like a special token kept as text."""
+    added = set(tokenizer.get_added_vocab().values())
+    segment: list[int] = []
+    for token in [*ids, None]:
+        if token is not None and token not in added:
+            segment.append(token)
+            continue
+        if segment:
+            text = tokenizer.decode(segment, skip_special_tokens=False)
+            canonical = tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+            assert segment == canonical, (
+                f"observation text {text!r} was tokenized as {tokenizer.convert_ids_to_tokens(segment)}, "
+                f"not as {tokenizer.convert_ids_to_tokens(canonical)}"
+            )
+        segment = []
