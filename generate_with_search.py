@@ -2,6 +2,8 @@
 
     --custom-generate-function-path generate_with_search.generate
     --custom-rm-path generate_with_search.reward_func
+    --custom-rollout-log-function-path generate_with_search.log_rollout_metrics            # search metrics
+    --custom-eval-rollout-log-function-path generate_with_search.log_eval_rollout_metrics  # and EM per source
 
 LLM_API_MODE=generate speaks Search-R1's XML tags (xml_rollout.py), chat speaks OpenAI tool calls
 (chat_rollout.py); TOKEN_TRACKING_MODE=manual keeps the trajectory token-exact with any SGLang engine,
@@ -17,6 +19,7 @@ import logging
 from chat_reward import score_conversation
 from chat_rollout import run_chat_episode
 from qa_em_format import FormatWeights, golden_answers, score_response
+from search_metrics import log_eval_rollout_metrics, log_rollout_metrics  # noqa: F401 (slime loads them from here)
 from search_r1_config import ConfigError, SearchR1Config, apply_env_overrides, resolve_config
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
@@ -140,12 +143,15 @@ async def reward_func(args, sample: Sample | list[Sample], **kwargs) -> float | 
         details = score_conversation(conversation, golden_answers(sample.label), weights)
     else:
         details = score_response(_prompt_text(args, sample), sample.response, golden_answers(sample.label), weights)
+    reward = {
+        "score": details.score,
+        "em": details.em,
+        "format_valid": float(details.format_valid),
+        "retrieval_hit": float(details.retrieval_hit),
+    }
+    if METADATA_KEY in (sample.metadata or {}):
+        episode["reward"] = reward  # what the rollout log function plots (search_metrics.py)
     # slime indexes a dict reward with --reward-key (training) and --eval-reward-key (evaluation) only.
     if getattr(args, "reward_key", None) or (evaluation and getattr(args, "eval_reward_key", None)):
-        return {
-            "score": details.score,
-            "em": details.em,
-            "format_valid": float(details.format_valid),
-            "retrieval_hit": float(details.retrieval_hit),
-        }
+        return dict(reward)
     return details.score
