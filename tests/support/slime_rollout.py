@@ -10,6 +10,11 @@ from argparse import Namespace
 from xml_actions import search_r1_prompt
 
 
+# The log functions run_qwen2.5_3B.sh hands slime (a launch-script test keeps the two equal).
+ROLLOUT_LOG_FUNCTION = "generate_with_search.log_rollout_metrics"
+EVAL_ROLLOUT_LOG_FUNCTION = "generate_with_search.log_eval_rollout_metrics"
+
+
 def chat_prompt(tokenizer, question: str) -> str:
     """The prompt string slime builds with --apply-chat-template from Search-R1's parquet."""
     messages = [{"role": "user", "content": search_r1_prompt(question)}]
