@@ -199,7 +199,9 @@ build_train_args() {
   [[ -z "$LOAD_DIR" ]] || ckpt+=(--load "$LOAD_DIR")
   [[ -z "$SAVE_DIR" ]] || ckpt+=(--save "$SAVE_DIR" --save-interval "$SAVE_INTERVAL")
 
-  rollout=(--prompt-data "$PROMPT_DATA" --input-key "$INPUT_KEY" --label-key "$LABEL_KEY" --metadata-key "$METADATA_KEY")
+  rollout=(
+    --prompt-data "$PROMPT_DATA" --input-key "$INPUT_KEY" --label-key "$LABEL_KEY" --metadata-key "$METADATA_KEY"
+  )
   if [[ "$LLM_API_MODE" == chat ]]; then
     # Chat mode keeps sample.prompt as the message list and reads the tool schemas from metadata["tools"].
     rollout+=(--tool-key "$TOOL_KEY")
@@ -259,7 +261,9 @@ build_train_args() {
     --custom-generate-function-path generate_with_search.generate
     --custom-rm-path generate_with_search.reward_func
   )
-  [[ -z "$ROLLOUT_LOG_FUNCTION_PATH" ]] || custom+=(--custom-rollout-log-function-path "$ROLLOUT_LOG_FUNCTION_PATH")
+  if [[ -n "$ROLLOUT_LOG_FUNCTION_PATH" ]]; then
+    custom+=(--custom-rollout-log-function-path "$ROLLOUT_LOG_FUNCTION_PATH")
+  fi
   if [[ -n "$EVAL_ROLLOUT_LOG_FUNCTION_PATH" ]]; then
     custom+=(--custom-eval-rollout-log-function-path "$EVAL_ROLLOUT_LOG_FUNCTION_PATH")
   fi

@@ -230,6 +230,22 @@ async def test_latency_percentiles_are_over_searches_not_over_samples(logged):
     assert metrics["search_latency/p99"] == pytest.approx(np.percentile([0.1] * 9 + [5.0], 99))
 
 
+def test_the_metrics_never_read_a_token_list(mixed_batch):
+    class Untouchable(list):
+        def __iter__(self):
+            raise AssertionError("a token list was read")
+
+        def __len__(self):
+            raise AssertionError("a token list was read")
+
+    _, batch = mixed_batch
+    for sample in batch.values():
+        sample.tokens = Untouchable(sample.tokens)
+        sample.loss_mask = Untouchable(sample.loss_mask or [])
+        sample.rollout_log_probs = Untouchable(sample.rollout_log_probs or [])
+    assert search_metrics.search_metrics(list(batch.values()))["samples"] == 8
+
+
 async def test_samples_this_plugin_did_not_generate_log_nothing(make_args, logged):
     args = make_args(use_wandb=True, custom_rollout_log_function_path="generate_with_search.log_rollout_metrics")
     samples = [Sample(status=Sample.Status.COMPLETED, response_length=5)]
