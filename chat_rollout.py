@@ -67,6 +67,12 @@ async def tool_results(turn: AssistantTurn, config: SearchR1Config, stats: Episo
     return messages
 
 
+def is_invalid_action(turn: AssistantTurn) -> bool:
+    """A turn with a malformed call, or with neither a call nor an answer (the chat twin of XML's invalid action)."""
+    malformed = bool(turn.unparsable) or any(call.error for call in turn.tool_calls)
+    return malformed or not (turn.tool_calls or turn.answers)
+
+
 class ChatProtocol:
     def __init__(self, renderer: ChatRenderer, messages, conversation, config, stats, tokenizer, sampling_params):
         self.renderer, self.messages, self.conversation = renderer, messages, conversation
@@ -90,6 +96,8 @@ class ChatProtocol:
         self.conversation.append(self.turn.message())
         # Nothing stops a chat turn at </answer>: one cut by length after it was not finished.
         cut = turn.finish_type == "length" and not self.turn.content.rstrip().endswith("</answer>")
+        if turn.finish_type != "length" and is_invalid_action(self.turn):  # a turn cut short is the budget's doing
+            self.stats.invalid_actions += 1
         return self.turn.is_final_answer and not cut
 
     async def respond(self, turn: GeneratedTurn) -> list[int]:

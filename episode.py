@@ -78,15 +78,17 @@ async def timed_search(config: SearchR1Config, query: str, stats: EpisodeStats, 
     started = time.perf_counter()
     try:
         contents = await search(config, query, aborted)
-    except SearchAborted:
+    except SearchAborted:  # it never ran: no latency of its own
         raise
     except SearchError as exc:
+        stats.search_latencies.append(time.perf_counter() - started)  # retries included: what the sample waited
         stats.search_failures += 1
         stats.search_error = str(exc)[:500]
         logger.warning("search failed for good, sample marked FAILED: %s", exc)
         raise
     finally:
         stats.search_seconds += time.perf_counter() - started
+    stats.search_latencies.append(time.perf_counter() - started)
     stats.searches += 1
     return contents
 

@@ -8,7 +8,12 @@ Every row goes through generate_with_search.generate(..., evaluation=True) again
 reward_func() scores it (pure exact match in evaluation). Writes, under --output-dir:
   trajectories.jsonl  one line per finished sample, written as it finishes (rerun the command to resume)
   results.md / .json  EM per data source and their mean (Search-R1's "Avg")
+  em_by_source.png    the same as a bar chart
 The plugin's environment variables (RETRIEVAL_SERVER_URL, SEARCH_R1_MAX_TURNS, ...) apply as in training.
+
+Several evaluations, one per checkpoint, side by side (a Markdown table and a line chart of EM per source):
+
+    python evaluate.py compare eval/step_100 eval/step_200 eval/step_300 --output eval/comparison
 """
 
 import argparse
@@ -28,11 +33,17 @@ from urllib.parse import urlsplit
 from async_http import close_loop_sessions
 from eval_dataset import ColumnNames, DatasetError, EvalRow, build_sample, read_rows, select_rows
 from eval_results import (
+    COMPARISON_MD,
+    COMPARISON_PNG,
     RETRIED_STATUSES,
+    ComparisonError,
     ResumeMismatch,
     TrajectoryStore,
     check_run_config,
+    load_results,
     summarize,
+    write_comparison,
+    write_em_chart,
     write_reports,
 )
 from search_r1_config import ConfigError, resolve_config
@@ -65,6 +76,7 @@ def parse_args(argv: list[str] | None = None) -> Namespace:
     parser = argparse.ArgumentParser(
         description="Search-R1 evaluation: the plugin's generate + reward over a test file, EM per data source.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog="To compare several output folders (one per checkpoint): python evaluate.py compare --help",
     )
     parser.add_argument("--data", required=True, type=Path, help="test file (.parquet or .jsonl)")
     parser.add_argument("--hf-checkpoint", required=True, help="model folder: tokenizer and chat template")
@@ -105,6 +117,46 @@ def parse_args(argv: list[str] | None = None) -> Namespace:
         parser.error(f"--temperature must be >= 0, got {args.temperature}")
     args.data_sources = [s.strip() for s in args.data_sources.split(",") if s.strip()] if args.data_sources else None
     return args
+
+
+def parse_compare_args(argv: list[str]) -> Namespace:
+    parser = argparse.ArgumentParser(
+        prog="evaluate.py compare",
+        description="EM per data source across several evaluate.py output folders (one per checkpoint): "
+        f"{COMPARISON_MD} (a table) and {COMPARISON_PNG} (a line chart, one line per source).",
+    )
+    parser.add_argument("runs", nargs="+", type=Path, help="evaluate.py --output-dir folders, in checkpoint order")
+    parser.add_argument("--output", required=True, type=Path, help="folder for the table and the chart")
+    parser.add_argument("--labels", default=None, help="comma-separated names of the runs (default: folder names)")
+    args = parser.parse_args(argv)
+    if args.labels is None:
+        args.labels = [run.resolve().name for run in args.runs]
+        if len(set(args.labels)) < len(args.labels):
+            parser.error(f"the folders' names repeat ({', '.join(args.labels)}); name the runs with --labels")
+    else:
+        args.labels = [label.strip() for label in args.labels.split(",")]
+        if len(args.labels) != len(args.runs) or not all(args.labels):
+            parser.error(f"--labels needs {len(args.runs)} non-empty comma-separated names, got {len(args.labels)}")
+    return args
+
+
+def compare_main(argv: list[str]) -> int:
+    cli = parse_compare_args(argv)
+    try:
+        runs = [load_results(run) for run in cli.runs]
+    except ComparisonError as exc:
+        print(f"evaluate.py compare: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        write_comparison(cli.output, cli.labels, runs)
+    except ImportError as exc:
+        print(
+            f"evaluate.py compare: wrote {cli.output / COMPARISON_MD}; no chart: {exc} (pip install matplotlib)",
+            file=sys.stderr,
+        )
+        return 0
+    print(f"evaluate.py compare: {cli.output / COMPARISON_MD} and {cli.output / COMPARISON_PNG}", file=sys.stderr)
+    return 0
 
 
 def apply_cli_overrides(cli: Namespace, search_configs: dict) -> None:
@@ -344,6 +396,9 @@ def load_plugin():
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["compare"]:
+        return compare_main(argv[1:])
     cli = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
@@ -408,7 +463,12 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(records, dict(Counter(row.data_source for row in selected)))
     write_reports(cli.output_dir, summary, settings)
     print(json.dumps({s: v["em"] for s, v in summary["data_sources"].items()} | {"average": summary["average_em"]}))
-    print(f"evaluate.py: results in {cli.output_dir}/results.md and results.json", file=sys.stderr)
+    try:
+        chart = f", {write_em_chart(cli.output_dir, summary, settings).name}"
+    except ImportError as exc:  # the results are written; only the picture is missing
+        chart = ""
+        print(f"evaluate.py: warning: no chart ({exc}); pip install matplotlib", file=sys.stderr)
+    print(f"evaluate.py: results in {cli.output_dir}/results.md, results.json{chart}", file=sys.stderr)
 
     if interrupted:
         print("evaluate.py: interrupted; rerun the same command to resume", file=sys.stderr)

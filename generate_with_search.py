@@ -2,7 +2,9 @@
 
     --custom-generate-function-path generate_with_search.generate
     --custom-rm-path generate_with_search.reward_func
-    --custom-reward-post-process-path generate_with_search.post_process_rewards   # FAILED samples out of GRPO groups
+    --custom-reward-post-process-path generate_with_search.post_process_rewards           # FAILED out of groups
+    --custom-rollout-log-function-path generate_with_search.log_rollout_metrics            # search metrics
+    --custom-eval-rollout-log-function-path generate_with_search.log_eval_rollout_metrics  # and EM per source
 
 LLM_API_MODE=generate speaks Search-R1's XML tags (xml_rollout.py), chat speaks OpenAI tool calls
 (chat_rollout.py); TOKEN_TRACKING_MODE=manual keeps the trajectory token-exact with any SGLang engine,
@@ -19,6 +21,7 @@ from chat_reward import score_conversation
 from chat_rollout import run_chat_episode
 from group_rewards import post_process_rewards  # noqa: F401 (slime loads it from here)
 from qa_em_format import FormatWeights, golden_answers, score_response
+from search_metrics import log_eval_rollout_metrics, log_rollout_metrics  # noqa: F401 (slime loads them from here)
 from search_r1_config import apply_env_overrides, check_slime_args, resolve_config
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
@@ -119,12 +122,15 @@ async def reward_func(args, sample: Sample | list[Sample], **kwargs) -> float | 
         details = score_conversation(conversation, golden_answers(sample.label), weights)
     else:
         details = score_response(_prompt_text(args, sample), sample.response, golden_answers(sample.label), weights)
+    reward = {
+        "score": details.score,
+        "em": details.em,
+        "format_valid": float(details.format_valid),
+        "retrieval_hit": float(details.retrieval_hit),
+    }
+    if METADATA_KEY in (sample.metadata or {}):
+        episode["reward"] = reward  # what the rollout log function plots (search_metrics.py)
     # slime indexes a dict reward with --reward-key (training) and --eval-reward-key (evaluation) only.
     if getattr(args, "reward_key", None) or (evaluation and getattr(args, "eval_reward_key", None)):
-        return {
-            "score": details.score,
-            "em": details.em,
-            "format_valid": float(details.format_valid),
-            "retrieval_hit": float(details.retrieval_hit),
-        }
+        return dict(reward)
     return details.score

@@ -6,11 +6,15 @@ Output: parquet with
   prompt        [{"role": "system", ...}, {"role": "user", "content": "Question: ...?"}]
   tools         the tool list as a JSON string (slime's --tool-key tools puts it in sample.metadata["tools"])
   reward_model  {"style": "rule", "ground_truth": {"target": [...]}}
+  metadata      {"data_source": ...} (slime's --metadata-key metadata puts it in sample.metadata, where the eval
+                log function reads it for EM per data source)
   data_source, and the other columns of the input.
 Train with --input-key prompt --label-key reward_model --tool-key tools and WITHOUT --apply-chat-template.
+--keep-prompt keeps every input column as it is (XML mode's Search-R1 prompt) and only adds `metadata`.
 
     python oai_format_data_preprocess.py --input PeterJinGo/nq_hotpotqa_train --split train --output train.parquet
     python oai_format_data_preprocess.py --input test.parquet --output test_chat.parquet --data-sources nq,hotpotqa
+    python oai_format_data_preprocess.py --input test.parquet --output test_xml.parquet --keep-prompt
 """
 
 import argparse
@@ -44,15 +48,32 @@ def _targets(row: dict, index: int) -> list[str]:
         raise DataError(f"row {index}: no gold answers in reward_model or golden_answers: {exc}") from None
 
 
+def source_metadata(row: dict, index: int) -> dict:
+    """The row's metadata column with its data_source added (kept as it was otherwise)."""
+    if not isinstance(row.get("data_source"), str):
+        raise DataError(f"row {index}: 'data_source' must be a string, got {row.get('data_source')!r}")
+    metadata = row.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise DataError(f"row {index}: 'metadata' must be a dict (slime's --metadata-key column), got {metadata!r}")
+    return {**metadata, "data_source": row["data_source"]}
+
+
+def keep_prompt_row(row: dict, index: int) -> dict:
+    """--keep-prompt: the row as it is, plus metadata.data_source."""
+    if "prompt" not in row:
+        raise DataError(f"row {index}: --keep-prompt needs a 'prompt' column (Search-R1's data has one)")
+    return {**row, "metadata": source_metadata(row, index)}
+
+
 def convert_row(row: dict, index: int, system_prompt: str, tools_json: str) -> dict:
     question = row.get("question")
     if not isinstance(question, str) or not question.strip():
         raise DataError(f"row {index}: 'question' must be a non-empty string, got {question!r}")
-    if not isinstance(row.get("data_source"), str):
-        raise DataError(f"row {index}: 'data_source' must be a string, got {row.get('data_source')!r}")
+    metadata = source_metadata(row, index)
     converted = {key: row[key] for key in PASSED_THROUGH if key in row}
     converted.update(
         data_source=row["data_source"],
+        metadata=metadata,
         question=question,
         prompt=[{"role": "system", "content": system_prompt}, {"role": "user", "content": chat_question(question)}],
         tools=tools_json,
@@ -124,6 +145,7 @@ def convert(
     data_sources: set[str] | None = None,
     limit: int | None = None,
     system_prompt: str = CHAT_SYSTEM_PROMPT,
+    keep_prompt: bool = False,
 ) -> int:
     rows, total = read_rows(source, split)
     tools_json = json.dumps([SEARCH_TOOL], ensure_ascii=False)
@@ -133,7 +155,10 @@ def convert(
         if data_sources and row.get("data_source") not in data_sources:
             skipped_sources.add(str(row.get("data_source")))
             continue
-        converted.append(convert_row(row, index, system_prompt, tools_json))
+        if keep_prompt:
+            converted.append(keep_prompt_row(row, index))
+        else:
+            converted.append(convert_row(row, index, system_prompt, tools_json))
         if limit is not None and len(converted) >= limit:
             break
     if not converted:  # only a data-source filter can leave nothing: read_rows refuses an input without rows
@@ -153,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-sources", default=None, help="keep only these data_source values, comma-separated")
     parser.add_argument("--limit", type=int, default=None, help="stop after this many rows (default: all)")
     parser.add_argument("--system-prompt-file", default=None, help="text file replacing the built-in system prompt")
+    parser.add_argument(
+        "--keep-prompt",
+        action="store_true",
+        help="keep every column as it is (XML mode's prompt) and only add metadata = {'data_source': ...}",
+    )
     options = parser.parse_args(argv)
     if options.limit is not None and options.limit < 1:
         parser.error("--limit must be at least 1")
@@ -174,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             data_sources=sources,
             limit=options.limit,
             system_prompt=system_prompt,
+            keep_prompt=options.keep_prompt,
         )
     except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)

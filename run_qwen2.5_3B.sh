@@ -72,6 +72,8 @@ load_settings() {
   INPUT_KEY=${INPUT_KEY:-prompt}
   LABEL_KEY=${LABEL_KEY:-reward_model}
   TOOL_KEY=${TOOL_KEY:-tools}
+  # the column slime copies into sample.metadata; evaluation reads its "data_source" for EM per data source
+  METADATA_KEY=${METADATA_KEY:-metadata}
   NUM_ROLLOUT=${NUM_ROLLOUT:-3000}
   ROLLOUT_BATCH_SIZE=${ROLLOUT_BATCH_SIZE:-32}
   N_SAMPLES_PER_PROMPT=${N_SAMPLES_PER_PROMPT:-8}
@@ -108,6 +110,10 @@ load_settings() {
   USE_TIS=${USE_TIS:-0}
   TIS_CONFIG_PATH=${TIS_CONFIG_PATH:-${SLIME_DIR}/examples/train_infer_mismatch_helper/mis.yaml}
   TIS_FUNCTION_PATH=${TIS_FUNCTION_PATH:-examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp}
+
+  # the plugin's search metrics in slime's wandb/TensorBoard logs (an empty value leaves slime's logging alone)
+  ROLLOUT_LOG_FUNCTION_PATH=${ROLLOUT_LOG_FUNCTION_PATH-generate_with_search.log_rollout_metrics}
+  EVAL_ROLLOUT_LOG_FUNCTION_PATH=${EVAL_ROLLOUT_LOG_FUNCTION_PATH-generate_with_search.log_eval_rollout_metrics}
 
   # wandb (the key goes to the job's environment as WANDB_API_KEY, never onto a command line)
   USE_WANDB=${USE_WANDB:-0}
@@ -193,7 +199,9 @@ build_train_args() {
   [[ -z "$LOAD_DIR" ]] || ckpt+=(--load "$LOAD_DIR")
   [[ -z "$SAVE_DIR" ]] || ckpt+=(--save "$SAVE_DIR" --save-interval "$SAVE_INTERVAL")
 
-  rollout=(--prompt-data "$PROMPT_DATA" --input-key "$INPUT_KEY" --label-key "$LABEL_KEY")
+  rollout=(
+    --prompt-data "$PROMPT_DATA" --input-key "$INPUT_KEY" --label-key "$LABEL_KEY" --metadata-key "$METADATA_KEY"
+  )
   if [[ "$LLM_API_MODE" == chat ]]; then
     # Chat mode keeps sample.prompt as the message list and reads the tool schemas from metadata["tools"].
     rollout+=(--tool-key "$TOOL_KEY")
@@ -253,6 +261,12 @@ build_train_args() {
     --custom-generate-function-path generate_with_search.generate
     --custom-rm-path generate_with_search.reward_func
   )
+  if [[ -n "$ROLLOUT_LOG_FUNCTION_PATH" ]]; then
+    custom+=(--custom-rollout-log-function-path "$ROLLOUT_LOG_FUNCTION_PATH")
+  fi
+  if [[ -n "$EVAL_ROLLOUT_LOG_FUNCTION_PATH" ]]; then
+    custom+=(--custom-eval-rollout-log-function-path "$EVAL_ROLLOUT_LOG_FUNCTION_PATH")
+  fi
   if is_true USE_TIS "$USE_TIS"; then
     grpo+=(--use-tis)
     custom+=(--custom-config-path "$TIS_CONFIG_PATH" --custom-tis-function-path "$TIS_FUNCTION_PATH")

@@ -1,6 +1,6 @@
 """Record a multi-turn trajectory on a slime Sample with tokens, loss mask and log probs kept aligned."""
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from slime.utils.types import Sample
 
@@ -9,12 +9,14 @@ METADATA_KEY = "search_r1"
 
 @dataclass
 class EpisodeStats:
-    """Per-sample counters, stored in sample.metadata["search_r1"] for plotting."""
+    """Per-sample counters, stored in sample.metadata["search_r1"] for plotting (search_metrics.py reads them)."""
 
     turns: int = 0
     searches: int = 0
     search_failures: int = 0
     search_seconds: float = 0.0
+    search_latencies: list[float] = field(default_factory=list)  # seconds of each search call, failed ones too
+    invalid_actions: int = 0  # finished turns with neither a usable search nor an answer
     observation_tokens: int = 0
     truncated_observations: int = 0
     finish_reason: str = ""

@@ -34,6 +34,8 @@ class XmlProtocol:
 
     def read(self, turn: GeneratedTurn, turn_index: int) -> bool:
         self.action = parse_action(turn.text)
+        if self.action.kind == "invalid" and turn.finish_type != "length":  # a turn cut short is the budget's doing
+            self.stats.invalid_actions += 1
         return self.action.kind == "answer"
 
     async def respond(self, turn: GeneratedTurn) -> list[int]:

@@ -87,6 +87,7 @@ def test_em_per_data_source_reports_and_trajectories(
     assert results["complete"] and results["n"] == 4
     markdown = (out / "results.md").read_text()
     assert "| nq | 2 | 1.000 |" in markdown and "**0.333**" in markdown
+    assert (out / "em_by_source.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the bar chart beside them
 
     records = {r["question"]: r for r in trajectories(out)}
     assert len(records) == 4

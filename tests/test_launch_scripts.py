@@ -18,6 +18,7 @@ import pytest
 from search_r1_config import ENV_OVERRIDES
 from support.fake_ray import VersionHandler
 from support.loopback import free_port
+from support.slime_rollout import EVAL_ROLLOUT_LOG_FUNCTION, ROLLOUT_LOG_FUNCTION, load_function
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "run_qwen2.5_3B.sh"
@@ -35,7 +36,8 @@ SLIME_FLAGS = {
     "--use-dynamic-batch-size", "--max-tokens-per-gpu", "--advantage-estimator", "--use-kl-loss", "--kl-loss-coef",
     "--kl-loss-type", "--entropy-coef", "--eps-clip", "--eps-clip-high", "--use-tis", "--custom-config-path",
     "--custom-tis-function-path", "--custom-generate-function-path", "--custom-rm-path", "--use-wandb",
-    "--wandb-project", "--wandb-group", "--rollout-num-gpus-per-engine", "--lr",
+    "--wandb-project", "--wandb-group", "--rollout-num-gpus-per-engine", "--lr", "--metadata-key",
+    "--custom-rollout-log-function-path", "--custom-eval-rollout-log-function-path",
     "--sglang-mem-fraction-static",  # SGLang's --mem-fraction-static behind slime's --sglang- prefix
 }  # fmt: skip
 MEGATRON_FLAGS = {
@@ -49,7 +51,7 @@ MEGATRON_FLAGS = {
 
 def clean_env(**overrides) -> dict:
     """The caller's environment without any setting the script reads, plus `overrides`."""
-    script_vars = set(re.findall(r"\b([A-Z][A-Z0-9_]+)=\$\{\1:-", SCRIPT.read_text()))
+    script_vars = set(re.findall(r"\b([A-Z][A-Z0-9_]+)=\$\{\1:?-", SCRIPT.read_text()))
     plugin_vars = {name for name, _, _ in ENV_OVERRIDES}
     drop = script_vars | plugin_vars | {"WANDB_KEY", "WANDB_API_KEY", "PYTHONPATH"}
     env = {k: v for k, v in os.environ.items() if k not in drop}
@@ -130,6 +132,21 @@ def test_tis_is_switched_on_by_a_variable():
     assert "/opt/slime" in run.runtime_env["env_vars"]["PYTHONPATH"].split(":")  # the TIS module imports
     for value in ("0", "false", "off", ""):
         assert not dry_run(USE_TIS=value).has("--use-tis")
+
+
+def test_search_metrics_are_logged_by_default_and_evaluation_reads_the_metadata_column():
+    run = dry_run()
+    # the functions the stand-in training (and so the wrapper test) logs through, and slime can import them
+    assert run.value("--custom-rollout-log-function-path") == ROLLOUT_LOG_FUNCTION
+    assert run.value("--custom-eval-rollout-log-function-path") == EVAL_ROLLOUT_LOG_FUNCTION
+    assert callable(load_function(ROLLOUT_LOG_FUNCTION)) and callable(load_function(EVAL_ROLLOUT_LOG_FUNCTION))
+    assert run.value("--metadata-key") == "metadata"
+    assert dry_run(METADATA_KEY="extra").value("--metadata-key") == "extra"
+    quiet = dry_run(ROLLOUT_LOG_FUNCTION_PATH="", EVAL_ROLLOUT_LOG_FUNCTION_PATH="")
+    assert not quiet.has("--custom-rollout-log-function-path")
+    assert not quiet.has("--custom-eval-rollout-log-function-path")
+    mine = dry_run(ROLLOUT_LOG_FUNCTION_PATH="my_logs.log_rollout")
+    assert mine.value("--custom-rollout-log-function-path") == "my_logs.log_rollout"
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from chat_tools import CHAT_SYSTEM_PROMPT, SEARCH_TOOL
 from conftest import slime_sampling_params
 from generate_with_search import generate, reward_func
 from oai_format_data_preprocess import main
+from search_metrics import eval_search_metrics
 from slime.utils.types import Sample
 from xml_actions import search_r1_prompt
 
@@ -71,6 +72,29 @@ def test_converts_to_chat_format(search_r1_parquet, tmp_path):
         first["data_source"] == "nq" and first["id"] == "nq_0" and first["extra_info"] == {"split": "test", "index": 0}
     )
     assert rows[2]["prompt"][1]["content"] == "Question: Which river is longer, the Amazon or the Nile?"
+    assert [row["metadata"] for row in rows] == [{"data_source": s} for s in ("nq", "nq", "hotpotqa")]
+
+
+def test_keep_prompt_keeps_the_rows_and_adds_the_data_source_as_metadata(search_r1_parquet, tmp_path):
+    out = tmp_path / "xml.parquet"
+    assert (
+        main(["--input", str(search_r1_parquet), "--output", str(out), "--keep-prompt", "--data-sources", "nq"]) == 0
+    )
+    rows = read_like_slime(out)
+    expected = [row for row in search_r1_rows() if row["data_source"] == "nq"]
+    assert [{k: v for k, v in row.items() if k != "metadata"} for row in rows] == expected
+    assert [row["metadata"] for row in rows] == [{"data_source": "nq"}] * 2
+
+
+def test_an_existing_metadata_column_is_kept_and_a_bad_one_reported(tmp_path, capsys):
+    path = tmp_path / "meta.parquet"
+    row = {"question": "q", "data_source": "nq", "golden_answers": ["a"], "prompt": "p", "metadata": {"lang": "en"}}
+    pq.write_table(pa.Table.from_pylist([row]), path)
+    assert main(["--input", str(path), "--output", str(tmp_path / "o.parquet"), "--keep-prompt"]) == 0
+    assert read_like_slime(tmp_path / "o.parquet")[0]["metadata"] == {"lang": "en", "data_source": "nq"}
+    pq.write_table(pa.Table.from_pylist([{**row, "metadata": "en"}]), path)
+    assert main(["--input", str(path), "--output", str(tmp_path / "o.parquet")]) == 2
+    assert "row 0: 'metadata' must be a dict" in capsys.readouterr().err
 
 
 def test_data_source_filter_limit_and_system_prompt(search_r1_parquet, tmp_path):
@@ -115,7 +139,15 @@ def test_cli_errors_and_help(tmp_path, capsys):
         [sys.executable, "oai_format_data_preprocess.py", "--help"], cwd=ROOT, capture_output=True, text=True
     )
     assert result.returncode == 0
-    for option in ("--input", "--output", "--split", "--data-sources", "--limit", "--system-prompt-file"):
+    for option in (
+        "--input",
+        "--output",
+        "--split",
+        "--data-sources",
+        "--limit",
+        "--system-prompt-file",
+        "--keep-prompt",
+    ):
         assert option in result.stdout
 
 
@@ -236,3 +268,23 @@ def test_a_hub_dataset_that_cannot_be_loaded_is_one_error_line(tmp_path, capsys,
     line = one_error_line(capsys)
     assert "cannot load hub dataset someone/absent (split train)" in line
     assert "Couldn't reach 'someone/absent' on the Hub" in line
+
+
+async def test_kept_prompt_rows_evaluate_with_em_per_data_source(
+    search_r1_parquet, tmp_path, make_args, tokenizer, engine, policy, search_config
+):
+    out = tmp_path / "xml.parquet"
+    main(["--input", str(search_r1_parquet), "--output", str(out), "--keep-prompt"])
+    args = make_args()
+    samples = []
+    for row in read_like_slime(out):
+        # what slime builds with --apply-chat-template --label-key reward_model --metadata-key metadata
+        prompt = tokenizer.apply_chat_template(row["prompt"], tokenize=False, add_generation_prompt=True)
+        policy.scripts[row["question"] + "?"] = ["<think>Sure.</think>\n<answer> Paris </answer>"]
+        sample = Sample(prompt=prompt, label=row["reward_model"], metadata=row["metadata"])
+        sample = await generate(args, sample, slime_sampling_params(256), evaluation=True)
+        sample.reward = await reward_func(args, sample)
+        samples.append(sample)
+    metrics = eval_search_metrics({"test": {"rewards": [s.reward for s in samples], "samples": samples}})
+    assert metrics["eval/search_r1/test/em_by_source/nq"] == 0.5  # Paris is right for France only
+    assert metrics["eval/search_r1/test/em_by_source/hotpotqa"] == 0.0

@@ -132,6 +132,23 @@ def test_rollouts_use_the_retriever_it_started_then_everything_stops(wrapper_env
     assert all(answer and answer[0] in titles for answer in report["answers"])  # real Wikipedia documents
     assert sum(r == 1.0 for r in report["rewards"]) >= 8  # MiniLM puts the evidence page first for most
 
+    # slime's rollout logging called the plugin's log functions, and its own logging still ran after each
+    assert [call["backend"] for call in report["logged"]] == ["wandb"] * 4
+    train, slime_train, evaluation, slime_eval = (call["metrics"] for call in report["logged"])
+    assert train["rollout/step"] == slime_train["rollout/step"] == 0
+    assert "rollout/response_len/mean" in slime_train
+    metric = "rollout/search_r1/"
+    assert train[metric + "searches/mean"] == 1.0 and train[metric + "searched_share"] == 1.0
+    assert train[metric + "turns/mean"] == 2.0 and train[metric + "finish/answer"] == 1.0
+    assert train[metric + "failed_share"] == 0.0 and train[metric + "invalid_actions/mean"] == 0.0
+    assert train[metric + "search_latency/p99"] >= train[metric + "search_latency/p50"] > 0  # real HTTP searches
+    assert train[metric + "observation_tokens/mean"] > 0
+    assert train[metric + "em"] == sum(r == 1.0 for r in report["rewards"]) / 12  # the format is always valid
+    assert train[metric + "format_valid"] == 1.0
+    assert evaluation["eval/step"] == slime_eval["eval/step"] == 0
+    assert evaluation["eval/search_r1/standin_eval/em_by_source/mini_wiki"] == slime_eval["eval/standin_eval"]
+    assert evaluation["eval/search_r1/standin_eval/searches/mean"] == 1.0
+
     assert "retrieval server ready" in result.stderr
     assert "rollouts done" in logs(env, "training")
     assert "Uvicorn running" in logs(env, "retrieval_server")

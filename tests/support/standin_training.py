@@ -4,6 +4,9 @@ It does what slime's rollout does with the plugin, minus the GPUs: a loopback SG
 whose scripted "model" searches the question and then answers with the title of the first document it was
 shown; GRPO-style groups of samples through generate_with_search.generate + reward_func, with the search going
 to RETRIEVAL_SERVER_URL exactly as the plugin reads it from the environment (the server the wrapper started).
+Then one evaluation pass over the same questions (data source "mini_wiki"), and slime's rollout logging of both
+with the plugin's log functions as run_qwen2.5_3B.sh configures them; what reached slime's tracking call (wandb
+here) is in the report under "logged".
 
     STANDIN_QUESTIONS  JSON file: [[question, gold answer], ...]      (required)
     STANDIN_REPORT     where to write what happened, as JSON          (required)
@@ -30,11 +33,21 @@ from transformers import AutoTokenizer  # noqa: E402
 
 import generate_with_search  # noqa: E402
 from async_http import close_loop_sessions  # noqa: E402
+from slime.observability import logging_utils  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 from support.fake_sglang import FakeSGLangEngine, question_of  # noqa: E402
 from support.loopback import serve_in_thread  # noqa: E402
 from support.qwen_tokenizer import qwen25_tokenizer_dir  # noqa: E402
-from support.slime_rollout import chat_prompt, slime_args, slime_sampling_params  # noqa: E402
+from support.slime_rollout import (  # noqa: E402
+    EVAL_ROLLOUT_LOG_FUNCTION,
+    ROLLOUT_LOG_FUNCTION,
+    chat_prompt,
+    eval_data,
+    log_eval_rollout_data,
+    log_rollout_data,
+    slime_args,
+    slime_sampling_params,
+)
 
 SAMPLES_PER_PROMPT = 2
 FIRST_TITLE = re.compile(r'Doc 1\(Title: "(.+?)"\)')
@@ -51,22 +64,34 @@ def read_then_answer(context_text: str) -> str:
 
 def standin_args(tokenizer_dir: str, engine_url: str) -> Namespace:
     return slime_args(
-        tokenizer_dir, engine_url, rollout_max_response_len=2048, n_samples_per_prompt=SAMPLES_PER_PROMPT
+        tokenizer_dir,
+        engine_url,
+        rollout_max_response_len=2048,
+        n_samples_per_prompt=SAMPLES_PER_PROMPT,
+        use_wandb=True,
+        custom_rollout_log_function_path=ROLLOUT_LOG_FUNCTION,
+        custom_eval_rollout_log_function_path=EVAL_ROLLOUT_LOG_FUNCTION,
     )
 
 
-async def rollouts(args: Namespace, tokenizer, questions: list[list[str]]) -> list[tuple[Sample, float, str]]:
+async def rollouts(args: Namespace, tokenizer, questions: list[list[str]], evaluation: bool = False) -> list[Sample]:
+    """Training: SAMPLES_PER_PROMPT samples per question; evaluation: one, greedy, from data source "mini_wiki"."""
     base_params = slime_sampling_params(args.rollout_max_response_len)
+    if evaluation:
+        base_params["temperature"] = 0.0
 
-    async def one(question: str, answer: str) -> tuple[Sample, float, str]:
+    async def one(question: str, answer: str) -> Sample:
         prompt = chat_prompt(tokenizer, question)
         label = {"style": "rule", "ground_truth": {"target": [answer]}}
-        sample = await generate_with_search.generate(args, Sample(prompt=prompt, label=label), dict(base_params))
-        return sample, await generate_with_search.reward_func(args, sample), answer
+        metadata = {"data_source": "mini_wiki"} if evaluation else {}
+        sample = Sample(prompt=prompt, label=label, metadata=metadata)
+        sample = await generate_with_search.generate(args, sample, dict(base_params), evaluation=evaluation)
+        sample.reward = await generate_with_search.reward_func(args, sample)  # as slime's generate_and_rm
+        return sample
 
     try:
-        groups = [one(q, a) for q, a in questions for _ in range(SAMPLES_PER_PROMPT)]
-        return await asyncio.gather(*groups)
+        copies = 1 if evaluation else SAMPLES_PER_PROMPT
+        return await asyncio.gather(*(one(q, a) for q, a in questions for _ in range(copies)))
     finally:
         await close_loop_sessions()
 
@@ -77,17 +102,23 @@ def main() -> int:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     engine = FakeSGLangEngine(tokenizer, read_then_answer)
     with serve_in_thread(engine.app) as engine_url:
-        results = asyncio.run(rollouts(standin_args(tokenizer_dir, engine_url), tokenizer, questions))
+        args = standin_args(tokenizer_dir, engine_url)
+        started = time.monotonic()
+        results = asyncio.run(rollouts(args, tokenizer, questions))
+        log_rollout_data(0, args, results, None, time.monotonic() - started)
+        evaluated = asyncio.run(rollouts(args, tokenizer, questions, evaluation=True))
+        log_eval_rollout_data(0, args, eval_data("standin_eval", evaluated))
 
     report = {
         "retrieval_urls": list(generate_with_search.resolve_config(generate_with_search.SEARCH_R1_CONFIGS).local.urls),
         "rollouts": len(results),
-        "statuses": [sample.status.value for sample, _, _ in results],
-        "searches": [sample.metadata["search_r1"]["searches"] for sample, _, _ in results],
-        "search_failures": sum(sample.metadata["search_r1"]["search_failures"] for sample, _, _ in results),
-        "answers": [FIRST_TITLE.findall(sample.response)[-1:] for sample, _, _ in results],
-        "rewards": [reward for _, reward, _ in results],
+        "statuses": [sample.status.value for sample in results],
+        "searches": [sample.metadata["search_r1"]["searches"] for sample in results],
+        "search_failures": sum(sample.metadata["search_r1"]["search_failures"] for sample in results),
+        "answers": [FIRST_TITLE.findall(sample.response)[-1:] for sample in results],
+        "rewards": [sample.reward for sample in results],
         "engine_calls": len(engine.calls),
+        "logged": logging_utils.logged,
     }
     Path(os.environ["STANDIN_REPORT"]).write_text(json.dumps(report, indent=1))
     problems = []

@@ -1,0 +1,150 @@
+"""evaluate.py's charts: EM per data source as a bar chart, and `evaluate.py compare` across checkpoints.
+
+The results.json files are written here by eval_results' own summarize + write_reports, as evaluate.py writes them.
+"""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+
+import evaluate
+from eval_results import comparison_figure, em_bar_figure, load_results, summarize, write_reports
+
+REPO = Path(__file__).resolve().parents[1]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def records(ems: dict[str, list[float]]) -> list[dict]:
+    return [
+        {"data_source": source, "em": em, "status": "completed", "searches": 1, "turns": 2}
+        for source, values in ems.items()
+        for em in values
+    ]
+
+
+def write_run(folder: Path, ems: dict[str, list[float]], *, selected=None, **settings) -> Path:
+    """An evaluate.py output folder whose trajectories scored `ems` per data source."""
+    folder.mkdir(parents=True)
+    summary = summarize(records(ems), selected or {source: len(values) for source, values in ems.items()})
+    config = {"hf_checkpoint": f"/ckpt/{folder.name}", "data": "/data/test.parquet", "temperature": 0.0, **settings}
+    write_reports(folder, summary, config)
+    return folder
+
+
+@pytest.fixture
+def checkpoints(tmp_path):
+    return [
+        write_run(tmp_path / "step_100", {"nq": [0.0, 1.0], "hotpotqa": [0.0, 0.0]}),
+        write_run(tmp_path / "step_200", {"nq": [1.0, 1.0], "hotpotqa": [0.0, 1.0]}),
+        write_run(tmp_path / "step_300", {"nq": [1.0, 1.0], "hotpotqa": [1.0, 1.0], "bamboogle": [0.0]}),
+    ]
+
+
+def test_the_bar_chart_shows_em_per_source_then_the_average(tmp_path):
+    summary = summarize(records({"hotpotqa": [1.0, 0.0], "nq": [1.0, 1.0, 0.0, 0.0]}), {"nq": 4, "hotpotqa": 2})
+    axes = em_bar_figure(summary, "model").axes[0]
+    assert [tick.get_text() for tick in axes.get_xticklabels()] == ["nq", "hotpotqa", "average"]
+    assert [bar.get_height() for bar in axes.patches] == [0.5, 0.5, 0.5]
+    assert [text.get_text() for text in axes.texts] == ["0.500", "0.500", "0.500"]
+
+
+def test_a_source_not_run_yet_is_marked_with_a_dash():
+    summary = summarize(records({"nq": [1.0]}), {"nq": 1, "hotpotqa": 3})
+    axes = em_bar_figure(summary, "model").axes[0]
+    assert [bar.get_height() for bar in axes.patches] == [1.0, 0.0, 1.0]
+    assert [text.get_text() for text in axes.texts] == ["1.000", "-", "1.000"]
+
+
+def test_compare_writes_a_table_and_a_line_chart_in_checkpoint_order(checkpoints, tmp_path):
+    out = tmp_path / "comparison"
+    assert evaluate.main(["compare", *map(str, checkpoints), "--output", str(out)]) == 0
+
+    table = (out / "comparison.md").read_text().splitlines()
+    assert "| checkpoint | nq | hotpotqa | bamboogle | **average** | trajectories |" in table
+    assert "| step_100 | 0.500 | 0.000 | - | **0.250** | 4 of 4 |" in table
+    assert "| step_200 | 1.000 | 0.500 | - | **0.750** | 4 of 4 |" in table
+    assert "| step_300 | 1.000 | 1.000 | 0.000 | **0.667** | 5 of 5 |" in table
+    assert "- step_300: `/ckpt/step_300`" in table
+    assert not any("Warning" in line for line in table)
+
+    image = matplotlib.image.imread(out / "comparison.png")
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+
+
+def test_the_line_chart_has_one_line_per_source_and_the_average(checkpoints):
+    runs = [load_results(folder) for folder in checkpoints]
+    axes = comparison_figure(["a", "b", "c"], runs).axes[0]
+    lines = {line.get_label(): list(line.get_ydata()) for line in axes.get_lines()}
+    assert lines["nq"] == [0.5, 1.0, 1.0]
+    assert lines["hotpotqa"] == [0.0, 0.5, 1.0]
+    assert [math.isnan(em) for em in lines["bamboogle"]] == [True, True, False]  # no point before step 300
+    assert lines["bamboogle"][2] == 0.0
+    assert lines["average"] == pytest.approx([0.25, 0.75, 2 / 3])
+    assert [tick.get_text() for tick in axes.get_xticklabels()] == ["a", "b", "c"]
+
+
+def test_labels_name_the_runs_and_different_settings_are_flagged(tmp_path):
+    runs = [
+        write_run(tmp_path / "x" / "eval", {"nq": [1.0]}),
+        write_run(tmp_path / "y" / "eval", {"nq": [0.0]}, temperature=0.7),
+    ]
+    out = tmp_path / "cmp"
+    assert evaluate.main(["compare", *map(str, runs), "--output", str(out), "--labels", "base, tuned"]) == 0
+    table = (out / "comparison.md").read_text()
+    assert "| base | 1.000 |" in table and "| tuned | 0.000 |" in table
+    assert "different settings: temperature (0.0, 0.7)" in table
+
+
+def test_an_incomplete_run_is_marked(tmp_path):
+    run = write_run(tmp_path / "partial", {"nq": [1.0]}, selected={"nq": 3})
+    out = tmp_path / "cmp"
+    assert evaluate.main(["compare", str(run), "--output", str(out)]) == 0
+    assert "| partial | 1.000 | **1.000** | 1 of 3 (incomplete) |" in (out / "comparison.md").read_text()
+
+
+def test_compare_input_errors_are_reported(checkpoints, tmp_path, capsys):
+    out = str(tmp_path / "cmp")
+    assert evaluate.main(["compare", str(checkpoints[0]), str(tmp_path / "nowhere"), "--output", out]) == 2
+    assert f"{tmp_path / 'nowhere' / 'results.json'} not found" in capsys.readouterr().err
+
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "results.json").write_text("{not json")
+    assert evaluate.main(["compare", str(tmp_path / "broken"), "--output", out]) == 2
+    assert "results.json is not valid JSON" in capsys.readouterr().err
+
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "results.json").write_text(json.dumps({"accuracy": 0.5}))
+    assert evaluate.main(["compare", str(tmp_path / "other"), "--output", out]) == 2
+    assert "has no EM per data source" in capsys.readouterr().err
+
+    twins = [write_run(tmp_path / side / "eval", {"nq": [1.0]}) for side in ("left", "right")]
+    with pytest.raises(SystemExit):
+        evaluate.main(["compare", *map(str, twins), "--output", out])
+    assert "name the runs with --labels" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        evaluate.main(["compare", *map(str, twins), "--output", out, "--labels", "only-one"])
+    assert "--labels needs 2 non-empty comma-separated names, got 1" in capsys.readouterr().err
+    assert not (tmp_path / "cmp").exists()  # nothing written on bad input
+
+
+def test_without_matplotlib_the_table_is_still_written(checkpoints, tmp_path, monkeypatch, capsys):
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib...` now raises ImportError
+    out = tmp_path / "cmp"
+    assert evaluate.main(["compare", *map(str, checkpoints), "--output", str(out)]) == 0
+    assert (out / "comparison.md").exists() and not (out / "comparison.png").exists()
+    err = capsys.readouterr().err
+    assert "no chart" in err and "pip install matplotlib" in err
+
+
+def test_compare_help_runs_as_a_script():
+    result = subprocess.run(
+        [sys.executable, str(REPO / "evaluate.py"), "compare", "--help"], capture_output=True, text=True
+    )
+    assert result.returncode == 0 and "--labels" in result.stdout and "comparison.png" in result.stdout

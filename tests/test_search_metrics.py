@@ -1,0 +1,309 @@
+"""The rollout log functions: search metrics of finished samples, handed to slime's tracking call at slime's step.
+
+The samples come from real episodes against the loopback engine and retriever (XML and chat), scored by
+reward_func as slime does (aborted samples are not scored); slime's side of the call is the stand-in of
+log_rollout_data / log_eval_rollout_data in support/slime_rollout.py, its tracking call the stub's logging_utils.
+"""
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import generate_with_search
+import search_metrics
+from chat_tools import CHAT_SYSTEM_PROMPT, SEARCH_TOOL, chat_question
+from conftest import chat_prompt, slime_sampling_params
+from generate_with_search import generate, reward_func
+from slime.observability import logging_utils
+from slime.rollout.sglang_rollout import GenerateState
+from slime.utils.types import Sample
+from support.slime_rollout import eval_data, log_eval_rollout_data, log_rollout_data
+
+REPO = Path(__file__).resolve().parents[1]
+SEARCH = "<think>I need to look this up.</think>\n<search> capital of France </search>"
+ANSWER = "<think>The documents say Paris.</think>\n<answer> Paris </answer>"
+WRONG = "<think>The documents say Berlin.</think>\n<answer> Berlin </answer>"
+NO_ACTION = "I think it is Paris."
+LONG_THOUGHT = "<think>" + " ".join(f"step {i} of my reasoning." for i in range(200)) + "</think>"
+CHAT_CALL = '<tool_call>\n{"name": "search", "arguments": {"query": "capital of France"}}\n</tool_call>'
+CHAT_MALFORMED = '<tool_call>\n{"name": "search", "arguments": {"query": \n</tool_call>'
+LABEL = {"style": "rule", "ground_truth": {"target": ["Paris"]}}
+TRAIN = "rollout/search_r1/"
+
+
+@pytest.fixture
+def logged():
+    logging_utils.logged.clear()
+    yield logging_utils.logged
+    logging_utils.logged.clear()
+
+
+async def xml_rollout(args, tokenizer, policy, question, script, *, budget=1024, evaluation=False, metadata=None):
+    policy.scripts[question + "?"] = script
+    sample = Sample(prompt=chat_prompt(tokenizer, question), label=LABEL, metadata=dict(metadata or {}))
+    return await generate(args, sample, slime_sampling_params(budget), evaluation=evaluation)
+
+
+async def chat_rollout(args, config, policy, question, script):
+    policy.scripts[question + "?"] = script
+    messages = [
+        {"role": "system", "content": CHAT_SYSTEM_PROMPT},
+        {"role": "user", "content": chat_question(question)},
+    ]
+    sample = Sample(prompt=messages, label=LABEL, metadata={"tools": [copy.deepcopy(SEARCH_TOOL)]})
+    config["llm_api_mode"] = "chat"
+    try:
+        return await generate(args, sample, slime_sampling_params(1024))
+    finally:
+        config["llm_api_mode"] = "generate"
+
+
+@pytest.fixture
+async def mixed_batch(make_args, tokenizer, policy, engine, retriever, search_config):
+    """One sample of each kind, by name, scored as slime scores them (an aborted sample gets no reward)."""
+    retriever.latency_s = 0.02
+    args = make_args()
+    batch = {
+        "right": await xml_rollout(args, tokenizer, policy, "Right", [SEARCH, ANSWER]),
+        "wrong": await xml_rollout(args, tokenizer, policy, "Wrong", [SEARCH, WRONG]),
+        "invalid_then_right": await xml_rollout(args, tokenizer, policy, "Invalid", [NO_ACTION, ANSWER]),
+        "max_turns": await xml_rollout(args, tokenizer, policy, "Searcher", [SEARCH]),
+        "token_budget": await xml_rollout(args, tokenizer, policy, "Thinker", [LONG_THOUGHT], budget=60),
+        "chat_malformed_then_right": await chat_rollout(
+            args, search_config, policy, "Chat", [CHAT_MALFORMED, CHAT_CALL, ANSWER]
+        ),
+    }
+    retriever.down = True
+    batch["failed"] = await xml_rollout(args, tokenizer, policy, "Failed", [SEARCH, ANSWER])
+    retriever.down = False
+    GenerateState(args).aborted = True
+    batch["aborted"] = await xml_rollout(args, tokenizer, policy, "Aborted", [SEARCH, ANSWER])
+    GenerateState(args).aborted = False
+    for sample in batch.values():
+        if sample.status != Sample.Status.ABORTED:
+            sample.reward = await reward_func(args, sample)
+    return args, batch
+
+
+def episode(sample) -> dict:
+    return sample.metadata["search_r1"]
+
+
+async def test_the_mixed_batch_is_what_the_metrics_will_be_checked_against(mixed_batch):
+    _, batch = mixed_batch
+    statuses = {name: sample.status.value for name, sample in batch.items()}
+    assert statuses == {
+        "right": "completed",
+        "wrong": "completed",
+        "invalid_then_right": "completed",
+        "max_turns": "truncated",
+        "token_budget": "truncated",
+        "chat_malformed_then_right": "completed",
+        "failed": "failed",
+        "aborted": "aborted",
+    }
+    assert {name: sample.reward for name, sample in batch.items()} == {
+        "right": 1.0,
+        "wrong": pytest.approx(0.2),
+        "invalid_then_right": pytest.approx(0.8),
+        "max_turns": 0.0,
+        "token_budget": 0.0,
+        "chat_malformed_then_right": pytest.approx(0.8),
+        "failed": 0.0,
+        "aborted": None,
+    }
+
+
+async def test_invalid_actions_are_counted_per_turn_in_both_protocols_but_not_a_turn_cut_by_the_budget(mixed_batch):
+    _, batch = mixed_batch
+    invalid = {name: episode(sample)["invalid_actions"] for name, sample in batch.items()}
+    assert invalid == {
+        "right": 0,
+        "wrong": 0,
+        "invalid_then_right": 1,  # XML: a turn with no tag
+        "max_turns": 0,  # the last turn's search is valid, only not run
+        "token_budget": 0,  # no tag, but cut by the budget
+        "chat_malformed_then_right": 1,  # chat: an unparsable tool call
+        "failed": 0,
+        "aborted": 0,
+    }
+
+
+async def test_every_search_call_leaves_its_latency_failed_ones_included(mixed_batch):
+    _, batch = mixed_batch
+    latencies = {name: episode(sample)["search_latencies"] for name, sample in batch.items()}
+    assert {name: len(values) for name, values in latencies.items()} == {
+        "right": 1,
+        "wrong": 1,
+        "invalid_then_right": 0,
+        "max_turns": 2,  # the third turn's search is not run
+        "token_budget": 0,
+        "chat_malformed_then_right": 1,
+        "failed": 1,
+        "aborted": 0,
+    }
+    assert all(value >= 0.02 for value in latencies["right"] + latencies["max_turns"])  # the retriever's latency
+    assert sum(latencies["max_turns"]) == pytest.approx(episode(batch["max_turns"])["search_seconds"], abs=1e-3)
+
+
+async def test_reward_func_leaves_its_details_in_the_metadata(mixed_batch):
+    _, batch = mixed_batch
+    assert episode(batch["wrong"])["reward"] == {
+        "score": pytest.approx(0.2),
+        "em": 0.0,
+        "format_valid": 1.0,
+        "retrieval_hit": 1.0,
+    }
+    assert "reward" not in episode(batch["aborted"])  # slime does not score aborted samples
+
+
+async def test_rollout_metrics_of_a_mixed_batch_reach_slimes_tracking_call(mixed_batch, logged):
+    args, batch = mixed_batch
+    samples = list(batch.values())
+    args.use_wandb = args.use_tensorboard = True
+    args.custom_rollout_log_function_path = "generate_with_search.log_rollout_metrics"
+
+    log_rollout_data(7, args, samples, None, 12.5)
+
+    # ours, then slime's default logging (the function returned False), each to wandb and TensorBoard
+    assert [call["backend"] for call in logged] == ["wandb", "tensorboard", "wandb", "tensorboard"]
+    ours, tensorboard = logged[0]["metrics"], logged[1]
+    assert "rollout/response_len/mean" in logged[2]["metrics"]
+    assert ours.pop("rollout/step") == 7 and tensorboard["step"] == 7
+    assert tensorboard["metrics"] == ours
+    assert all(key.startswith(TRAIN) for key in ours)
+    metrics = {key.removeprefix(TRAIN): value for key, value in ours.items()}
+
+    n = 8
+    assert metrics["samples"] == n
+    assert metrics["turns/mean"] == pytest.approx((2 + 2 + 2 + 3 + 1 + 3 + 1 + 0) / n)
+    assert metrics["turns/max"] == 3
+    assert metrics["searches/mean"] == pytest.approx((1 + 1 + 0 + 2 + 0 + 1 + 0 + 0) / n)
+    assert metrics["searches/max"] == 2
+    assert metrics["searched_share"] == pytest.approx(5 / n)  # right, wrong, max_turns, chat, failed
+    assert metrics["invalid_actions/mean"] == pytest.approx(2 / n)
+    assert metrics["invalid_action_share"] == pytest.approx(2 / n)
+    assert metrics["search_failures"] == 1
+    assert metrics["failed_share"] == pytest.approx(1 / n)
+    finishes = {key.removeprefix("finish/"): value for key, value in metrics.items() if key.startswith("finish/")}
+    assert finishes == {
+        "answer": pytest.approx(4 / n),
+        "max_turns": pytest.approx(1 / n),
+        "token_budget": pytest.approx(1 / n),
+        "search_failed": pytest.approx(1 / n),
+        "aborted": pytest.approx(1 / n),
+    }
+    # 7 scored samples: EM right, invalid_then_right, chat; well-formed: right, wrong; retrieval hit: same two
+    assert metrics["em"] == pytest.approx(3 / 7)
+    assert metrics["format_valid"] == pytest.approx(2 / 7)
+    assert metrics["retrieval_hit"] == pytest.approx(2 / 7)
+    assert metrics["reward"] == pytest.approx((1.0 + 0.2 + 0.8 + 0.8) / 7)
+    assert metrics["well_formed_wrong_share"] == pytest.approx(1 / 7)  # "wrong": the format bonus alone
+    # observation tokens are the response tokens outside the loss (LOSS_MASK_MODE=strict)
+    masked_out = [s.response_length - sum(s.loss_mask) for s in samples]
+    assert metrics["observation_tokens/mean"] == pytest.approx(sum(masked_out) / n)
+    assert metrics["observation_tokens/max"] == max(masked_out)
+    latencies = [value for s in samples for value in episode(s)["search_latencies"]]
+    assert metrics["search_latency/p50"] == pytest.approx(np.percentile(latencies, 50))
+    assert metrics["search_latency/p99"] == pytest.approx(np.percentile(latencies, 99))
+    assert metrics["search_latency/p50"] >= 0.02  # the retriever's latency, per search
+    by_status = {status: [s.response_length for s in samples if s.status.value == status] for status in (
+        "completed", "truncated", "failed", "aborted"
+    )}  # fmt: skip
+    for status, lengths in by_status.items():
+        assert metrics[f"response_length/{status}"] == pytest.approx(sum(lengths) / len(lengths))
+
+
+async def test_latency_percentiles_are_over_searches_not_over_samples(logged):
+    def finished(latencies):
+        stats = {"turns": 1, "searches": len(latencies), "search_latencies": latencies, "finish_reason": "answer"}
+        return Sample(status=Sample.Status.COMPLETED, metadata={"search_r1": stats})
+
+    samples = [finished([0.1] * 9), finished([5.0])]
+    metrics = search_metrics.search_metrics(samples)
+    assert metrics["search_latency/p50"] == pytest.approx(0.1)  # per sample it would be 2.55
+    assert metrics["search_latency/p99"] == pytest.approx(np.percentile([0.1] * 9 + [5.0], 99))
+
+
+def test_the_metrics_never_read_a_token_list(mixed_batch):
+    class Untouchable(list):
+        def __iter__(self):
+            raise AssertionError("a token list was read")
+
+        def __len__(self):
+            raise AssertionError("a token list was read")
+
+    _, batch = mixed_batch
+    for sample in batch.values():
+        sample.tokens = Untouchable(sample.tokens)
+        sample.loss_mask = Untouchable(sample.loss_mask or [])
+        sample.rollout_log_probs = Untouchable(sample.rollout_log_probs or [])
+    assert search_metrics.search_metrics(list(batch.values()))["samples"] == 8
+
+
+async def test_samples_this_plugin_did_not_generate_log_nothing(make_args, logged):
+    args = make_args(use_wandb=True, custom_rollout_log_function_path="generate_with_search.log_rollout_metrics")
+    samples = [Sample(status=Sample.Status.COMPLETED, response_length=5)]
+    assert generate_with_search.log_rollout_metrics(0, args, samples, None, 1.0) is False
+    assert logged == []
+    log_rollout_data(0, args, samples, None, 1.0)
+    assert [call["metrics"]["rollout/response_len/mean"] for call in logged] == [5.0]  # slime's own, unchanged
+
+
+async def test_eval_metrics_per_dataset_with_em_per_data_source_at_the_train_step(
+    make_args, tokenizer, policy, engine, retriever, search_config, logged
+):
+    args = make_args(
+        use_tensorboard=True,
+        eval_reward_key="em",
+        wandb_always_use_train_step=True,
+        rollout_batch_size=32,
+        n_samples_per_prompt=8,
+        global_batch_size=128,
+        custom_eval_rollout_log_function_path="generate_with_search.log_eval_rollout_metrics",
+    )
+
+    async def evaluated(question, script, source=None):
+        metadata = {"data_source": source} if source else {}
+        sample = await xml_rollout(args, tokenizer, policy, question, script, evaluation=True, metadata=metadata)
+        sample.reward = await reward_func(args, sample)
+        return sample
+
+    tagged = [
+        await evaluated("Nq right", [SEARCH, ANSWER], "nq"),
+        await evaluated("Nq wrong", [SEARCH, WRONG], "nq"),
+        await evaluated("Hotpot right", [ANSWER], "hotpotqa"),
+    ]
+    untagged = [await evaluated("Plain wrong", [SEARCH, WRONG])]
+    data = eval_data("search_r1_test", tagged, "em") | eval_data("plain", untagged, "em")
+
+    log_eval_rollout_data(3, args, data)
+
+    assert [call["backend"] for call in logged] == ["tensorboard", "tensorboard"]  # ours, then slime's
+    ours, slimes = logged
+    assert ours["step"] == slimes["step"] == 3 * 32 * 8 // 128  # --wandb-always-use-train-step
+    assert slimes["metrics"]["eval/search_r1_test"] == pytest.approx(2 / 3)
+    metrics = ours["metrics"]
+    test = "eval/search_r1/search_r1_test/"
+    assert metrics[test + "em"] == pytest.approx(2 / 3)  # pure EM in evaluation
+    assert metrics[test + "reward"] == pytest.approx(2 / 3)  # no format bonus in evaluation
+    assert metrics[test + "em_by_source/nq"] == pytest.approx(0.5)
+    assert metrics[test + "em_by_source/hotpotqa"] == 1.0
+    assert metrics[test + "em_source_average"] == pytest.approx(0.75)  # mean over sources, as Search-R1's "Avg"
+    assert metrics[test + "searches/mean"] == pytest.approx(2 / 3)
+    assert metrics["eval/search_r1/plain/em"] == 0.0
+    assert not any(key.startswith("eval/search_r1/plain/em_by_source") for key in metrics)  # no source named
+
+
+def test_the_plugin_imports_without_slimes_logging_module():
+    """slime's logging_utils imports wandb at import time: the plugin must load it only when it logs."""
+    code = "import sys, generate_with_search; print(sorted(m for m in sys.modules if m.startswith('slime.obs')))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests" / "slime_stub")])}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
