@@ -4,7 +4,9 @@
 #   bash run_qwen2.5_3B.sh [--dry-run] [extra train.py flags ...]
 #
 # Every path and setting comes from an environment variable (the defaults are the slime example's).
-# DRY_RUN=1 (or --dry-run) checks the settings and prints the commands instead of running them.
+# DRY_RUN=1 (or --dry-run) checks the settings and prints the commands instead of running them. Either way the
+# plugin's configuration and the slime flags are checked here, with the messages generate() would give at its
+# first sample, before Ray, SGLang or Megatron start (search_r1_config.py check-launch; SKIP_PLUGIN_CHECK=1 skips).
 # The plugin's own variables (LLM_API_MODE, SEARCH_BACKEND, RETRIEVAL_SERVER_URL, SEARCH_R1_*, ...) are
 # forwarded to the Ray job. Nothing is killed at start: a Ray head is started only when none answers at
 # RAY_DASHBOARD_URL (START_RAY=auto), and on exit the script stops only the job and the head it started.
@@ -17,7 +19,8 @@ PLUGIN_ENV_VARS=(
   LLM_API_MODE SEARCH_BACKEND TOKEN_TRACKING_MODE TRACK_LOG_PROBS LOSS_MASK_MODE RETRIEVAL_SERVER_URL
   GOOGLE_API_KEY SEARCH_R1_MAX_TURNS SEARCH_R1_TOPK SEARCH_R1_SEARCH_CONCURRENCY SEARCH_R1_FORMAT_SCORE
   SEARCH_R1_MAX_CONTEXT_LENGTH SEARCH_R1_MAX_OBS_TOKENS SEARCH_R1_SEARCH_TIMEOUT SEARCH_R1_SEARCH_RETRIES
-  SEARCH_R1_DROP_FAILED_SAMPLES SEARCH_R1_ENGINE_TRANSPORT GOOGLE_SEARCH_URL GOOGLE_SNIPPET_ONLY
+  SEARCH_R1_DROP_FAILED_SAMPLES SEARCH_R1_ENGINE_TRANSPORT SEARCH_R1_ENGINE_MODEL GOOGLE_SEARCH_URL
+  GOOGLE_SNIPPET_ONLY
 )
 
 die() {
@@ -171,13 +174,6 @@ check_settings() {
   [[ -z "$EVAL_PROMPT_DATA" ]] || require_path "evaluation data (EVAL_PROMPT_DATA)" "$EVAL_PROMPT_DATA"
   if is_true USE_TIS "$USE_TIS"; then
     require_path "TIS config (TIS_CONFIG_PATH)" "$TIS_CONFIG_PATH"
-    # The plugin refuses these combinations too, but only once the rollout starts on the GPUs.
-    if [[ -n "${TRACK_LOG_PROBS:-}" ]] && ! is_true TRACK_LOG_PROBS "$TRACK_LOG_PROBS"; then
-      die "USE_TIS=1 needs the engine's log probs: unset TRACK_LOG_PROBS or set it to true"
-    fi
-    if [[ "${LOSS_MASK_MODE:-strict}" == simple ]]; then
-      die "USE_TIS=1 needs LOSS_MASK_MODE=strict (simple trains observation tokens that have no real log probs)"
-    fi
   fi
   if ! is_true DRY_RUN "$DRY_RUN"; then
     command -v "$RAY_BIN" >/dev/null || die "'$RAY_BIN' not found on PATH; run inside slime's environment or set RAY_BIN"
@@ -260,6 +256,8 @@ build_train_args() {
   custom=(
     --custom-generate-function-path generate_with_search.generate
     --custom-rm-path generate_with_search.reward_func
+    # GRPO group statistics without the samples removed from the loss (FAILED searches)
+    --custom-reward-post-process-path generate_with_search.post_process_rewards
   )
   if [[ -n "$ROLLOUT_LOG_FUNCTION_PATH" ]]; then
     custom+=(--custom-rollout-log-function-path "$ROLLOUT_LOG_FUNCTION_PATH")
@@ -324,6 +322,17 @@ build_train_args() {
     "${extra[@]}"
     "${CLI_TRAIN_ARGS[@]}"
   )
+}
+
+# What generate() would refuse at its first sample (after minutes of start-up on the GPUs), refused now: the
+# plugin's SEARCH_R1_CONFIGS with the environment's overrides, and the slime flags it cannot train with.
+check_plugin() {
+  if is_true SKIP_PLUGIN_CHECK "${SKIP_PLUGIN_CHECK:-0}"; then
+    warn "SKIP_PLUGIN_CHECK is set: the plugin's settings are checked only at the first sample"
+    return 0
+  fi
+  LLM_API_MODE=$LLM_API_MODE "$PYTHON_BIN" "${SCRIPT_DIR}/search_r1_config.py" check-launch \
+    --prog run_qwen2.5_3B.sh --plugin "${SCRIPT_DIR}/generate_with_search.py" -- "${TRAIN_ARGS[@]}" || exit 1
 }
 
 # Writes the Ray runtime env to $1 (mode 600): PYTHONPATH for the plugin, Megatron and slime's examples,
@@ -451,6 +460,7 @@ main() {
   check_settings
   load_model_args
   build_train_args
+  check_plugin
   SUBMIT_PREFIX=("$RAY_BIN" job submit --address "$RAY_DASHBOARD_URL" --submission-id "$JOB_ID" --runtime-env)
   SUBMIT_ENTRYPOINT=(-- "$PYTHON_BIN" "${SLIME_DIR}/train.py" "${TRAIN_ARGS[@]}")
 

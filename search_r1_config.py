@@ -421,16 +421,17 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     launch = commands.add_parser("check-launch", help="the checks generate() runs, on the launch command")
     launch.add_argument("--plugin", type=Path, default=Path(__file__).resolve().parent / "generate_with_search.py")
+    launch.add_argument("--prog", default="search_r1_config.py", help="the name messages start with")
     launch.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then train.py's flags")
     options = parser.parse_args(argv)
     train_args = options.train_args[1:] if options.train_args[:1] == ["--"] else options.train_args
     try:
         warnings = check_launch(options.plugin, train_args, os.environ)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (ConfigError, OSError, SyntaxError) as exc:
+        print(f"{options.prog}: error: {exc}", file=sys.stderr)
         return 2
     for warning in warnings:
-        print(f"warning: {warning}", file=sys.stderr)
+        print(f"{options.prog}: warning: {warning}", file=sys.stderr)
     return 0
 
 

@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 
 import generate_with_search
-from search_r1_config import ConfigError, apply_env_overrides, normalize_retrieval_urls, resolve_config
+from search_r1_config import (
+    ConfigError,
+    apply_env_overrides,
+    check_slime_args,
+    normalize_retrieval_urls,
+    resolve_config,
+)
 from support.slime_compat import subprocess_pythonpath
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,7 +114,7 @@ def test_a_bad_variable_stops_the_import_with_its_message():
 
 
 def test_slime_flag_combinations_that_would_train_on_wrong_numbers():
-    check = generate_with_search.check_slime_args
+    check = check_slime_args
     simple = resolved(LOSS_MASK_MODE="simple")
     with pytest.raises(ConfigError, match="--use-tis"):
         check(Namespace(use_tis=True, rollout_top_p=1.0), simple)
@@ -122,4 +128,8 @@ def test_slime_flag_combinations_that_would_train_on_wrong_numbers():
         check(Namespace(rollout_top_p=0.9), resolved(TOKEN_TRACKING_MODE="router_radix"))
     with pytest.raises(ConfigError, match="routing-replay"):
         check(Namespace(use_rollout_routing_replay=True), resolved())
+    with pytest.raises(ConfigError, match="--get-mismatch-metrics needs the engine's log probs"):
+        check(Namespace(get_mismatch_metrics=True), resolved(TRACK_LOG_PROBS="false"))
+    with pytest.raises(ConfigError, match="--partial-rollout is not supported"):
+        check(Namespace(partial_rollout=True), resolved())
     check(Namespace(use_tis=True, rollout_top_p=0.9), resolved())  # strict + log probs: fine

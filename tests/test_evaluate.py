@@ -72,6 +72,17 @@ def trajectories(output_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (output_dir / "trajectories.jsonl").read_text().splitlines()]
 
 
+def test_slime_s_post_works_as_the_engine_transport(
+    data_file, engine, scripted, retriever, search_config, tokenizer_dir, tmp_path
+):
+    """SEARCH_R1_ENGINE_TRANSPORT=slime: slime's post() has no client until init_http_client(args) ran."""
+    search_config["engine_transport"] = "slime"
+    out = tmp_path / "out"
+    assert evaluate.main(cli(data_file, engine, tokenizer_dir, out)) == 0
+    assert [r["status"] for r in trajectories(out)] == ["completed"] * 4
+    assert len(engine.calls) == 7  # three samples search, then answer; one answers at once
+
+
 def test_em_per_data_source_reports_and_trajectories(
     data_file, engine, scripted, retriever, search_config, tokenizer, tokenizer_dir, tmp_path
 ):

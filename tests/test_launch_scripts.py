@@ -10,12 +10,21 @@ import subprocess
 import sys
 import threading
 import time
+from argparse import Namespace
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from search_r1_config import ENV_OVERRIDES
+import generate_with_search
+from search_r1_config import (
+    ENV_OVERRIDES,
+    REWARD_POST_PROCESS_PATH,
+    ConfigError,
+    apply_env_overrides,
+    check_slime_args,
+    resolve_config,
+)
 from support.fake_ray import VersionHandler
 from support.loopback import free_port
 from support.slime_rollout import EVAL_ROLLOUT_LOG_FUNCTION, ROLLOUT_LOG_FUNCTION, load_function
@@ -38,6 +47,7 @@ SLIME_FLAGS = {
     "--custom-tis-function-path", "--custom-generate-function-path", "--custom-rm-path", "--use-wandb",
     "--wandb-project", "--wandb-group", "--rollout-num-gpus-per-engine", "--lr", "--metadata-key",
     "--custom-rollout-log-function-path", "--custom-eval-rollout-log-function-path",
+    "--custom-reward-post-process-path",
     "--sglang-mem-fraction-static",  # SGLang's --mem-fraction-static behind slime's --sglang- prefix
 }  # fmt: skip
 MEGATRON_FLAGS = {
@@ -152,8 +162,8 @@ def test_search_metrics_are_logged_by_default_and_evaluation_reads_the_metadata_
 @pytest.mark.parametrize(
     "env, message",
     [
-        ({"USE_TIS": "1", "TRACK_LOG_PROBS": "false"}, "USE_TIS=1 needs the engine's log probs"),
-        ({"USE_TIS": "1", "LOSS_MASK_MODE": "simple"}, "USE_TIS=1 needs LOSS_MASK_MODE=strict"),
+        ({"USE_TIS": "1", "TRACK_LOG_PROBS": "false"}, "--use-tis needs the engine's log probs"),
+        ({"USE_TIS": "1", "LOSS_MASK_MODE": "simple"}, "which --use-tis would treat as real"),
         ({"USE_TIS": "maybe"}, "USE_TIS=maybe is not a boolean"),
         ({"LLM_API_MODE": "xml"}, "LLM_API_MODE=xml is invalid; accepted: generate | chat"),
         ({"START_RAY": "yes"}, "START_RAY=yes is invalid"),
@@ -161,6 +171,79 @@ def test_search_metrics_are_logged_by_default_and_evaluation_reads_the_metadata_
 )
 def test_bad_settings_stop_even_a_dry_run(env, message):
     assert message in fails("--dry-run", **env)
+
+
+def test_failed_samples_are_kept_out_of_group_advantages_by_default():
+    run = dry_run()
+    assert run.value("--custom-reward-post-process-path") == REWARD_POST_PROCESS_PATH
+    assert callable(load_function(REWARD_POST_PROCESS_PATH))
+    assert "siblings' advantages" not in run.result.stderr  # no warning: the hook is the plugin's
+
+
+def generate_refusal(flags: Namespace, env: dict) -> str:
+    """The message generate() raises at its first sample for these slime flags and plugin variables."""
+    with pytest.raises(ConfigError) as refused:
+        check_slime_args(flags, resolve_config(apply_env_overrides(generate_with_search.SEARCH_R1_CONFIGS, env)))
+    return str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "flags"),
+    [
+        (["--use-tis"], {"LOSS_MASK_MODE": "simple"}, {"use_tis": True}),
+        (["--use-rollout-logprobs"], {"LOSS_MASK_MODE": "simple"}, {"use_rollout_logprobs": True}),
+        (["--get-mismatch-metrics"], {"TRACK_LOG_PROBS": "0"}, {"get_mismatch_metrics": True}),
+        (["--use-tis"], {"TRACK_LOG_PROBS": "false"}, {"use_tis": True}),
+        (["--rollout-top-p", "0.9"], {"TRACK_LOG_PROBS": "0"}, {"rollout_top_p": 0.9}),
+        (["--use-rollout-routing-replay"], {}, {"use_rollout_routing_replay": True}),
+        (["--partial-rollout"], {}, {"partial_rollout": True}),
+    ],
+    ids=["tis-simple", "rollout-logprobs-simple", "mismatch-no-logprobs", "tis-no-logprobs", "top-p", "r3", "partial"],
+)
+def test_flags_generate_refuses_are_refused_at_launch_with_its_message(args, env, flags):
+    message = generate_refusal(Namespace(**flags), env)
+    assert f"run_qwen2.5_3B.sh: error: {message}" in fails("--dry-run", *args, **env)
+    assert f"run_qwen2.5_3B.sh: error: {message}" in fails(*args, **env)  # and before ray job submit
+
+
+def test_a_bad_plugin_setting_is_refused_at_launch_with_the_import_message():
+    env = {"SEARCH_R1_MAX_TURNS": "two"}
+    with pytest.raises(ConfigError) as refused:
+        apply_env_overrides(generate_with_search.SEARCH_R1_CONFIGS, env)
+    assert f"run_qwen2.5_3B.sh: error: {refused.value}" in fails("--dry-run", **env)
+
+
+def test_the_router_modes_need_the_old_router_stated(tmp_path):
+    for mode in ("router_radix", "router_handler"):
+        chat = {"LLM_API_MODE": "chat"} if mode == "router_handler" else {}
+        stderr = fails("--dry-run", TOKEN_TRACKING_MODE=mode, **chat)
+        assert f"TOKEN_TRACKING_MODE={mode} needs the old slime router" in stderr
+        assert "Use TOKEN_TRACKING_MODE=manual" in stderr
+        assert dry_run(TOKEN_TRACKING_MODE=mode, LEGACY_SLIME_ROUTER="1", **chat).has("--custom-rm-path")
+
+
+def test_the_check_reads_the_dict_as_edited_in_generate_with_search(tmp_path):
+    edited = tmp_path / "generate_with_search.py"
+    source = (REPO / "generate_with_search.py").read_text()
+    edited.write_text(source.replace('"max_turns": 3,', '"max_turns": 0,'))
+    check = [sys.executable, str(REPO / "search_r1_config.py"), "check-launch", "--plugin", str(edited), "--"]
+    result = subprocess.run(check, env=clean_env(), capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "SEARCH_R1_CONFIGS['max_turns']=0 is out of range; accepted: between 1 and 64" in result.stderr
+    edited.write_text(source.replace('"max_turns": 3,', '"max_turns": compute_turns(),'))
+    result = subprocess.run(check, env=clean_env(), capture_output=True, text=True)
+    assert result.returncode == 2 and "is not a literal dict" in result.stderr
+
+
+def test_the_check_can_be_skipped():
+    run = dry_run("--partial-rollout", SKIP_PLUGIN_CHECK="1")
+    assert run.has("--partial-rollout")
+    assert "SKIP_PLUGIN_CHECK is set" in run.result.stderr
+
+
+def test_a_replaced_reward_post_process_is_warned_about():
+    run = dry_run("--custom-reward-post-process-path", "mine.post_process")
+    assert "siblings' advantages: pass --custom-reward-post-process-path" in run.result.stderr
 
 
 def test_chat_mode_keeps_messages_and_reads_tools(tmp_path):

@@ -12,6 +12,7 @@ from conftest import chat_prompt, slime_sampling_params
 from generate_with_search import generate, reward_func
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.http_utils import init_http_client
+from search_r1_config import REWARD_POST_PROCESS_PATH, ConfigError
 from sglang_engine import EngineProtocolError, EngineUnavailable
 from slime.utils.types import Sample
 from support.fidelity import assert_faithful
@@ -530,3 +531,77 @@ async def test_a_search_answer_nested_too_deeply_fails_the_sample_not_the_batch(
     assert sample.status == Sample.Status.FAILED
     assert sample.remove_sample is True
     assert "nested too deeply" in info(sample)["search_error"]
+
+
+# ---- slime's own settings reach the rollout ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def note_template_dir(tokenizer_dir, tmp_path):
+    """The Qwen2.5 tokenizer with a chat template that takes a keyword, as Qwen3's enable_thinking does."""
+    import shutil
+
+    folder = tmp_path / "tokenizer"
+    shutil.copytree(tokenizer_dir, folder)
+    template = folder / "chat_template.jinja"
+    template.write_text("{%- if note is defined %}{{- 'NOTE: ' + note + '\\n' }}{%- endif %}" + template.read_text())
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    ("flag", "own", "expected"),
+    [
+        ({"note": "from slime's flag"}, {}, "from slime's flag"),
+        ({"note": "flag"}, {"note": "the sample's"}, "the sample's"),
+    ],
+    ids=["slime flag", "sample's own wins"],
+)
+@pytest.mark.parametrize("mode", ["generate", "chat"])
+async def test_apply_chat_template_kwargs_reach_the_template(
+    make_args, note_template_dir, engine, policy, search_config, mode, flag, own, expected
+):
+    search_config["llm_api_mode"] = mode
+    args = make_args(hf_checkpoint=note_template_dir, apply_chat_template_kwargs=flag)
+    messages = [{"role": "user", "content": f"Question: {QUESTION}?"}]  # XML mode without --apply-chat-template
+    sample = Sample(prompt=messages, label=label("Paris"), apply_chat_template_kwargs=own)
+    await generate(args, sample, slime_sampling_params(64))
+    tokenizer = GenerateState(args).tokenizer
+    assert tokenizer.decode(engine.calls[0].input_ids).startswith(f"NOTE: {expected}\n")
+
+
+async def test_the_engine_is_reached_through_slime_s_model_routers(
+    make_args, tokenizer, engine, policy, search_config
+):
+    policy.scripts[QUESTION + "?"] = [ANSWER_TURN]
+    # --sglang-config: the policy ("actor") has its own router; slime's default router address is elsewhere
+    routers = {"actor": tuple(router_address(engine.url).values()), "ref": ("127.0.0.1", 9)}
+    args, sample, _ = await rollout(
+        make_args, tokenizer, sglang_router_ip="127.0.0.1", sglang_router_port=9, sglang_model_routers=routers
+    )
+    assert sample.status == Sample.Status.COMPLETED and len(engine.calls) == 1
+    search_config["engine_model"] = "policy"  # SEARCH_R1_ENGINE_MODEL names it when it is not "actor"
+    routers["policy"] = routers.pop("actor")
+    _, sample, _ = await rollout(make_args, tokenizer, sglang_router_ip="127.0.0.1", sglang_router_port=9,
+                                 sglang_model_routers=routers)  # fmt: skip
+    assert sample.status == Sample.Status.COMPLETED and len(engine.calls) == 2
+
+
+async def test_partial_rollout_is_refused_at_the_first_sample(make_args, tokenizer, engine, search_config):
+    with pytest.raises(ConfigError, match="--partial-rollout is not supported"):
+        await rollout(make_args, tokenizer, partial_rollout=True)
+    assert engine.calls == []
+
+
+async def test_a_missing_reward_post_process_is_warned_about_once(
+    make_args, tokenizer, engine, policy, search_config, caplog, monkeypatch
+):
+    monkeypatch.setattr(generate_with_search, "_warned", set())
+    policy.scripts[QUESTION + "?"] = [ANSWER_TURN]
+    for _ in range(2):
+        await rollout(make_args, tokenizer, n_samples_per_prompt=8)
+    warnings = [r for r in caplog.records if "siblings' advantages" in r.getMessage()]
+    assert len(warnings) == 1
+    caplog.clear()
+    monkeypatch.setattr(generate_with_search, "_warned", set())
+    await rollout(make_args, tokenizer, custom_reward_post_process_path=REWARD_POST_PROCESS_PATH)
+    assert not [r for r in caplog.records if "siblings' advantages" in r.getMessage()]
