@@ -22,7 +22,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# SLIME_SRC=/path/to/slime make test runs the same suite against that slime checkout instead of tests/slime_stub.
 test: lint
+ifneq ($(strip $(SLIME_SRC)),)
+	$(BIN)/pip install --quiet -e '.[slime-src]'
+endif
 	$(BIN)/python -m pytest
 
 # Main job on the embedded default: mini-Wikipedia + MiniLM index (built once), served on 127.0.0.1 and measured.

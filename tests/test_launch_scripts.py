@@ -200,10 +200,11 @@ def generate_refusal(flags: Namespace, env: dict) -> str:
     ],
     ids=["tis-simple", "rollout-logprobs-simple", "mismatch-no-logprobs", "tis-no-logprobs", "top-p", "r3", "partial"],
 )
-def test_flags_generate_refuses_are_refused_at_launch_with_its_message(args, env, flags):
+def test_flags_generate_refuses_are_refused_at_launch_with_its_message(args, env, flags, slime_tree):
     message = generate_refusal(Namespace(**flags), env)
     assert f"run_qwen2.5_3B.sh: error: {message}" in fails("--dry-run", *args, **env)
-    assert f"run_qwen2.5_3B.sh: error: {message}" in fails(*args, **env)  # and before ray job submit
+    assert f"run_qwen2.5_3B.sh: error: {message}" in fails(*args, **env, **slime_tree)
+    assert ray_calls(slime_tree) == []  # refused before a Ray head or a job was started
 
 
 def test_a_bad_plugin_setting_is_refused_at_launch_with_the_import_message():

@@ -2,7 +2,7 @@
 
 The samples come from real episodes against the loopback engine and retriever (XML and chat), scored by
 reward_func as slime does (aborted samples are not scored); slime's side of the call is the stand-in of
-log_rollout_data / log_eval_rollout_data in support/slime_rollout.py, its tracking call the stub's logging_utils.
+log_rollout_data / log_eval_rollout_data in support/slime_rollout.py, its tracking call recorded by support.tracking.
 """
 
 import copy
@@ -19,10 +19,11 @@ import search_metrics
 from chat_tools import CHAT_SYSTEM_PROMPT, SEARCH_TOOL, chat_question
 from conftest import chat_prompt, slime_sampling_params
 from generate_with_search import generate, reward_func
-from slime.observability import logging_utils
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
+from support.slime_compat import subprocess_pythonpath
 from support.slime_rollout import eval_data, log_eval_rollout_data, log_rollout_data
+from support.tracking import record_tracking
 
 REPO = Path(__file__).resolve().parents[1]
 SEARCH = "<think>I need to look this up.</think>\n<search> capital of France </search>"
@@ -38,9 +39,8 @@ TRAIN = "rollout/search_r1/"
 
 @pytest.fixture
 def logged():
-    logging_utils.logged.clear()
-    yield logging_utils.logged
-    logging_utils.logged.clear()
+    with record_tracking() as calls:
+        yield calls
 
 
 async def xml_rollout(args, tokenizer, policy, question, script, *, budget=1024, evaluation=False, metadata=None):
@@ -303,7 +303,7 @@ async def test_eval_metrics_per_dataset_with_em_per_data_source_at_the_train_ste
 def test_the_plugin_imports_without_slimes_logging_module():
     """slime's logging_utils imports wandb at import time: the plugin must load it only when it logs."""
     code = "import sys, generate_with_search; print(sorted(m for m in sys.modules if m.startswith('slime.obs')))"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests" / "slime_stub")])}
+    env = {**os.environ, "PYTHONPATH": subprocess_pythonpath()}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

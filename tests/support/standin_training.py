@@ -33,11 +33,11 @@ from transformers import AutoTokenizer  # noqa: E402
 
 import generate_with_search  # noqa: E402
 from async_http import close_loop_sessions  # noqa: E402
-from slime.observability import logging_utils  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 from support.fake_sglang import FakeSGLangEngine, question_of  # noqa: E402
 from support.loopback import serve_in_thread  # noqa: E402
 from support.qwen_tokenizer import qwen25_tokenizer_dir  # noqa: E402
+from support.tracking import record_tracking  # noqa: E402
 from support.slime_rollout import (  # noqa: E402
     EVAL_ROLLOUT_LOG_FUNCTION,
     ROLLOUT_LOG_FUNCTION,
@@ -101,7 +101,7 @@ def main() -> int:
     tokenizer_dir = str(qwen25_tokenizer_dir())
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     engine = FakeSGLangEngine(tokenizer, read_then_answer)
-    with serve_in_thread(engine.app) as engine_url:
+    with serve_in_thread(engine.app) as engine_url, record_tracking() as logged:
         args = standin_args(tokenizer_dir, engine_url)
         started = time.monotonic()
         results = asyncio.run(rollouts(args, tokenizer, questions))
@@ -118,7 +118,7 @@ def main() -> int:
         "answers": [FIRST_TITLE.findall(sample.response)[-1:] for sample in results],
         "rewards": [sample.reward for sample in results],
         "engine_calls": len(engine.calls),
-        "logged": logging_utils.logged,
+        "logged": logged,
     }
     Path(os.environ["STANDIN_REPORT"]).write_text(json.dumps(report, indent=1))
     problems = []

@@ -1,23 +1,29 @@
 """Stand-in for slime.observability.logging_utils.log: slime's one call that sends metrics to wandb and TensorBoard.
 
 As in slime: wandb gets the whole dict (step key included) when args.use_wandb; TensorBoard gets every other key
-as a scalar at metrics[step_key] when args.use_tensorboard; with neither, nothing is logged. Instead of sending,
-each backend's call is appended to `logged` (a test hook, not in slime).
+at metrics[step_key] when args.use_tensorboard; with neither, nothing is logged. slime's module holds the `wandb`
+package and TensorBoard's `_TensorboardAdapter`; neither is installed here, so both names hold placeholders that
+refuse to send. Tests put recorders in their place (tests/support/tracking.py), the same way for real slime.
 """
 
-import numbers
 
-logged: list[dict] = []
+class _NotInstalled:
+    def log(self, *args, **kwargs):
+        raise RuntimeError("wandb is not installed in the tests; record with support.tracking.record_tracking()")
+
+
+wandb = _NotInstalled()
+
+
+class _TensorboardAdapter:
+    def __init__(self, args):
+        raise RuntimeError("TensorBoard is not set up in the tests; record with support.tracking.record_tracking()")
 
 
 def log(args, metrics, step_key: str):
     if args.use_wandb:
-        logged.append({"backend": "wandb", "metrics": dict(metrics)})
+        wandb.log(metrics)
 
     if args.use_tensorboard:
         metrics_except_step = {k: v for k, v in metrics.items() if k != step_key}
-        step = metrics[step_key]  # a KeyError in slime too
-        not_scalars = {k: v for k, v in metrics_except_step.items() if not isinstance(v, numbers.Real)}
-        if not_scalars:
-            raise TypeError(f"SummaryWriter.add_scalar takes numbers; got {not_scalars}")
-        logged.append({"backend": "tensorboard", "metrics": metrics_except_step, "step": step})
+        _TensorboardAdapter(args).log(data=metrics_except_step, step=metrics[step_key])
