@@ -306,4 +306,6 @@ def test_the_plugin_imports_without_slimes_logging_module():
     env = {**os.environ, "PYTHONPATH": subprocess_pythonpath()}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "[]"
+    # (slime's rollout module itself imports slime.observability's tracing helpers, which need no wandb)
+    assert "'slime.observability.logging_utils'" not in result.stdout
+    assert "'slime.observability.metric_utils'" not in result.stdout
