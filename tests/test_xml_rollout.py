@@ -336,6 +336,16 @@ async def test_reward_key_returns_details(make_args, tokenizer, engine, policy, 
     assert reward == {"score": 1.0, "em": 1.0, "format_valid": 1.0, "retrieval_hit": 1.0}
 
 
+async def test_the_reward_key_also_keys_evaluation_rewards_as_slime_copies_it(
+    make_args, tokenizer, engine, policy, search_config
+):
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, WRONG_TURN]
+    args, sample, _ = await rollout(make_args, tokenizer, reward_key="score", evaluation=True)
+    assert args.eval_reward_key == "score"  # slime's argument parsing copies --reward-key into it
+    reward = await reward_func(args, sample)
+    assert reward[args.eval_reward_key] == 0.0  # what slime's evaluation logs: pure EM, no format bonus
+
+
 async def test_messages_prompt_is_rendered_with_the_chat_template(make_args, tokenizer, engine, policy, search_config):
     policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
     from xml_actions import search_r1_prompt
