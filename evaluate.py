@@ -30,9 +30,9 @@ from collections import Counter
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from async_http import close_loop_sessions
-from eval_dataset import ColumnNames, DatasetError, EvalRow, build_sample, read_rows, select_rows
-from eval_results import (
+from slime_search_r1.config import ConfigError, resolve_config
+from slime_search_r1.evaluation.dataset import ColumnNames, DatasetError, EvalRow, build_sample, read_rows, select_rows
+from slime_search_r1.evaluation.reports import (
     COMPARISON_MD,
     COMPARISON_PNG,
     RETRIED_STATUSES,
@@ -46,7 +46,7 @@ from eval_results import (
     write_em_chart,
     write_reports,
 )
-from search_r1_config import ConfigError, resolve_config
+from slime_search_r1.http import close_loop_sessions
 
 logger = logging.getLogger("evaluate")
 

@@ -6,27 +6,29 @@
     --custom-rollout-log-function-path generate_with_search.log_rollout_metrics            # search metrics
     --custom-eval-rollout-log-function-path generate_with_search.log_eval_rollout_metrics  # and EM per source
 
-LLM_API_MODE=generate speaks Search-R1's XML tags (xml_rollout.py), chat speaks OpenAI tool calls
-(chat_rollout.py); TOKEN_TRACKING_MODE=manual keeps the trajectory token-exact with any SGLang engine,
-the router modes take it from the old slime router's cache (router_tracking.py).
+LLM_API_MODE=generate speaks Search-R1's XML tags, chat speaks OpenAI tool calls; TOKEN_TRACKING_MODE=manual
+keeps the trajectory token-exact with any SGLang engine, the router modes take it from the old slime router's
+cache. The machinery is in slime_search_r1/ (its __init__.py maps it); the reward table is qa_em_format.py.
 
-Edit SEARCH_R1_CONFIGS below or set the environment variables listed in search_r1_config.ENV_OVERRIDES
+Edit SEARCH_R1_CONFIGS below or set the environment variables listed in slime_search_r1.config.ENV_OVERRIDES
 (LLM_API_MODE, SEARCH_BACKEND, TOKEN_TRACKING_MODE, TRACK_LOG_PROBS, LOSS_MASK_MODE, RETRIEVAL_SERVER_URL,
 GOOGLE_API_KEY, SEARCH_R1_*). A bad value stops the import with a message saying what is accepted.
 """
 
 import logging
 
-from chat_reward import score_conversation
-from chat_rollout import run_chat_episode
-from group_rewards import post_process_rewards  # noqa: F401 (slime loads it from here)
-from qa_em_format import FormatWeights, golden_answers, score_response
-from search_metrics import log_eval_rollout_metrics, log_rollout_metrics  # noqa: F401 (slime loads them from here)
-from search_r1_config import apply_env_overrides, check_slime_args, resolve_config
+import google_search_server
+from qa_em_format import FormatWeights, score_answer, score_response
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
-from trajectory import METADATA_KEY
-from xml_rollout import run_xml_episode
+from slime_search_r1.config import apply_env_overrides, check_slime_args, resolve_config
+from slime_search_r1.data import golden_answers
+from slime_search_r1.loop import run_episode
+from slime_search_r1.protocols.chat_reward import read_conversation
+from slime_search_r1.search.dispatch import register_search_backend
+from slime_search_r1.state import METADATA_KEY
+from slime_search_r1.training.advantages import post_process_rewards  # noqa: F401 (slime loads it from here)
+from slime_search_r1.training.metrics import log_eval_rollout_metrics, log_rollout_metrics  # noqa: F401 (likewise)
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ SEARCH_R1_CONFIGS = apply_env_overrides(
         "search_concurrency": 256,  # searches in flight per rollout process
         "search_backend": "local",  # "local" retrieval server | "google" (serper.dev)
         "search_timeout": 30.0,  # seconds per attempt
-        "search_max_retries": 3,  # attempts in all, on connection errors, timeouts, 5xx and 429
+        "search_attempts": 3,  # tries in all (the first included), on connection errors, timeouts, 5xx and 429
         "drop_failed_samples": True,  # a FAILED sample (search down) gets remove_sample: kept out of the loss
         "local": {
             "search_url": "http://127.0.0.1:8000/retrieve",  # several servers: comma-separated
@@ -69,6 +71,7 @@ SEARCH_R1_CONFIGS = apply_env_overrides(
 )
 
 resolve_config(SEARCH_R1_CONFIGS)  # fail at import, not in the middle of a rollout
+register_search_backend("google", google_search_server.search)  # SEARCH_BACKEND=google: serper.dev
 
 
 _warned: set[str] = set()
@@ -84,14 +87,12 @@ async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool
     config = resolve_config(SEARCH_R1_CONFIGS)
     for warning in check_slime_args(args, config):
         _warn_once(warning)
-    if config.llm_api_mode == "chat":
-        if config.token_tracking_mode == "router_radix":
-            _warn_once(
-                "LLM_API_MODE=chat with TOKEN_TRACKING_MODE=router_radix works but sends rendered text, not "
-                "messages, through the router; router_handler or manual keep the messages"
-            )
-        return await run_chat_episode(args, sample, sampling_params, config, evaluation=evaluation)
-    return await run_xml_episode(args, sample, sampling_params, config, evaluation=evaluation)
+    if config.llm_api_mode == "chat" and config.token_tracking_mode == "router_radix":
+        _warn_once(
+            "LLM_API_MODE=chat with TOKEN_TRACKING_MODE=router_radix works but sends rendered text, not "
+            "messages, through the router; router_handler or manual keep the messages"
+        )
+    return await run_episode(args, sample, sampling_params, config, evaluation)
 
 
 def _prompt_text(args, sample: Sample) -> str:
@@ -117,11 +118,13 @@ async def reward_func(args, sample: Sample | list[Sample], **kwargs) -> float | 
         if evaluation
         else FormatWeights(config.format_score, config.final_format_score, config.retrieval_score)
     )
+    golds = golden_answers(sample.label)
     conversation = episode.get("conversation")
     if conversation is not None:
-        details = score_conversation(conversation, golden_answers(sample.label), weights)
+        reading = read_conversation(conversation)
+        details = score_answer(reading.answer, golds, reading.format_valid, reading.tool_texts, weights)
     else:
-        details = score_response(_prompt_text(args, sample), sample.response, golden_answers(sample.label), weights)
+        details = score_response(_prompt_text(args, sample), sample.response, golds, weights)
     reward = {
         "score": details.score,
         "em": details.em,
@@ -129,7 +132,7 @@ async def reward_func(args, sample: Sample | list[Sample], **kwargs) -> float | 
         "retrieval_hit": float(details.retrieval_hit),
     }
     if METADATA_KEY in (sample.metadata or {}):
-        episode["reward"] = reward  # what the rollout log function plots (search_metrics.py)
+        episode["reward"] = reward  # what the rollout log function plots (slime_search_r1/training/metrics.py)
     # slime indexes a dict reward with --reward-key (training) and --eval-reward-key (evaluation) only.
     if getattr(args, "reward_key", None) or (evaluation and getattr(args, "eval_reward_key", None)):
         return dict(reward)

@@ -1,4 +1,4 @@
-"""Google search through serper.dev, returning hits in the retrieval server's document shape.
+"""Google search through serper.dev (SEARCH_BACKEND=google), returning hits in the retrieval server's document shape.
 
 Snippet-only by default; with snippet_only=False each result page is fetched (bounded concurrency,
 short timeout, at most PAGE_MAX_BYTES read), decoded with its declared charset or chardet, stripped to text,
@@ -16,8 +16,9 @@ from html.parser import HTMLParser
 import aiohttp
 import chardet
 
-from async_http import RequestFailed, loop_semaphore, loop_session, post_json, read_prefix, retrying
-from search_results import answer_byte_limit
+from slime_search_r1.config import SearchR1Config
+from slime_search_r1.http import RequestFailed, loop_semaphore, loop_session, post_json, read_prefix, retrying
+from slime_search_r1.search.results import answer_byte_limit, hit_contents
 
 logger = logging.getLogger(__name__)
 
@@ -167,3 +168,20 @@ async def google_search(
         for item, context in zip(items, contexts, strict=True)
         if _text(item, "title") or context
     ]
+
+
+async def search(config: SearchR1Config, query: str, give_up: Callable[[], bool] | None = None) -> list[str]:
+    """The search backend generate_with_search.py registers as "google": passage contents for `query`."""
+    hits = await google_search(
+        config.google.api_key,
+        query,
+        config.topk,
+        timeout=config.search_timeout,
+        proxy=config.google.proxy,
+        snippet_only=config.google.snippet_only,
+        search_url=config.google.search_url,
+        max_attempts=config.search_attempts,
+        fetch_concurrency=config.google.fetch_concurrency,
+        give_up=give_up,
+    )
+    return [hit_contents(hit) for hit in hits]

@@ -28,8 +28,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
-from chat_tools import CHAT_SYSTEM_PROMPT, SEARCH_TOOL, chat_question
-from qa_em_format import golden_answers
+from slime_search_r1.data import CHAT_SYSTEM_PROMPT, chat_question, golden_answers
+from slime_search_r1.protocols.tools import TOOLS
 
 REQUIRED_COLUMNS = ("question", "data_source")
 PASSED_THROUGH = ("id", "ability", "extra_info", "golden_answers")
@@ -148,7 +148,7 @@ def convert(
     keep_prompt: bool = False,
 ) -> int:
     rows, total = read_rows(source, split)
-    tools_json = json.dumps([SEARCH_TOOL], ensure_ascii=False)
+    tools_json = json.dumps([tool.schema for tool in TOOLS.values()], ensure_ascii=False)
     converted = []
     skipped_sources = set()
     for index, row in enumerate(tqdm(rows, total=total, desc="converting", unit="row")):

@@ -9,37 +9,53 @@
 | none    | yes          | format_score (+ retrieval_score)                                 |
 | none    | no           | 0                                                                |
 
-With format_score = final_format_score = retrieval_score = 0 this is plain EM (qa_em).
+With format_score = final_format_score = retrieval_score = 0 this is plain EM (qa_em). XML responses are read
+here (score_response); chat conversations are read by slime_search_r1/protocols/chat_reward.py and scored with
+the same table (score_answer).
 """
 
 import re
 import string
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
-from xml_actions import INVALID_ACTION_MESSAGE
+from slime_search_r1.protocols.tools import TOOLS
+from slime_search_r1.protocols.xml import ANSWER_PATTERN, INFORMATION_PATTERN, INVALID_ACTION_MESSAGE
 
 ASSISTANT_MARKER = re.compile(r"<\|im_start\|>assistant\s*")
-ANSWER_PATTERN = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-INFORMATION_PATTERN = re.compile(r"<information>(.*?)</information>", re.DOTALL)
-_TAG_SPLIT = re.compile(r"(</?(?:think|search|information|answer)>)")
-_TAGS = ("think", "search", "information", "answer")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
-# The format automaton: (state, tag) -> next state. Text between tags must be whitespace.
-_TRANSITIONS = {
-    ("start", "<think>"): "in_think",
-    ("information", "<think>"): "in_think",
-    ("in_think", "</think>"): "after_think",
-    ("after_think", "<search>"): "in_search",
-    ("in_search", "</search>"): "after_search",
-    ("after_search", "<information>"): "in_information",
-    ("in_information", "</information>"): "information",
-    ("after_think", "<answer>"): "in_answer",
-    ("in_answer", "</answer>"): "end",
-}
-_INSIDE_TAG = {"in_think", "in_search", "in_information", "in_answer"}
+
+@dataclass(frozen=True)
+class FormatAutomaton:
+    """Search-R1's order think -> (tool call -> information -> think)* -> answer, over every registered tool's tag."""
+
+    tags: tuple[str, ...]
+    split: re.Pattern
+    transitions: dict[tuple[str, str], str]  # (state, tag) -> next state; text between tags must be whitespace
+    inside_tag: frozenset[str]  # states in which text is allowed
+
+
+@lru_cache(maxsize=8)
+def format_automaton(tools: tuple[str, ...]) -> FormatAutomaton:
+    tags = ("think", *tools, "information", "answer")
+    transitions = {
+        ("start", "<think>"): "in_think",
+        ("information", "<think>"): "in_think",
+        ("in_think", "</think>"): "after_think",
+        ("after_call", "<information>"): "in_information",
+        ("in_information", "</information>"): "information",
+        ("after_think", "<answer>"): "in_answer",
+        ("in_answer", "</answer>"): "end",
+    }
+    for tool in tools:
+        transitions[("after_think", f"<{tool}>")] = f"in_{tool}"
+        transitions[(f"in_{tool}", f"</{tool}>")] = "after_call"
+    inside = frozenset({"in_think", "in_information", "in_answer", *(f"in_{tool}" for tool in tools)})
+    split = re.compile(rf"(</?(?:{'|'.join(map(re.escape, tags))})>)")
+    return FormatAutomaton(tags, split, transitions, inside)
 
 
 @dataclass(frozen=True)
@@ -78,20 +94,21 @@ def format_problem(text: str) -> str | None:
     if marker is None:
         return "missing <|im_start|>assistant marker"
     content = text[marker.end() :]
-    for tag in _TAGS:
+    automaton = format_automaton(tuple(TOOLS))
+    for tag in automaton.tags:
         opened, closed = content.count(f"<{tag}>"), content.count(f"</{tag}>")
         if opened != closed:
             return f"unbalanced <{tag}>: {opened} opening vs {closed} closing"
     state = "start"
-    for part in _TAG_SPLIT.split(content):
+    for part in automaton.split.split(content):
         if not part.strip():
             continue
-        if _TAG_SPLIT.fullmatch(part):
-            next_state = _TRANSITIONS.get((state, part))
+        if automaton.split.fullmatch(part):
+            next_state = automaton.transitions.get((state, part))
             if next_state is None:
                 return f"unexpected {part} in state {state}"
             state = next_state
-        elif state not in _INSIDE_TAG:
+        elif state not in automaton.inside_tag:
             return f"unexpected text {part.strip()[:40]!r} in state {state}"
     return None if state == "end" else f"incomplete sequence, ended in state {state}"
 
@@ -116,10 +133,6 @@ def contains_gold(texts: Iterable[str], golden_answers: Iterable[str]) -> bool:
     return any(gold in text for text in normalized for gold in golds)
 
 
-def retrieval_hit(text: str, golden_answers: Iterable[str]) -> bool:
-    return contains_gold(INFORMATION_PATTERN.findall(text), golden_answers)
-
-
 def table_score(answer: str | None, golden_answers: list[str], format_valid: bool, hit: bool, weights) -> ScoreDetails:
     """The reward table at the top of this module."""
     em = answer is not None and em_check(answer, golden_answers)
@@ -132,35 +145,16 @@ def table_score(answer: str | None, golden_answers: list[str], format_valid: boo
     return ScoreDetails(score=score, em=float(em), format_valid=format_valid, retrieval_hit=hit, answer=answer)
 
 
+def score_answer(
+    answer: str | None, golden_answers: list[str], format_valid: bool, retrieved: list[str], weights: FormatWeights
+) -> ScoreDetails:
+    """The table for an answer read from either protocol; the retrieval bonus needs a valid format."""
+    hit = format_valid and contains_gold(retrieved, golden_answers)
+    return table_score(answer, golden_answers, format_valid, hit, weights)
+
+
 def score_response(prompt: str, response: str, golden_answers: list[str], weights: FormatWeights) -> ScoreDetails:
     """XML mode: the format is checked on prompt + response, the answer read from the response."""
     format_valid = format_problem(prompt + response) is None
-    hit = format_valid and retrieval_hit(response, golden_answers)
-    return table_score(last_answer(response), golden_answers, format_valid, hit, weights)
-
-
-def golden_answers(label) -> list[str]:
-    """Gold answers from slime's label in any of its shapes.
-
-    Accepted: the reward_model dict {"style": ..., "ground_truth": {"target": [...]}}, {"ground_truth": ...},
-    {"target": ...}, or the targets themselves; targets may be a list, tuple, numpy array or one string.
-    """
-    node = label
-    if isinstance(node, dict) and "ground_truth" in node:
-        node = node["ground_truth"]
-    if isinstance(node, dict):
-        if "target" not in node:
-            raise ValueError(
-                f"label has no 'target' (keys: {sorted(node)}); expected {{'ground_truth': {{'target': [...]}}}}"
-            )
-        node = node["target"]
-    if hasattr(node, "tolist"):  # numpy arrays from parquet
-        node = node.tolist()
-    if isinstance(node, (str, int, float)) and not isinstance(node, bool):
-        return [str(node)]
-    if isinstance(node, (list, tuple)) and node and all(isinstance(x, (str, int, float)) for x in node):
-        return [str(x) for x in node]
-    raise ValueError(
-        f"cannot read gold answers from label {str(label)[:200]!r}; expected {{'ground_truth': {{'target': [...]}}}}, "
-        "a list of strings or a string"
-    )
+    retrieved = INFORMATION_PATTERN.findall(response)
+    return score_answer(last_answer(response), golden_answers, format_valid, retrieved, weights)

@@ -6,7 +6,7 @@
 # Every path and setting comes from an environment variable (the defaults are the slime example's).
 # DRY_RUN=1 (or --dry-run) checks the settings and prints the commands instead of running them. Either way the
 # plugin's configuration and the slime flags are checked here, with the messages generate() would give at its
-# first sample, before Ray, SGLang or Megatron start (search_r1_config.py check-launch; SKIP_PLUGIN_CHECK=1 skips).
+# first sample, before Ray, SGLang or Megatron start (slime_search_r1/config.py check-launch; SKIP_PLUGIN_CHECK=1 skips).
 # The plugin's own variables (LLM_API_MODE, SEARCH_BACKEND, RETRIEVAL_SERVER_URL, SEARCH_R1_*, ...) are
 # forwarded to the Ray job. Nothing is killed at start: a Ray head is started only when none answers at
 # RAY_DASHBOARD_URL (START_RAY=auto), and on exit the script stops only the job and the head it started.
@@ -14,11 +14,11 @@ set -euo pipefail
 
 SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 
-# The plugin's environment overrides (search_r1_config.ENV_OVERRIDES); a test keeps the two lists equal.
+# The plugin's environment overrides (slime_search_r1/config.py ENV_OVERRIDES); a test keeps the two lists equal.
 PLUGIN_ENV_VARS=(
   LLM_API_MODE SEARCH_BACKEND TOKEN_TRACKING_MODE TRACK_LOG_PROBS LOSS_MASK_MODE RETRIEVAL_SERVER_URL
   GOOGLE_API_KEY SEARCH_R1_MAX_TURNS SEARCH_R1_TOPK SEARCH_R1_SEARCH_CONCURRENCY SEARCH_R1_FORMAT_SCORE
-  SEARCH_R1_MAX_CONTEXT_LENGTH SEARCH_R1_MAX_OBS_TOKENS SEARCH_R1_SEARCH_TIMEOUT SEARCH_R1_SEARCH_RETRIES
+  SEARCH_R1_MAX_CONTEXT_LENGTH SEARCH_R1_MAX_OBS_TOKENS SEARCH_R1_SEARCH_TIMEOUT SEARCH_R1_SEARCH_ATTEMPTS
   SEARCH_R1_DROP_FAILED_SAMPLES SEARCH_R1_ENGINE_TRANSPORT SEARCH_R1_ENGINE_MODEL GOOGLE_SEARCH_URL
   GOOGLE_SNIPPET_ONLY
 )
@@ -331,7 +331,7 @@ check_plugin() {
     warn "SKIP_PLUGIN_CHECK is set: the plugin's settings are checked only at the first sample"
     return 0
   fi
-  LLM_API_MODE=$LLM_API_MODE "$PYTHON_BIN" "${SCRIPT_DIR}/search_r1_config.py" check-launch \
+  LLM_API_MODE=$LLM_API_MODE "$PYTHON_BIN" "${SCRIPT_DIR}/slime_search_r1/config.py" check-launch \
     --prog run_qwen2.5_3B.sh --plugin "${SCRIPT_DIR}/generate_with_search.py" -- "${TRAIN_ARGS[@]}" || exit 1
 }
 

@@ -8,7 +8,7 @@ from transformers import AutoTokenizer
 from support import slime_compat  # first: SLIME_SRC=/path/to/slime puts real slime in the stand-in's place
 
 import generate_with_search
-from async_http import close_loop_sessions
+from slime_search_r1.http import close_loop_sessions
 from support.fake_retriever import FakeRetriever
 from support.fake_router import FakeSlimeRouter
 from support.fake_sglang import FakeSGLangEngine, ScriptedPolicy
@@ -74,7 +74,7 @@ def search_config(retriever):
     config = generate_with_search.SEARCH_R1_CONFIGS
     saved = copy.deepcopy(config)
     config["local"] = {**config["local"], "search_url": retriever.url}
-    config.update(search_backend="local", search_timeout=2.0, search_max_retries=3)
+    config.update(search_backend="local", search_timeout=2.0, search_attempts=3)
     yield config
     config.clear()
     config.update(saved)

@@ -5,10 +5,11 @@ import json
 
 import pytest
 
-from chat_tools import CHAT_SYSTEM_PROMPT, SEARCH_TOOL, chat_question
+from slime_search_r1.data import CHAT_SYSTEM_PROMPT, chat_question
+from slime_search_r1.protocols.tools import SEARCH_SCHEMA
 from conftest import chat_prompt, slime_sampling_params
 from generate_with_search import generate, reward_func
-from router_tracking import RouterTrackingError
+from slime_search_r1.tokens.legacy_router import RouterTrackingError
 from slime.utils.types import Sample
 from support.fake_router import FakeSlimeRouter
 from support.fidelity import assert_faithful
@@ -33,12 +34,12 @@ def chat_messages(question=QUESTION):
 
 
 def chat_sample(question=QUESTION):
-    return Sample(prompt=chat_messages(question), label=LABEL, metadata={"tools": [copy.deepcopy(SEARCH_TOOL)]})
+    return Sample(prompt=chat_messages(question), label=LABEL, metadata={"tools": [copy.deepcopy(SEARCH_SCHEMA)]})
 
 
 def prompt_ids_of(tokenizer, sample_prompt):
     text = tokenizer.apply_chat_template(
-        sample_prompt, tools=[SEARCH_TOOL], tokenize=False, add_generation_prompt=True
+        sample_prompt, tools=[SEARCH_SCHEMA], tokenize=False, add_generation_prompt=True
     )
     return tokenizer.encode(text, add_special_tokens=False)
 
@@ -87,7 +88,7 @@ async def test_chat_manual_matches_a_full_template_render(make_args, tokenizer, 
     messages = sample.prompt + conversation(sample)
     from support.fake_sglang import render_openai_messages
 
-    rendered = render_openai_messages(tokenizer, messages, [SEARCH_TOOL], False)
+    rendered = render_openai_messages(tokenizer, messages, [SEARCH_SCHEMA], False)
     assert tokenizer.decode(sample.tokens) + "\n" == rendered
     # token for token too: the tool message is tokenized as a chat server tokenizes the rendered conversation
     # (the result's last "." and the template's "\n" merge into one token, as they do when served)
@@ -206,7 +207,7 @@ async def test_engine_speaks_openai_chat_completions_with_tools(tokenizer, engin
     import httpx
 
     policy.scripts[QUESTION + "?"] = [CALL, ANSWER]
-    request = {"model": "default", "messages": chat_messages(), "tools": [SEARCH_TOOL], "max_tokens": 200}
+    request = {"model": "default", "messages": chat_messages(), "tools": [SEARCH_SCHEMA], "max_tokens": 200}
     async with httpx.AsyncClient() as client:
         first = (await client.post(engine.url + "/v1/chat/completions", json=request)).json()
         choice = first["choices"][0]
@@ -333,7 +334,7 @@ async def test_a_chat_turn_cut_by_length_after_its_answer_is_truncated(make_args
 async def test_router_errors_are_retried_like_the_engine(
     router, router_args, tokenizer, engine, policy, retriever, search_config, monkeypatch, mode, tracking
 ):
-    import sglang_engine
+    from slime_search_r1.tokens import engine as sglang_engine
 
     monkeypatch.setattr(sglang_engine, "ENGINE_RETRY_WAIT_S", 0.01)
     router.failures_left = 2

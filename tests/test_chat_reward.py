@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from chat_reward import conversation_format_problem, score_conversation
-from chat_tools import parse_generated_turn, parse_openai_message
-from qa_em_format import FormatWeights
+from slime_search_r1.protocols.chat_reward import conversation_format_problem, read_conversation
+from slime_search_r1.protocols.chat import parse_generated_turn, parse_openai_message
+from qa_em_format import FormatWeights, score_answer
 
 WEIGHTS = FormatWeights(format_score=0.2, final_format_score=0.1, retrieval_score=0.1)
 
@@ -43,7 +43,7 @@ GOOD = [
         ([assistant("<answer>a</answer><answer>b</answer>")], "2 <answer> blocks in the final turn"),
         ([assistant("<answer> Paris </answer> and more")], "text after </answer>"),
         ([assistant("x", call("q")), tool("r")], "the last turn is a tool call"),
-        ([assistant("x", call("")), tool("Error"), assistant("<answer>a</answer>")], "malformed search call"),
+        ([assistant("x", call("")), tool("Error"), assistant("<answer>a</answer>")], "malformed tool call"),
         ([assistant("x", call("q", name="lookup")), tool("Error"), assistant("<answer>a</answer>")], "malformed"),
         ([assistant("hm"), {"role": "user", "content": "hint"}, assistant("<answer>a</answer>")], "retry hint"),
         ([assistant("<answer>a</answer>", call("q")), tool("r"), assistant("<answer>a</answer>")], "before the final"),
@@ -63,6 +63,12 @@ GOOD = [
 def test_format_rule(conversation, problem):
     found = conversation_format_problem(conversation)
     assert found == problem if problem is None else problem in found
+
+
+def score_conversation(conversation, golds, weights):
+    """What reward_func does with a chat-mode conversation."""
+    reading = read_conversation(conversation)
+    return score_answer(reading.answer, golds, reading.format_valid, reading.tool_texts, weights)
 
 
 def test_score_table_for_conversations():
@@ -89,7 +95,7 @@ def test_generated_turn_parsing():
     assert turn.content == "<think>a</think>"
     assert [c.queries for c in turn.tool_calls] == [["x", "y"], ["z"]]
     assert [c.call_id for c in turn.tool_calls] == ["call_2_0", "call_2_1"]
-    assert turn.message()["tool_calls"][0]["function"] == {"name": "search", "arguments": '{"query": ["x", "y"]}'}
+    assert turn.to_openai()["tool_calls"][0]["function"] == {"name": "search", "arguments": '{"query": ["x", "y"]}'}
 
     broken = parse_generated_turn('<tool_call>\n{"name": "search", "arg', "<|im_end|>", 0)
     assert broken.unparsable and not broken.tool_calls and not broken.is_final_answer
@@ -123,8 +129,8 @@ def test_generated_turn_parsing():
 def test_text_after_the_first_call_is_kept(text, after):
     turn = parse_generated_turn(text + "<|im_end|>", "<|im_end|>", 0)
     assert turn.text_after_tool_calls == after
-    assert turn.message().get("text_after_tool_calls") == (after or None)
-    assert parse_openai_message(turn.message(), 0).text_after_tool_calls == after  # the reward reads it back
+    assert turn.to_openai().get("text_after_tool_calls") == (after or None)
+    assert parse_openai_message(turn.to_openai(), 0).text_after_tool_calls == after  # the reward reads it back
 
 
 def test_openai_message_parsing():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import generate_with_search
-from search_r1_config import (
+from slime_search_r1.config import (
     ConfigError,
     apply_env_overrides,
     check_slime_args,

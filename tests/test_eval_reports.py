@@ -13,7 +13,7 @@ import matplotlib.image
 import pytest
 
 import evaluate
-from eval_results import comparison_figure, em_bar_figure, load_results, summarize, write_reports
+from slime_search_r1.evaluation.reports import comparison_figure, em_bar_figure, load_results, summarize, write_reports
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

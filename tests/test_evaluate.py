@@ -146,7 +146,7 @@ def test_subset_limit_and_resume_run_only_missing_rows(
 def test_samples_whose_search_failed_are_run_again_on_resume(
     data_file, engine, scripted, retriever, search_config, tokenizer_dir, tmp_path, monkeypatch
 ):
-    monkeypatch.setitem(search_config, "search_max_retries", 1)
+    monkeypatch.setitem(search_config, "search_attempts", 1)
     out = tmp_path / "out"
     retriever.down = True
     assert evaluate.main(cli(data_file, engine, tokenizer_dir, out, "--data-sources", "nq")) == 0

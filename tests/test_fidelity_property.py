@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from conftest import chat_prompt, slime_sampling_params
 from generate_with_search import generate, reward_func
-from async_http import close_loop_sessions
+from slime_search_r1.http import close_loop_sessions
 from slime.utils.types import Sample
 from support.fidelity import assert_faithful
 
@@ -174,7 +174,8 @@ def test_random_chat_and_router_episodes_are_token_exact(
     simple_mask,
     non_canonical,
 ):
-    from chat_tools import CHAT_SYSTEM_PROMPT, SEARCH_TOOL, chat_question
+    from slime_search_r1.data import CHAT_SYSTEM_PROMPT, chat_question
+    from slime_search_r1.protocols.tools import SEARCH_SCHEMA
     from support.fake_router import RadixCache
 
     api_mode, tracking = mode
@@ -200,7 +201,7 @@ def test_random_chat_and_router_episodes_are_token_exact(
             {"role": "system", "content": CHAT_SYSTEM_PROMPT},
             {"role": "user", "content": chat_question(question)},
         ]
-        text = tokenizer.apply_chat_template(prompt, tools=[SEARCH_TOOL], tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(prompt, tools=[SEARCH_SCHEMA], tokenize=False, add_generation_prompt=True)
     else:
         prompt = text = chat_prompt(tokenizer, question)
     prompt_ids = tokenizer.encode(text, add_special_tokens=False)

@@ -127,7 +127,7 @@ async def test_a_group_from_generate_with_one_failed_search(
     search_turn = "<think>Look it up.</think>\n<search> capital of France </search>"
     for question, answer in QUESTIONS.items():
         policy.scripts[question + "?"] = [search_turn, f"<think>Found it.</think>\n<answer> {answer} </answer>"]
-    search_config.update(search_max_retries=1)
+    search_config.update(search_attempts=1)
     args = make_args(n_samples_per_prompt=4, rollout_batch_size=1)
     samples = []
     for question in QUESTIONS:  # in order, so that only the last one meets the outage

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import generate_with_search
-from search_r1_config import (
+from slime_search_r1.config import (
     ENV_OVERRIDES,
     REWARD_POST_PROCESS_PATH,
     ConfigError,
@@ -227,7 +227,14 @@ def test_the_check_reads_the_dict_as_edited_in_generate_with_search(tmp_path):
     edited = tmp_path / "generate_with_search.py"
     source = (REPO / "generate_with_search.py").read_text()
     edited.write_text(source.replace('"max_turns": 3,', '"max_turns": 0,'))
-    check = [sys.executable, str(REPO / "search_r1_config.py"), "check-launch", "--plugin", str(edited), "--"]
+    check = [
+        sys.executable,
+        str(REPO / "slime_search_r1" / "config.py"),
+        "check-launch",
+        "--plugin",
+        str(edited),
+        "--",
+    ]
     result = subprocess.run(check, env=clean_env(), capture_output=True, text=True)
     assert result.returncode == 2
     assert "SEARCH_R1_CONFIGS['max_turns']=0 is out of range; accepted: between 1 and 64" in result.stderr

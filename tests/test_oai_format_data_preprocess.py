@@ -9,13 +9,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from chat_tools import CHAT_SYSTEM_PROMPT, SEARCH_TOOL
+from slime_search_r1.data import CHAT_SYSTEM_PROMPT
+from slime_search_r1.protocols.tools import SEARCH_SCHEMA
 from conftest import slime_sampling_params
 from generate_with_search import generate, reward_func
 from oai_format_data_preprocess import main
-from search_metrics import eval_search_metrics
+from slime_search_r1.training.metrics import eval_search_metrics
 from slime.utils.types import Sample
-from xml_actions import search_r1_prompt
+from slime_search_r1.data import search_r1_prompt
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,7 +67,7 @@ def test_converts_to_chat_format(search_r1_parquet, tmp_path):
         {"role": "system", "content": CHAT_SYSTEM_PROMPT},
         {"role": "user", "content": "Question: what is the capital of france?"},
     ]
-    assert json.loads(first["tools"]) == [SEARCH_TOOL]
+    assert json.loads(first["tools"]) == [SEARCH_SCHEMA]
     assert first["reward_model"] == {"style": "rule", "ground_truth": {"target": ["Paris"]}}
     assert (
         first["data_source"] == "nq" and first["id"] == "nq_0" and first["extra_info"] == {"split": "test", "index": 0}

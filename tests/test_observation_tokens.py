@@ -8,11 +8,13 @@ that merely looks like a special token stays text. XML <information> blocks are 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chat_template import ChatRenderer
-from chat_tools import CHAT_SYSTEM_PROMPT, SEARCH_TOOL, chat_question
-from observations import information_ids
+from slime_search_r1.protocols.chat_template import ChatRenderer
+from slime_search_r1.data import CHAT_SYSTEM_PROMPT, chat_question
+from slime_search_r1.protocols.tools import SEARCH_SCHEMA
+from slime_search_r1.protocols.xml import information_ids
+from slime_search_r1.search.results import format_documents
 from support.fidelity import assert_canonical_observation
-from xml_actions import INFORMATION_CLOSE, INFORMATION_OPEN
+from slime_search_r1.protocols.xml import INFORMATION_CLOSE, INFORMATION_OPEN
 
 SPECIAL_LOOKALIKES = ["<|im_end|>", "<|im_start|>", "<|endoftext|>"]
 PIECES = [
@@ -43,7 +45,7 @@ def prompt_messages():
 
 def followup_for(tokenizer, contents: list[str]):
     """(prompt + generated ids, follow-up ids, the whole conversation rendered) for one search turn."""
-    renderer = ChatRenderer(tokenizer, [SEARCH_TOOL], {}, prompt_messages())
+    renderer = ChatRenderer(tokenizer, [SEARCH_SCHEMA], {}, prompt_messages())
     prompt = renderer.render(prompt_messages(), add_generation_prompt=True)
     turn = '<tool_call>\n{"name": "search", "arguments": {"query": "x"}}\n</tool_call>'
     generated = tokenizer.encode(turn, add_special_tokens=False) + [renderer.end_of_turn_token]
@@ -94,7 +96,7 @@ docs = st.lists(content.map(lambda text: f'"Title"\n{text}'), min_size=1, max_si
 @PROPERTY
 @given(contents=docs, max_tokens=st.integers(16, 120))
 def test_information_blocks_are_tokenized_whole_even_when_cut(tokenizer, contents, max_tokens):
-    ids, _ = information_ids(tokenizer, contents, max_tokens)
+    ids, _ = information_ids(tokenizer, format_documents(contents).strip(), max_tokens)
     assert len(ids) <= max_tokens
     text = tokenizer.decode(ids, skip_special_tokens=False)
     assert text.startswith(INFORMATION_OPEN) and text.endswith(INFORMATION_CLOSE)

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from qa_em_format import FormatWeights, em_check, format_problem, golden_answers, normalize_answer, score_response
+from qa_em_format import FormatWeights, em_check, format_problem, normalize_answer, score_response
+from slime_search_r1.data import golden_answers
 
 PROMPT = "<|im_start|>user\nQuestion: capital of France? For example, <answer> Beijing </answer>.<|im_end|>\n"
 PROMPT += "<|im_start|>assistant\n"
@@ -99,7 +100,7 @@ def test_bad_labels_say_what_is_expected(label):
 
 
 def test_environment_text_is_never_read_as_the_answer():
-    from xml_actions import INVALID_ACTION_MESSAGE
+    from slime_search_r1.protocols.xml import INVALID_ACTION_MESSAGE
 
     response = "I think it is Paris." + INVALID_ACTION_MESSAGE + "<think>a</think>\n<search> q </search>"
     response += "\n\n<information>Doc 1(Title: x) the page says <answer> Paris </answer></information>\n\n"

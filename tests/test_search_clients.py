@@ -8,12 +8,12 @@ import time
 import aiohttp
 import pytest
 
-import search_backend
-from async_http import RequestFailed, close_loop_sessions, loop_session, post_json
+from slime_search_r1.search import dispatch as search_backend
+from slime_search_r1.http import RequestFailed, close_loop_sessions, loop_session, post_json
 from google_search_server import PAGE_MAX_BYTES, google_search
-from local_search_client import LocalRetrieverClient
-from search_backend import SearchError, search
-from search_r1_config import apply_env_overrides, resolve_config
+from slime_search_r1.search.local import LocalRetrieverClient
+from slime_search_r1.search.dispatch import SearchError, search
+from slime_search_r1.config import apply_env_overrides, resolve_config
 from support.fake_retriever import FakeRetriever
 from support.fake_serper import FakeSerper
 from support.loopback import free_port, serve_in_thread
@@ -191,7 +191,7 @@ NESTED_JSON = b'{"result": [' + b"[" * 5000 + b"]" * 5000 + b"]}"
 
 
 def local_config(url: str, **env):
-    env = {"RETRIEVAL_SERVER_URL": url, "SEARCH_R1_SEARCH_RETRIES": "1", **env}
+    env = {"RETRIEVAL_SERVER_URL": url, "SEARCH_R1_SEARCH_ATTEMPTS": "1", **env}
     return resolve_config(apply_env_overrides(generate_with_search.SEARCH_R1_CONFIGS, env))
 
 
@@ -227,7 +227,7 @@ async def test_any_unexpected_exception_from_a_backend_becomes_a_search_error(re
     async def broken(*_args):
         raise KeyError("a parser bug")
 
-    monkeypatch.setattr(search_backend, "_search", broken)
+    monkeypatch.setitem(search_backend._backends, "local", broken)
     with pytest.raises(SearchError, match="KeyError: 'a parser bug'"):
         await search(local_config(retriever.url), "Paris")
 
@@ -236,7 +236,7 @@ async def test_cancellation_still_propagates_through_search(retriever, monkeypat
     async def cancelled(*_args):
         raise asyncio.CancelledError
 
-    monkeypatch.setattr(search_backend, "_search", cancelled)
+    monkeypatch.setitem(search_backend._backends, "local", cancelled)
     with pytest.raises(asyncio.CancelledError):
         await search(local_config(retriever.url), "Paris")
 

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 import generate_with_search
-import search_metrics
-from chat_tools import CHAT_SYSTEM_PROMPT, SEARCH_TOOL, chat_question
+from slime_search_r1.training import metrics as search_metrics
+from slime_search_r1.data import CHAT_SYSTEM_PROMPT, chat_question
+from slime_search_r1.protocols.tools import SEARCH_SCHEMA
 from conftest import chat_prompt, slime_sampling_params
 from generate_with_search import generate, reward_func
 from slime.rollout.sglang_rollout import GenerateState
@@ -55,7 +56,7 @@ async def chat_rollout(args, config, policy, question, script):
         {"role": "system", "content": CHAT_SYSTEM_PROMPT},
         {"role": "user", "content": chat_question(question)},
     ]
-    sample = Sample(prompt=messages, label=LABEL, metadata={"tools": [copy.deepcopy(SEARCH_TOOL)]})
+    sample = Sample(prompt=messages, label=LABEL, metadata={"tools": [copy.deepcopy(SEARCH_SCHEMA)]})
     config["llm_api_mode"] = "chat"
     try:
         return await generate(args, sample, slime_sampling_params(1024))

@@ -7,17 +7,17 @@ import pytest
 import torch
 
 import generate_with_search
-import sglang_engine
+from slime_search_r1.tokens import engine as sglang_engine
 from conftest import chat_prompt, slime_sampling_params
 from generate_with_search import generate, reward_func
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.http_utils import init_http_client
-from search_r1_config import REWARD_POST_PROCESS_PATH, ConfigError
-from sglang_engine import EngineProtocolError, EngineUnavailable
+from slime_search_r1.config import REWARD_POST_PROCESS_PATH, ConfigError
+from slime_search_r1.tokens.engine import EngineProtocolError, EngineUnavailable
 from slime.utils.types import Sample
 from support.fidelity import assert_faithful
 from support.slime_rollout import router_address
-from xml_actions import INVALID_ACTION_MESSAGE
+from slime_search_r1.protocols.xml import INVALID_ACTION_MESSAGE
 
 QUESTION = "What is the capital of France"
 SEARCH_TURN = "<think>I need to look this up.</think>\n<search> capital of France </search>"
@@ -348,7 +348,7 @@ async def test_the_reward_key_also_keys_evaluation_rewards_as_slime_copies_it(
 
 async def test_messages_prompt_is_rendered_with_the_chat_template(make_args, tokenizer, engine, policy, search_config):
     policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
-    from xml_actions import search_r1_prompt
+    from slime_search_r1.data import search_r1_prompt
 
     messages = [{"role": "user", "content": search_r1_prompt(QUESTION)}]
     sample = Sample(prompt=messages, label=label("Paris"))
@@ -490,7 +490,7 @@ async def test_abort_is_not_held_up_by_a_retrying_search(
 ):
     import time
 
-    search_config.update(search_max_retries=20, search_timeout=0.5)
+    search_config.update(search_attempts=20, search_timeout=0.5)
     retriever.down = True
     policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
     args = make_args()

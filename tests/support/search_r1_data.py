@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from xml_actions import search_r1_prompt
+from slime_search_r1.data import search_r1_prompt
 
 
 def search_r1_rows(questions: list[tuple[str, str, list[str]]]) -> list[dict]:

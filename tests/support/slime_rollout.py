@@ -7,7 +7,7 @@ Shared by the pytest fixtures (conftest.py) and the wrapper's stand-in training 
 import importlib
 from argparse import Namespace
 
-from xml_actions import search_r1_prompt
+from slime_search_r1.data import search_r1_prompt
 
 
 # The log functions run_qwen2.5_3B.sh hands slime (a launch-script test keeps the two equal).

@@ -32,7 +32,7 @@ from support import slime_compat  # noqa: E402, F401 (puts the slime under test 
 from transformers import AutoTokenizer  # noqa: E402
 
 import generate_with_search  # noqa: E402
-from async_http import close_loop_sessions  # noqa: E402
+from slime_search_r1.http import close_loop_sessions  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 from support.fake_sglang import FakeSGLangEngine, question_of  # noqa: E402
 from support.loopback import serve_in_thread  # noqa: E402

@@ -1,4 +1,4 @@
-"""Client for local retrieval servers (local_dense_retriever/retrieval_server.py or Search-R1's own)."""
+"""SEARCH_BACKEND=local: Search-R1's /retrieve API (local_dense_retriever/retrieval_server.py or Search-R1's own)."""
 
 import itertools
 import logging
@@ -6,8 +6,9 @@ from collections.abc import Callable
 
 import aiohttp
 
-from async_http import RequestFailed, post_json, retrying, unbounded_session
-from search_results import answer_byte_limit, hit_contents
+from slime_search_r1.config import SearchR1Config
+from slime_search_r1.http import RequestFailed, post_json, retrying, unbounded_session
+from slime_search_r1.search.results import answer_byte_limit, hit_contents
 
 logger = logging.getLogger(__name__)
 
@@ -60,3 +61,21 @@ def _first_result(body: object, url: str) -> list:
     if not isinstance(result, list) or not result or not isinstance(result[0], list):
         raise RequestFailed(f"{url} answered without a usable 'result' list (a list of hit lists, one per query)")
     return result[0]
+
+
+_clients: dict[tuple, LocalRetrieverClient] = {}
+
+
+async def search(config: SearchR1Config, query: str, give_up: Callable[[], bool] | None = None) -> list[str]:
+    """The contents of the top-k passages for `query` from the configured servers."""
+    # One client per setting, so that its round-robin position persists across calls.
+    key = (config.local.urls, config.search_timeout, config.search_attempts, config.local.proxy)
+    client = _clients.get(key)
+    if client is None:
+        client = _clients[key] = LocalRetrieverClient(
+            config.local.urls,
+            timeout=config.search_timeout,
+            max_attempts=config.search_attempts,
+            proxy=config.local.proxy,
+        )
+    return await client.search(query, config.topk, give_up=give_up)

@@ -1,14 +1,16 @@
-"""Reward for chat-mode conversations: Search-R1's EM and format table, with a format rule for tool calls.
+"""What a chat-mode conversation gives the reward: its answer, whether its format is valid, what the tools said.
 
-A conversation is format-valid when every assistant turn but the last makes only well-formed `search`
-calls (each answered by its tool message), writes nothing but whitespace and further calls after its
-first call (no invented <tool_response>, no answer) and no <answer> before it, no retry hint was needed,
+A conversation is format-valid when every assistant turn but the last makes only well-formed calls to
+registered tools (each answered by its tool message), writes nothing but whitespace and further calls after
+its first call (no invented <tool_response>, no answer) and no <answer> before it, no retry hint was needed,
 and the last assistant turn makes no call and holds exactly one <answer>…</answer> with nothing after it.
-The answer scored is the last <answer> of the final assistant message.
+The answer scored is the last <answer> of the final assistant message. qa_em_format.py scores the reading
+with Search-R1's table, as it scores XML responses.
 """
 
-from chat_tools import answers_in, parse_openai_message
-from qa_em_format import FormatWeights, ScoreDetails, contains_gold, table_score
+from dataclasses import dataclass
+
+from slime_search_r1.protocols.chat import answers_in, parse_openai_message
 
 
 def conversation_format_problem(conversation: list[dict]) -> str | None:
@@ -29,7 +31,7 @@ def conversation_format_problem(conversation: list[dict]) -> str | None:
             if not turn.tool_calls:
                 return "an assistant turn before the last made no tool call"
             if any(call.error for call in turn.tool_calls):
-                return "malformed search call"
+                return "malformed tool call"
             if turn.answers:
                 return "<answer> before the final turn"
             replies = conversation[position + 1 : position + 1 + len(turn.tool_calls)]
@@ -45,11 +47,18 @@ def conversation_format_problem(conversation: list[dict]) -> str | None:
     return None
 
 
-def score_conversation(conversation: list[dict], golden_answers: list[str], weights: FormatWeights) -> ScoreDetails:
+@dataclass(frozen=True)
+class ConversationReading:
+    answer: str | None  # the last <answer> of the final assistant message, unless that message calls a tool
+    format_valid: bool
+    tool_texts: list[str]  # every tool message's content (where the retrieval bonus looks for a gold answer)
+
+
+def read_conversation(conversation: list[dict]) -> ConversationReading:
     final = next((m for m in reversed(conversation) if m.get("role") == "assistant"), None)
     answers = answers_in(final.get("content") or "") if final and not final.get("tool_calls") else []
-    answer = answers[-1] if answers else None
-    format_valid = conversation_format_problem(conversation) is None
-    tool_texts = [m.get("content") or "" for m in conversation if m.get("role") == "tool"]
-    hit = format_valid and contains_gold(tool_texts, golden_answers)
-    return table_score(answer, golden_answers, format_valid, hit, weights)
+    return ConversationReading(
+        answer=answers[-1] if answers else None,
+        format_valid=conversation_format_problem(conversation) is None,
+        tool_texts=[m.get("content") or "" for m in conversation if m.get("role") == "tool"],
+    )

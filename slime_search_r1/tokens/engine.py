@@ -3,12 +3,12 @@
 import base64
 import logging
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from tenacity import before_sleep_log, wait_fixed
 
-from async_http import RequestFailed, RetryableRequestFailed, post_json, retrying, unbounded_session
 from slime.rollout.sglang_rollout import get_model_url
+from slime_search_r1.http import RequestFailed, RetryableRequestFailed, post_json, retrying, unbounded_session
 from slime.utils.http_utils import post as slime_post
 
 logger = logging.getLogger(__name__)
@@ -31,11 +31,15 @@ class EngineUnavailable(RuntimeError):
 
 
 @dataclass
-class EngineTurn:
+class Turn:
+    """One model turn, whichever way its tokens came: what was sampled, how it ended, and its text."""
+
     ids: list[int]
-    log_probs: list[float] | None
     finish_type: str  # "stop" | "length" | "abort"
-    meta_info: dict
+    text: str = ""
+    log_probs: list[float] | None = None  # the engine's, one per id (manual mode with TRACK_LOG_PROBS)
+    meta_info: dict = field(default_factory=dict)  # SGLang's, handed on to slime's append_response_tokens
+    message: dict | None = None  # the assistant message, when a server parsed it (router_handler)
 
 
 def engine_url(args, model: str) -> str:
@@ -80,7 +84,7 @@ async def generate_turn(
     *,
     use_slime_post: bool = False,
     headers: dict | None = None,
-) -> EngineTurn:
+) -> Turn:
     """One /generate call; slime's own post() when asked (e.g. its Ray-distributed posts), else aiohttp."""
     payload = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": return_logprob}
     if use_slime_post:
@@ -99,26 +103,28 @@ async def generate_turn(
     return turn
 
 
-def parse_engine_output(output: object, return_logprob: bool) -> EngineTurn:
+def parse_engine_output(output: object, return_logprob: bool) -> Turn:
+    """The sampled ids (and log probs) of a /generate answer; the text is the driver's to decode."""
     if not isinstance(output, dict) or not isinstance(output.get("meta_info"), dict):
         raise EngineProtocolError(f"/generate answered without meta_info: {str(output)[:200]}")
     meta_info = output["meta_info"]
     finish = meta_info.get("finish_reason") or {}
     finish_type = finish.get("type") if isinstance(finish, dict) else str(finish)
     if finish_type == "abort":
-        return EngineTurn([], [] if return_logprob else None, "abort", meta_info)
+        return Turn([], "abort", log_probs=[] if return_logprob else None, meta_info=meta_info)
     if return_logprob:
         pairs = meta_info.get("output_token_logprobs")
         if pairs is None:
             raise EngineProtocolError("/generate answered without meta_info.output_token_logprobs")
-        return EngineTurn([int(p[1]) for p in pairs], [float(p[0]) for p in pairs], finish_type, meta_info)
+        ids, log_probs = [int(p[1]) for p in pairs], [float(p[0]) for p in pairs]
+        return Turn(ids, finish_type, log_probs=log_probs, meta_info=meta_info)
     ids = output.get("output_ids")
     if ids is None:
         raise EngineProtocolError(
             "/generate answered without output_ids; this SGLang version only returns generated ids with "
             "log probs, so set TRACK_LOG_PROBS=true (re-tokenizing the text would not be token-exact)"
         )
-    return EngineTurn([int(i) for i in ids], None, finish_type, meta_info)
+    return Turn([int(i) for i in ids], finish_type, meta_info=meta_info)
 
 
 def int32_values(value) -> list[int]:
@@ -130,7 +136,7 @@ def int32_values(value) -> list[int]:
     return [int(v) for v in (value.tolist() if hasattr(value, "tolist") else value)]
 
 
-def keep_first_tokens(turn: EngineTurn, count: int) -> EngineTurn:
+def keep_first_tokens(turn: Turn, count: int) -> Turn:
     """The turn cut after its first `count` tokens (what a stop at that token would have returned)."""
     meta_info = dict(turn.meta_info)
     meta_info["finish_reason"] = {"type": "stop"}
@@ -144,4 +150,4 @@ def keep_first_tokens(turn: EngineTurn, count: int) -> EngineTurn:
         meta_info[offsets_key] = offsets
         meta_info[id_key] = int32_values(meta_info[id_key])[: offsets[-1]]
     log_probs = None if turn.log_probs is None else turn.log_probs[:count]
-    return EngineTurn(turn.ids[:count], log_probs, "stop", meta_info)
+    return replace(turn, ids=turn.ids[:count], finish_type="stop", log_probs=log_probs, meta_info=meta_info)

@@ -15,13 +15,13 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-from trajectory import METADATA_KEY
+from slime_search_r1.state import METADATA_KEY
 
 logger = logging.getLogger(__name__)
 
 TRAIN_PREFIX = "rollout/search_r1/"
 EVAL_PREFIX = "eval/search_r1/"
-# episode.py's finish_reason -> the share it counts in; both abort paths are one share.
+# loop.py's finish reasons -> the share it counts in; both abort paths are one share.
 FINISH_SHARES = {
     "answer": "answer",
     "max_turns": "max_turns",

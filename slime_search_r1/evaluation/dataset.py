@@ -11,10 +11,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from qa_em_format import golden_answers
+from slime_search_r1.data import golden_answers
 
-# Search-R1's seven test sets, in the order of its paper's tables.
-SEARCH_R1_DATA_SOURCES = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
 UNKNOWN_SOURCE = "unknown"
 
 

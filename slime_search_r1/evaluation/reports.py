@@ -8,7 +8,7 @@ import json
 import math
 from pathlib import Path
 
-from eval_dataset import SEARCH_R1_DATA_SOURCES
+from slime_search_r1.data import SEARCH_R1_DATA_SOURCES
 
 TRAJECTORIES = "trajectories.jsonl"
 RUN_CONFIG = "run_config.json"

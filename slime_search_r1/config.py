@@ -1,11 +1,11 @@
-"""SEARCH_R1_CONFIGS: environment overrides, a validated, typed view of the dict, and the slime flags it needs.
+"""What the user set: SEARCH_R1_CONFIGS with its environment overrides, its typed view, and the slime flags it needs.
 
 Users edit the dict in generate_with_search.py (as slime's docs say) or set environment variables
 (the launch scripts do). Both paths are validated here and fail fast with a message that names the
 variable or key, the bad value and what is accepted. This module imports nothing from slime, so the
 launch script runs the same checks before any GPU is spent:
 
-    python search_r1_config.py check-launch [--plugin generate_with_search.py] -- <slime's train.py flags>
+    python slime_search_r1/config.py check-launch [--plugin generate_with_search.py] -- <slime's train.py flags>
 """
 
 import argparse
@@ -87,7 +87,7 @@ ENV_OVERRIDES: list[tuple[str, tuple[str, ...], Callable[[str], Any]]] = [
     ("SEARCH_R1_MAX_CONTEXT_LENGTH", ("max_context_length",), _parse_int),
     ("SEARCH_R1_MAX_OBS_TOKENS", ("max_obs_tokens",), _parse_int),
     ("SEARCH_R1_SEARCH_TIMEOUT", ("search_timeout",), _parse_float),
-    ("SEARCH_R1_SEARCH_RETRIES", ("search_max_retries",), _parse_int),
+    ("SEARCH_R1_SEARCH_ATTEMPTS", ("search_attempts",), _parse_int),
     ("SEARCH_R1_DROP_FAILED_SAMPLES", ("drop_failed_samples",), _parse_bool),
     ("SEARCH_R1_ENGINE_TRANSPORT", ("engine_transport",), _parse_choice(ENGINE_TRANSPORTS)),
     ("SEARCH_R1_ENGINE_MODEL", ("engine_model",), _parse_text),
@@ -96,9 +96,16 @@ ENV_OVERRIDES: list[tuple[str, tuple[str, ...], Callable[[str], Any]]] = [
 ]
 
 
+# Variables that were renamed: setting one is an error that names its new name, never silently ignored.
+RENAMED_VARIABLES = {"SEARCH_R1_SEARCH_RETRIES": "SEARCH_R1_SEARCH_ATTEMPTS (it counts attempts, the first included)"}
+
+
 def apply_env_overrides(defaults: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """A deep copy of `defaults` with every set environment variable of ENV_OVERRIDES applied."""
     environ = os.environ if environ is None else environ
+    for old, new in RENAMED_VARIABLES.items():
+        if environ.get(old):
+            raise ConfigError(f"environment variable {old} was renamed; set {new}")
     config = copy.deepcopy(dict(defaults))
     for name, path, parse in ENV_OVERRIDES:
         raw = environ.get(name)
@@ -163,7 +170,7 @@ class SearchR1Config:
     search_concurrency: int
     search_backend: str
     search_timeout: float
-    search_max_retries: int
+    search_attempts: int
     local: LocalSearchConfig
     google: GoogleSearchConfig
     format_score: float
@@ -252,7 +259,7 @@ def resolve_config(config: Mapping[str, Any]) -> SearchR1Config:
         search_concurrency=_number(config, "search_concurrency", int, 1),
         search_backend=_choice(config, "search_backend", SEARCH_BACKENDS),
         search_timeout=_number(config, "search_timeout", float, 0.1),
-        search_max_retries=_number(config, "search_max_retries", int, 1, 20),
+        search_attempts=_number(config, "search_attempts", int, 1, 20),
         local=LocalSearchConfig(urls=urls, proxy=_optional_text(config, "local.proxy")),
         google=GoogleSearchConfig(
             api_key=_optional_text(config, "google.api_key"),
@@ -284,7 +291,7 @@ def resolve_config(config: Mapping[str, Any]) -> SearchR1Config:
     return resolved
 
 
-# The reward post-process that keeps removed samples out of their group's advantages (group_rewards.py).
+# The reward post-process that keeps removed samples out of their group's advantages (training/advantages.py).
 REWARD_POST_PROCESS_PATH = "generate_with_search.post_process_rewards"
 _GROUP_NORMALIZED_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
 
@@ -420,8 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Check SEARCH_R1_CONFIGS and slime's flags before launching.")
     commands = parser.add_subparsers(dest="command", required=True)
     launch = commands.add_parser("check-launch", help="the checks generate() runs, on the launch command")
-    launch.add_argument("--plugin", type=Path, default=Path(__file__).resolve().parent / "generate_with_search.py")
-    launch.add_argument("--prog", default="search_r1_config.py", help="the name messages start with")
+    launch.add_argument("--plugin", type=Path, default=Path(__file__).resolve().parents[1] / "generate_with_search.py")
+    launch.add_argument("--prog", default="slime_search_r1/config.py", help="the name messages start with")
     launch.add_argument("train_args", nargs=argparse.REMAINDER, help="-- then train.py's flags")
     options = parser.parse_args(argv)
     train_args = options.train_args[1:] if options.train_args[:1] == ["--"] else options.train_args

@@ -1,0 +1,204 @@
+"""LLM_API_MODE=chat: the model calls tools with OpenAI-style tool calls through its chat template.
+
+An assistant turn is read in Qwen's format (text, then `<tool_call>{"name", "arguments"}</tool_call>`s), or
+taken as a server parsed it (router_handler). Each call is answered by a tool message, a turn with neither a
+usable call nor an answer by a short user hint; the template's rendering of those messages is what the model
+is shown next (chat_template.py). The conversation is recorded as OpenAI messages for the reward.
+"""
+
+import asyncio
+import copy
+import json
+import re
+from dataclasses import dataclass
+
+from slime.utils.types import Sample
+from slime_search_r1.protocols.actions import Action, Reply, ToolCall
+from slime_search_r1.protocols.chat_template import ChatRenderer, chat_template_kwargs
+from slime_search_r1.protocols.tools import TOOLS, check_call
+from slime_search_r1.protocols.xml import ANSWER_PATTERN
+from slime_search_r1.state import EpisodeState
+from slime_search_r1.tokens.engine import Turn
+from slime_search_r1.tokens.text import encode_text
+
+TOOL_CALL_PATTERN = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+# The model's own text after its first tool call (e.g. an invented <tool_response>), kept in the recorded
+# assistant message under this key: chat templates ignore it, the chat reward does not.
+TEXT_AFTER_TOOL_CALLS = "text_after_tool_calls"
+NO_ACTION_HINT = (
+    "Your last reply had neither a search tool call nor a final answer. Call the search tool, or give the final "
+    "answer inside <answer> and </answer>."
+)
+
+
+def answers_in(content: str) -> list[str]:
+    """The stripped contents of every <answer>...</answer> in an assistant message, in order."""
+    return [answer.strip() for answer in ANSWER_PATTERN.findall(content)]
+
+
+@dataclass
+class AssistantMessage:
+    """One assistant message, read: its text, its tool calls, and what does not belong there."""
+
+    content: str
+    tool_calls: list[ToolCall]
+    unparsable: list[str]  # <tool_call> blocks that are not JSON objects
+    text_after_tool_calls: str = ""  # what the model wrote after its first call besides whitespace and parsed calls
+
+    @property
+    def answers(self) -> list[str]:
+        return answers_in(self.content)
+
+    @property
+    def is_final_answer(self) -> bool:
+        return not self.tool_calls and not self.unparsable and bool(self.answers)
+
+    @property
+    def is_invalid_action(self) -> bool:
+        """A malformed call, or neither a call nor an answer (the chat twin of XML's invalid action)."""
+        malformed = bool(self.unparsable) or any(call.error for call in self.tool_calls)
+        return malformed or not (self.tool_calls or self.answers)
+
+    def to_openai(self) -> dict:
+        """The OpenAI-format assistant message (arguments as a JSON string, as the API sends them)."""
+        message: dict = {"role": "assistant", "content": self.content}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.call_id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": json.dumps(call.arguments, ensure_ascii=False)},
+                }
+                for call in self.tool_calls
+            ]
+        if self.text_after_tool_calls:
+            message[TEXT_AFTER_TOOL_CALLS] = self.text_after_tool_calls
+        return message
+
+
+def parse_generated_turn(text: str, end_of_turn: str, turn_index: int) -> AssistantMessage:
+    """Read a raw assistant turn in Qwen's format: text, then `<tool_call>{"name", "arguments"}</tool_call>`s.
+
+    Only whitespace and further well-formed calls may follow the first call; anything else the model wrote
+    there (an invented tool response, an answer, a broken call) is kept as text_after_tool_calls.
+    """
+    body = text.removesuffix(end_of_turn) if end_of_turn else text
+    first_call = body.find("<tool_call>")
+    if first_call < 0:
+        return AssistantMessage(body.rstrip("\n"), [], [])
+    content, rest = body[:first_call].rstrip("\n"), body[first_call:]
+    calls, unparsable, leftover, position = [], [], [], 0
+    for match in TOOL_CALL_PATTERN.finditer(rest):
+        call = _parse_call_block(match.group(1), f"call_{turn_index}_{len(calls)}")
+        if call is None:
+            unparsable.append(match.group(1))
+            continue
+        calls.append(call)
+        leftover.append(rest[position : match.start()])
+        position = match.end()
+    leftover.append(rest[position:])
+    if rest.count("<tool_call>") > rest.count("</tool_call>"):
+        unparsable.append(rest[rest.rfind("<tool_call>") :])  # an unclosed call
+    return AssistantMessage(content, calls, unparsable, "".join(leftover).strip())
+
+
+def _parse_call_block(block: str, call_id: str) -> ToolCall | None:
+    """A <tool_call> block's {"name", "arguments"} object, or None when the block is not one."""
+    try:
+        payload = json.loads(block)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(payload, dict) or "name" not in payload:
+        return None
+    return check_call(call_id, payload["name"], payload.get("arguments", {}))
+
+
+def parse_openai_message(message: dict, turn_index: int) -> AssistantMessage:
+    """Read an assistant message from /v1/chat/completions (the server already parsed the tool calls)."""
+    content = message.get("content") or ""
+    calls = []
+    for index, raw in enumerate(message.get("tool_calls") or []):
+        function = raw.get("function") or {}
+        call_id = raw.get("id") or f"call_{turn_index}_{index}"
+        calls.append(check_call(call_id, function.get("name"), function.get("arguments", {})))
+    unparsable = TOOL_CALL_PATTERN.findall(content) if "<tool_call>" in content else []
+    return AssistantMessage(content, calls, unparsable, message.get(TEXT_AFTER_TOOL_CALLS) or "")
+
+
+def initial_messages(prompt) -> list[dict]:
+    """A private copy of the prompt messages (the caller's object is never touched)."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    messages = [dict(m) for m in copy.deepcopy(list(prompt))]
+    if not messages or not all(isinstance(m.get("role"), str) for m in messages):
+        raise ValueError(
+            "chat mode needs sample.prompt as a list of {'role', 'content'} messages (run slime without "
+            "--apply-chat-template; see oai_format_data_preprocess.py)"
+        )
+    return messages
+
+
+def sample_tools(sample: Sample) -> list[dict]:
+    """The tool list slime read with --tool-key (sample.metadata['tools']), or every registered tool's schema."""
+    tools = (sample.metadata or {}).get("tools") or [tool.schema for tool in TOOLS.values()]
+    names = [(tool.get("function") or {}).get("name") for tool in tools if isinstance(tool, dict)]
+    if not any(name in TOOLS for name in names):
+        raise ValueError(f"the sample's tools {names} have none of the plugin's tools {list(TOOLS)}")
+    return copy.deepcopy(tools)
+
+
+class ChatProtocol:
+    def __init__(self, state: EpisodeState, sampling_params: dict):
+        self.tokenizer = state.tokenizer
+        self.messages = initial_messages(state.sample.prompt)
+        self.tools = sample_tools(state.sample)
+        kwargs = chat_template_kwargs(state.args, state.sample)
+        self.renderer = ChatRenderer(state.tokenizer, self.tools, kwargs, self.messages)
+        self.prompt_text = self.renderer.render(self.messages, add_generation_prompt=True)
+        # The assistant turn ends with the template's end-of-turn token (<|im_end|> for Qwen2.5).
+        stop_ids = list(sampling_params.get("stop_token_ids") or [])
+        eot_token = self.renderer.end_of_turn_token
+        if eot_token is not None and eot_token not in stop_ids:
+            stop_ids.append(eot_token)
+        self.sampling_params = {**sampling_params, "stop_token_ids": stop_ids}
+        self.cut_at_stops: tuple[str, ...] = ()
+
+    def read(self, turn: Turn, state: EpisodeState) -> Action:
+        if turn.message is not None:
+            message = parse_openai_message(turn.message, state.turn_index)
+        else:
+            message = parse_generated_turn(turn.text, self.renderer.end_of_turn_text.strip(), state.turn_index)
+        # Nothing stops a chat turn at </answer>: one cut by length after it was not finished.
+        cut = turn.finish_type == "length" and not message.content.rstrip().endswith("</answer>")
+        return Action(
+            calls=message.tool_calls,
+            final=message.is_final_answer and not cut,
+            invalid=message.is_invalid_action,
+            message=message.to_openai(),
+        )
+
+    async def reply(self, action: Action, turn: Turn, state: EpisodeState) -> Reply:
+        messages, truncated = await self.answer_calls(action.calls, state)
+        history = self.messages + state.conversation[:-1]  # before the assistant turn just read
+        return Reply(self.renderer.followup_ids(history, messages, turn.ids), messages, truncated)
+
+    async def answer_calls(self, calls: list[ToolCall], state: EpisodeState) -> tuple[list[dict], int]:
+        """One tool message per call (its result, or what was wrong with it), or a hint when there was no call."""
+        if not calls:
+            return [{"role": "user", "content": NO_ACTION_HINT}], 0
+        runnable = [call for call in calls if call.error is None]
+        results = iter(await asyncio.gather(*(TOOLS[call.name].run(state, call.queries) for call in runnable)))
+        messages, truncated = [], 0
+        for call in calls:
+            if call.error is not None:
+                tool = TOOLS.get(call.name)
+                usage = tool.usage if tool else " ".join(t.usage for t in TOOLS.values())
+                content = f"Error: {call.error}. {usage}"
+            else:
+                ids = encode_text(self.tokenizer, next(results))
+                if len(ids) > state.config.max_obs_tokens:
+                    truncated += 1
+                    ids = ids[: state.config.max_obs_tokens]
+                content = self.tokenizer.decode(ids, skip_special_tokens=False)
+            messages.append({"role": "tool", "tool_call_id": call.call_id, "name": call.name, "content": content})
+        return messages, truncated
