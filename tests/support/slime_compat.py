@@ -81,6 +81,11 @@ def subprocess_pythonpath(*extra: Path) -> str:
     return os.pathsep.join(str(p) for p in paths)
 
 
+def slime_src_env() -> dict[str, str]:
+    """SLIME_SRC for a child process given an environment of its own (empty when the stand-in is used)."""
+    return {"SLIME_SRC": str(slime_src())} if using_real_slime() else {}
+
+
 def reset_generate_state() -> None:
     """Forget slime's GenerateState singleton so the next GenerateState(args) is built from the test's args."""
     from slime.rollout import sglang_rollout

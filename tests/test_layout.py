@@ -1,0 +1,120 @@
+"""The folder's layout: slime loads the hooks from the folder alone, and the import graph stays a tree."""
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support.slime_compat import SITE, slime_root, slime_src_env, using_real_slime
+
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "slime_search_r1"
+TOP_LEVEL = {path.stem for path in REPO.glob("*.py")}  # generate_with_search, qa_em_format, evaluate, ...
+HOOKS = [
+    "generate_with_search.generate",  # --custom-generate-function-path
+    "generate_with_search.reward_func",  # --custom-rm-path
+    "generate_with_search.post_process_rewards",  # --custom-reward-post-process-path
+    "generate_with_search.log_rollout_metrics",  # --custom-rollout-log-function-path
+    "generate_with_search.log_eval_rollout_metrics",  # --custom-eval-rollout-log-function-path
+]
+
+
+def test_slime_loads_the_hooks_from_a_copy_of_the_folder_alone(tmp_path):
+    """As the launch script sets it: only the example folder (and slime) on the path, tests/ not shipped."""
+    copy = tmp_path / "search-r1"
+    shutil.copytree(
+        REPO,
+        copy,
+        ignore=shutil.ignore_patterns(
+            "tests", ".git", ".venv", ".cache", "*.egg-info", "__pycache__", "bench", "logs"
+        ),
+    )
+    paths = [str(copy), str(slime_root())] + ([str(SITE)] if using_real_slime() else [])
+    code = (
+        "import inspect, sys\n"
+        "from slime.utils.misc import load_function\n"
+        f"for path in {HOOKS!r}:\n"
+        "    function = load_function(path)\n"
+        "    print(path, inspect.getsourcefile(function))\n"
+        "for module in list(sys.modules.values()):\n"
+        "    print('file', getattr(module, '__file__', None))\n"
+    )
+    empty = tmp_path / "elsewhere"
+    empty.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=empty,  # not the repository: nothing of it may leak in through the working directory
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(paths), "HOME": str(tmp_path), **slime_src_env()},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    for hook in HOOKS:
+        assert f"{hook} {copy}" in result.stdout, result.stdout  # loaded from the copy, not the repository
+    files = [line.removeprefix("file ") for line in result.stdout.splitlines() if line.startswith("file /")]
+    # slime, the interpreter's packages, and (real slime) the start-up hook that stands in for ray & co.
+    outside = (f"{slime_root()}/", f"{Path(sys.prefix).resolve()}/", f"{SITE}/", str(SITE.parent / "slime_compat.py"))
+    from_repository = [f for f in files if f.startswith(f"{REPO}/") and not f.startswith(outside)]
+    assert from_repository == []  # nothing but the copy (and slime) was imported
+
+
+def imports_of(path: Path) -> set[str]:
+    """The project modules `path` imports (dotted names), whatever the import's form."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in found if name.split(".")[0] in TOP_LEVEL | {"slime_search_r1"}}
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+
+
+MODULES = {module_name(path): path for path in [*REPO.glob("*.py"), *PACKAGE.rglob("*.py")]}
+
+
+def project_edges() -> dict[str, set[str]]:
+    return {name: {i for i in imports_of(path) if i in MODULES and i != name} for name, path in MODULES.items()}
+
+
+@pytest.mark.parametrize("module", sorted(name for name in MODULES if name.startswith("slime_search_r1")))
+def test_the_package_imports_nothing_from_the_top_level(module):
+    """The top level (the entry points and the seed's files) uses the package, never the other way round."""
+    assert {i for i in imports_of(MODULES[module]) if i.split(".")[0] in TOP_LEVEL} == set()
+
+
+def test_the_import_graph_has_no_cycle():
+    edges = project_edges()
+    visiting, done = [], set()
+
+    def visit(name: str) -> None:
+        if name in done:
+            return
+        assert name not in visiting, "import cycle: " + " -> ".join([*visiting[visiting.index(name) :], name])
+        visiting.append(name)
+        for target in sorted(edges[name]):
+            visit(target)
+        visiting.pop()
+        done.add(name)
+
+    for name in sorted(edges):
+        visit(name)
+
+
+def test_the_top_level_holds_what_a_slime_user_looks_for():
+    assert TOP_LEVEL == {
+        "generate_with_search",
+        "qa_em_format",
+        "google_search_server",
+        "oai_format_data_preprocess",
+        "evaluate",
+    }
