@@ -232,8 +232,34 @@ def _optional_text(config, path):
     return value or None
 
 
+# Every key SEARCH_R1_CONFIGS holds ("section.key" inside local and google); keys that were renamed.
+KNOWN_KEYS = (
+    "llm_api_mode token_tracking_mode loss_mask_mode return_logprob engine_transport engine_model max_turns "
+    "max_context_length max_obs_tokens topk search_concurrency search_backend search_timeout search_attempts "
+    "drop_failed_samples local google format_score final_format_score retrieval_score local.search_url local.proxy "
+    "google.api_key google.snippet_only google.proxy google.search_url google.fetch_concurrency"
+).split()
+RENAMED_KEYS = {"search_max_retries": "search_attempts"}
+
+
+def _check_keys(config: Mapping[str, Any]) -> None:
+    """A key this plugin does not read is a typo or an old name: say so rather than ignore it."""
+    keys = list(config) + [
+        f"{section}.{key}"
+        for section in ("local", "google")
+        if isinstance(config.get(section), Mapping)
+        for key in config[section]
+    ]
+    for key in keys:
+        if key in RENAMED_KEYS:
+            raise ConfigError(f"SEARCH_R1_CONFIGS[{key!r}] was renamed {RENAMED_KEYS[key]!r}")
+        if key not in KNOWN_KEYS:
+            raise ConfigError(f"SEARCH_R1_CONFIGS has an unknown key {key!r}; accepted: {', '.join(KNOWN_KEYS)}")
+
+
 def resolve_config(config: Mapping[str, Any]) -> SearchR1Config:
     """Validate SEARCH_R1_CONFIGS and return its typed view; raises ConfigError on the first bad value."""
+    _check_keys(config)
     try:
         urls = normalize_retrieval_urls(_get(config, "local.search_url"))
     except ValueError as exc:

@@ -133,3 +133,17 @@ def test_slime_flag_combinations_that_would_train_on_wrong_numbers():
     with pytest.raises(ConfigError, match="--partial-rollout is not supported"):
         check(Namespace(partial_rollout=True), resolved())
     check(Namespace(use_tis=True, rollout_top_p=0.9), resolved())  # strict + log probs: fine
+
+
+def test_a_key_the_plugin_does_not_read_is_refused_with_the_accepted_keys():
+    with pytest.raises(ConfigError, match=r"unknown key 'topK'; accepted: llm_api_mode, token_tracking_mode"):
+        resolve_config({**DEFAULTS, "topK": 5})
+    with pytest.raises(ConfigError, match=r"unknown key 'local.searchurl'"):
+        resolve_config({**DEFAULTS, "local": {**DEFAULTS["local"], "searchurl": "http://x"}})
+
+
+def test_renamed_settings_name_their_new_name():
+    with pytest.raises(ConfigError, match=r"SEARCH_R1_CONFIGS\['search_max_retries'\] was renamed 'search_attempts'"):
+        resolve_config({**DEFAULTS, "search_max_retries": 3})
+    with pytest.raises(ConfigError, match="SEARCH_R1_SEARCH_RETRIES was renamed; set SEARCH_R1_SEARCH_ATTEMPTS"):
+        resolved(SEARCH_R1_SEARCH_RETRIES="3")
