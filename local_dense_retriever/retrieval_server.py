@@ -453,10 +453,13 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
             return response_too_large(str(err))
         work = asyncio.ensure_future(resources.batcher.submit(payload.queries, topk))
         left = asyncio.ensure_future(_client_left(request))
-        await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
-        left.cancel()
-        if not work.done():  # nobody is waiting for the answer: drop the request's remaining batches
-            work.cancel()
+        try:
+            await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            left.cancel()
+            if not work.done():  # the client left, or shutdown cancelled us: drop the request's remaining batches
+                work.cancel()
+        if work.cancelled():
             return _error(400, "the client disconnected before the answer was ready")
         try:
             scores, rows = work.result()

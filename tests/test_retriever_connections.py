@@ -1,16 +1,13 @@
 """Connections that never finish a request, a process out of file descriptors, SIGTERM: the real CLI server."""
 
-import resource
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
-from local_dense_retriever.launcher import PACKAGE_ROOT, SERVER_MODULE, ServerProcess, free_port, health_status
+from local_dense_retriever.launcher import ServerProcess
 from support.retriever_fixtures import RETRIEVER_NAME, small_wiki_fixture  # noqa: F401
 
 HALF_HEADERS = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Ty"
@@ -115,45 +112,20 @@ def test_sigterm_stops_the_server_promptly_while_a_client_holds_a_half_sent_body
 def test_connections_past_the_file_descriptor_limit_are_refused_with_a_503_and_logged(small_wiki, tmp_path):
     """With `ulimit -n 160` the server keeps 60 connections; ones past that are refused at once, with a log line,
     instead of being reset unlogged; once the idle ones time out, requests are served again."""
-    port = free_port()
-    log_path = tmp_path / "server.log"
-    command = [
-        sys.executable,
-        *SERVER_MODULE,
-        *server_flags(small_wiki),
-        "--port",
-        str(port),
-        "--timeout_request",
-        "3",
-    ]
-
-    def limit_descriptors() -> None:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (160, 160))
-
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, cwd=PACKAGE_ROOT, preexec_fn=limit_descriptors
-        )
-    try:
-        deadline = time.monotonic() + 120
-        while health_status(f"http://127.0.0.1:{port}") != 200:
-            assert process.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
-            time.sleep(0.1)
-        idle = [open_connection(port) for _ in range(100)]
-        refused = httpx.post(f"http://127.0.0.1:{port}/retrieve", json={"queries": ["q"]}, timeout=10)
+    flags = [*server_flags(small_wiki), "--timeout_request", "3"]
+    with ServerProcess(flags, log_path=tmp_path / "server.log", startup_timeout=120, open_file_limit=160) as server:
+        idle = [open_connection(server.port) for _ in range(100)]
+        refused = httpx.post(f"{server.url}/retrieve", json={"queries": ["q"]}, timeout=10)
         time.sleep(0.5)
         kept = [sock for sock in idle if still_open(sock)]  # the others got a 503 and were closed
         started = time.monotonic()
         for sock in kept:  # the client never closes them: the server does, after --timeout_request
             read_until_closed(sock, timeout=20)
         kept_seconds = time.monotonic() - started
-        served = httpx.post(f"http://127.0.0.1:{port}/retrieve", json={"queries": ["q"]}, timeout=10)
+        served = httpx.post(f"{server.url}/retrieve", json={"queries": ["q"]}, timeout=10)
         for sock in idle:
             sock.close()
-    finally:
-        process.terminate()
-        process.wait(30)
-    log = log_path.read_text()
+        log = server.log_tail(10_000)
     assert "accepting up to 60 connections (open-file limit 160)" in log
     assert refused.status_code == 503 and "too many open connections" in refused.json()["detail"]
     assert "refusing connections: 60 are open and --max_connections is 60 (the open-file limit is 160)" in log

@@ -4,6 +4,7 @@ import asyncio
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -272,27 +273,34 @@ def test_hundreds_of_concurrent_single_query_requests_match_the_sequential_answe
     assert stats["largest_batch"] <= 64 and stats["errors"] == 0
 
 
-def test_a_single_query_is_answered_while_a_large_request_is_still_running(small_wiki):
-    """96 queries in batches of 4 take 24 searches; a query sent meanwhile joins one of the next, not the 25th."""
+@pytest.fixture(scope="module", name="batch_of_4_server")
+def batch_of_4_server_fixture(small_wiki):
     with serve_ready(dense_config(small_wiki, max_batch_size=4)) as url:
-        finished: list[str] = []
+        yield url
 
-        async def scenario():
-            async with httpx.AsyncClient(timeout=120) as client:
 
-                async def send(name: str, queries: list[str]) -> httpx.Response:
-                    response = await client.post(f"{url}/retrieve", json={"queries": queries, "topk": 3})
-                    finished.append(name)
-                    return response
+def test_a_single_query_is_answered_while_a_large_request_is_still_running(batch_of_4_server):
+    """96 queries in batches of 4 take 24 searches; a query sent meanwhile joins one of the next, not the 25th."""
+    url = batch_of_4_server
+    finished: list[str] = []
 
-                large = asyncio.ensure_future(send("large", [f"question number {i}" for i in range(96)]))
-                while (await client.get(f"{url}/health")).json()["batches"]["batches"] < 3:  # it is running
-                    await asyncio.sleep(0.01)
-                single = await send("single", ["Who painted the Mona Lisa?"])
-                return single, await large
+    async def scenario():
+        async with httpx.AsyncClient(timeout=120) as client:
 
-        single, large = asyncio.run(scenario())
-        stats = httpx.get(f"{url}/health").json()["batches"]
+            async def send(name: str, queries: list[str]) -> httpx.Response:
+                response = await client.post(f"{url}/retrieve", json={"queries": queries, "topk": 3})
+                finished.append(name)
+                return response
+
+            before = (await client.get(f"{url}/health")).json()["batches"]["batches"]
+            large = asyncio.ensure_future(send("large", [f"question number {i}" for i in range(96)]))
+            while (await client.get(f"{url}/health")).json()["batches"]["batches"] < before + 3:  # running
+                await asyncio.sleep(0.01)
+            single = await send("single", ["Who painted the Mona Lisa?"])
+            return single, await large
+
+    single, large = asyncio.run(scenario())
+    stats = httpx.get(f"{url}/health").json()["batches"]
     assert single.status_code == 200 and large.status_code == 200
     assert finished == ["single", "large"]
     assert len(large.json()["result"]) == 96
@@ -310,3 +318,24 @@ def test_a_response_over_the_size_cap_is_refused_with_a_422_before_any_work(smal
     assert "--max_response_mb 0.05" in refused.json()["detail"] and "200 documents" in refused.json()["detail"]
     assert batches_after == batches_before  # refused from the estimate, nothing was encoded
     assert allowed.status_code == 200 and len(allowed.json()["result"][0]) == 10
+
+
+def test_a_client_that_disconnects_stops_the_rest_of_its_large_request(batch_of_4_server):
+    url = batch_of_4_server
+
+    def batches() -> int:
+        return httpx.get(f"{url}/health").json()["batches"]["batches"]
+
+    before = batches()
+    body = json.dumps({"queries": [f"question number {i}" for i in range(96)]}).encode()  # 24 batches of 4
+    request = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) as sock:
+        sock.sendall(request % len(body) + body)
+        deadline = time.monotonic() + 60
+        while batches() < before + 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    ran = batches()
+    while (settled := batches()) != ran:  # until no batch ran for a while
+        ran = settled
+        time.sleep(0.5)
+    assert 2 <= settled - before < 12, f"{settled - before} of its 24 batches ran; the client left at the 2nd"
