@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from local_dense_retriever.mini_wiki import title_of
-from local_dense_retriever.retrieval_server import Resources, create_app, load_resources
+from local_dense_retriever.retrieval_server import Resources, ServerConfig, create_app, load_resources
 from support.loopback import serve_in_thread
 from support.retriever_fixtures import (  # noqa: F401
     dense_config,
@@ -109,6 +109,16 @@ def test_bad_requests_get_a_clear_422_and_the_server_keeps_serving(dense_server,
     assert ok.status_code == 200 and len(ok.json()["result"][0]) == 3
 
 
+SMALL_LIMITS = {"max_queries_per_request": 6, "max_query_chars": 80, "max_topk": 5}
+
+
+@pytest.fixture(scope="module", name="small_limits_server")
+def small_limits_server_fixture(small_wiki):
+    # Small limits keep each generated request cheap; the document the fuzzer reads states these limits.
+    with serve_ready(dense_config(small_wiki, **SMALL_LIMITS)) as url:
+        yield url
+
+
 LOOSE_REQUESTS = [
     ({"queries": ["q"], "topk": "3"}, "topk"),
     ({"queries": ["q"], "topk": " 3 "}, "topk"),
@@ -150,13 +160,14 @@ def test_a_body_that_is_not_utf8_json_gets_a_400(dense_server, body):
     assert response.json()["detail"].startswith("the body is not valid UTF-8 JSON")
 
 
-def test_a_body_larger_than_any_valid_request_gets_a_413_before_it_is_read(small_wiki):
-    config = dense_config(small_wiki, max_queries_per_request=2, max_query_chars=10)
-    with serve_ready(config) as url:
-        too_big = b'{"queries": ["' + b"x" * (config.max_request_bytes) + b'"]}'
-        response = httpx.post(f"{url}/retrieve", content=too_big, headers={"content-type": "application/json"})
+def test_a_body_larger_than_any_valid_request_gets_a_413_before_it_is_read(small_limits_server):
+    limit = ServerConfig(index_path=None, corpus_path="", **SMALL_LIMITS).max_request_bytes
+    too_big = b'{"queries": ["' + b"x" * limit + b'"]}'
+    response = httpx.post(
+        f"{small_limits_server}/retrieve", content=too_big, headers={"content-type": "application/json"}
+    )
     assert response.status_code == 413
-    assert f"no valid request is larger than {config.max_request_bytes} bytes" in response.json()["detail"]
+    assert f"no valid request is larger than {limit} bytes" in response.json()["detail"]
 
 
 def test_the_openapi_document_lists_every_status_the_retrieve_endpoint_sends(dense_server):
@@ -166,13 +177,6 @@ def test_the_openapi_document_lists_every_status_the_retrieve_endpoint_sends(den
     assert set(document["paths"]["/health"]["get"]["responses"]) == {"200", "503"}
     request_schema = operation["requestBody"]["content"]["application/json"]["schema"]
     assert request_schema["additionalProperties"] is False and request_schema["required"] == ["queries"]
-
-
-@pytest.fixture(scope="module", name="small_limits_server")
-def small_limits_server_fixture(small_wiki):
-    # Small limits keep each generated request cheap; the document the fuzzer reads states these limits.
-    with serve_ready(dense_config(small_wiki, max_queries_per_request=6, max_query_chars=80, max_topk=5)) as url:
-        yield url
 
 
 def test_a_schema_based_fuzz_finds_no_response_that_differs_from_the_openapi_document(small_limits_server, tmp_path):
@@ -275,7 +279,7 @@ def test_hundreds_of_concurrent_single_query_requests_match_the_sequential_answe
 
 @pytest.fixture(scope="module", name="batch_of_4_server")
 def batch_of_4_server_fixture(small_wiki):
-    with serve_ready(dense_config(small_wiki, max_batch_size=4)) as url:
+    with serve_ready(dense_config(small_wiki, max_batch_size=4, max_response_mb=0.3)) as url:  # ~500 passages
         yield url
 
 
@@ -307,17 +311,17 @@ def test_a_single_query_is_answered_while_a_large_request_is_still_running(batch
     assert stats["largest_batch"] <= 4  # the large request was split, not run as one 96-query batch
 
 
-def test_a_response_over_the_size_cap_is_refused_with_a_422_before_any_work(small_wiki):
-    with serve_ready(dense_config(small_wiki, max_response_mb=0.05)) as url:  # ~50 KB: about 80 passages
-        batches_before = httpx.get(f"{url}/health").json()["batches"]["batches"]
-        refused = retrieve(url, {"queries": [f"question {i}" for i in range(20)], "topk": 10})
-        batches_after = httpx.get(f"{url}/health").json()["batches"]["batches"]
-        allowed = retrieve(url, {"queries": ["question"], "topk": 10})
+def test_a_response_over_the_size_cap_is_refused_with_a_422_before_any_work(batch_of_4_server):
+    url = batch_of_4_server
+    batches_before = httpx.get(f"{url}/health").json()["batches"]["batches"]
+    refused = retrieve(url, {"queries": [f"question {i}" for i in range(20)], "topk": 50})
+    batches_after = httpx.get(f"{url}/health").json()["batches"]["batches"]
+    allowed = retrieve(url, {"queries": ["question"], "topk": 50})
     assert refused.status_code == 422
     assert refused.json()["errors"][0]["type"] == "response_too_large"
-    assert "--max_response_mb 0.05" in refused.json()["detail"] and "200 documents" in refused.json()["detail"]
+    assert "--max_response_mb 0.3" in refused.json()["detail"] and "1000 documents" in refused.json()["detail"]
     assert batches_after == batches_before  # refused from the estimate, nothing was encoded
-    assert allowed.status_code == 200 and len(allowed.json()["result"][0]) == 10
+    assert allowed.status_code == 200 and len(allowed.json()["result"][0]) == 50
 
 
 def test_a_client_that_disconnects_stops_the_rest_of_its_large_request(batch_of_4_server):
