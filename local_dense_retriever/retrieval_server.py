@@ -469,13 +469,11 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
             return _error(500, f"retrieval failed: {type(err).__name__}: {err}")
         found = rows >= 0  # -1: fewer than topk candidates
         try:
-            check_response_size(
-                int(found.sum()), resources.corpus.lines_bytes(rows[found]), payload.return_scores, False
-            )
+            size = resources.corpus.lines_bytes(rows[found])
+            check_response_size(int(found.sum()), size, payload.return_scores, False)
+            result = render_hits(resources.corpus, scores, rows, found, payload.return_scores)
         except ResponseTooLarge as err:
             return response_too_large(str(err))
-        try:
-            result = render_hits(resources.corpus, scores, rows, found, payload.return_scores)
         except (ValueError, IndexError) as err:  # a malformed corpus line: the message names file and line
             return _error(500, f"corpus lookup failed: {err}")
         return _json({"result": result})
