@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The CPU wheel of torch 2.13.0 is preinstalled on the project's machines; elsewhere pick your build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install test lint demo bench bench-rollout bench-retriever clean shellcheck
+.PHONY: install test lint demo bench bench-rollout bench-retriever bench-retriever-hostile clean shellcheck
 
 $(STAMP): pyproject.toml requirements-assets.txt
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,10 @@ bench-rollout: $(STAMP)
 SIZES ?= 10k,100k
 bench-retriever: $(STAMP)
 	$(BIN)/python bench/retriever_load.py --sizes $(SIZES)
+
+# Hostile-client reliability checks of the retriever (counts of errors, mismatches, 5xx, crashes); writes RESULTS.md.
+bench-retriever-hostile: $(STAMP)
+	$(BIN)/python bench/retriever_hostile.py --write-results
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache

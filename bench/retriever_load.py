@@ -2,6 +2,7 @@
 
     python bench/retriever_load.py                      # 10k real + 100k synthetic (about 10 minutes here)
     python bench/retriever_load.py --sizes 1m           # the 1M synthetic corpus (about 15 minutes here)
+    python bench/retriever_load.py --max_size_case      # single queries beside maximum-size requests (2 minutes)
 
 For each corpus size it measures, in the same run:
 - the ceiling: encode + search of a full batch (the server's max batch size) in-process, no HTTP, as queries/s;
@@ -335,6 +336,108 @@ def measure_point(server: ServerProcess, size: str, mode: str, concurrency: int,
     )
 
 
+# ---------------------------------------------------------------------------------------------- max-size requests
+# One client sends maximum-size valid requests back to back (512 queries of 4,096 characters: every query runs to
+# --max_length tokens) while single-query clients keep going; before the batcher split requests, a single query
+# sent meanwhile waited for the whole large request (12.6 s of a 12.9 s request on the issue's machine).
+
+
+def max_size_request(questions: list[str], queries: int = 512, chars: int = 4096, topk: int = TOPK) -> dict:
+    text = " ".join(questions)
+    return {"queries": [(text[i * 7 :] + text)[:chars] for i in range(queries)], "topk": topk}
+
+
+async def single_queries_beside_max_size_requests(
+    url: str, questions: list[str], clients: int, duration: float, heavy: bool
+) -> dict:
+    """`clients` closed-loop single-query clients for `duration` s, with (heavy) or without one more client that
+    sends maximum-size requests back to back. Latencies of single queries, in seconds, and the heavy client's."""
+    import aiohttp
+
+    single: list[float] = []
+    large: list[float] = []
+    errors = {"single": 0, "large": 0}
+    stop = time.perf_counter() + duration
+    payload = max_size_request(questions)
+    counter = iter(range(1 << 62))
+
+    async def post(session, body: dict, kind: str, latencies: list[float]) -> None:
+        started = time.perf_counter()
+        try:
+            async with session.post(f"{url}/retrieve", json=body) as response:
+                result = orjson.loads(await response.read())["result"]
+                ok = response.status == 200 and len(result) == len(body["queries"])
+        except (aiohttp.ClientError, asyncio.TimeoutError, KeyError, orjson.JSONDecodeError):
+            ok = False
+        if ok:
+            latencies.append(time.perf_counter() - started)
+        else:
+            errors[kind] += 1
+
+    async def single_client(session) -> None:
+        while time.perf_counter() < stop:
+            question = questions[next(counter) % len(questions)]
+            await post(session, {"queries": [question], "topk": TOPK}, "single", single)
+
+    async def heavy_client(session) -> None:
+        while time.perf_counter() < stop:
+            await post(session, payload, "large", large)
+
+    connector = aiohttp.TCPConnector(limit=clients + 1)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as session:
+        tasks = [single_client(session) for _ in range(clients)] + ([heavy_client(session)] if heavy else [])
+        await asyncio.gather(*tasks)
+    return {"single": single, "large": large, "errors": errors}
+
+
+def measure_max_size_case(url: str, questions: list[str], clients: int, duration: float) -> dict:
+    """Single-query p50/p99 alone, then beside a maximum-size client, on the same server."""
+    results = {}
+    for heavy in (False, True):
+        run = asyncio.run(single_queries_beside_max_size_requests(url, questions, clients, duration, heavy))
+        single = np.array(run["single"] or [np.nan]) * 1000
+        results["beside" if heavy else "alone"] = {
+            "requests": len(run["single"]),
+            "p50_ms": float(np.percentile(single, 50)),
+            "p99_ms": float(np.percentile(single, 99)),
+            "errors": run["errors"]["single"],
+            "large_requests": len(run["large"]),
+            "large_errors": run["errors"]["large"],
+            "large_mean_ms": float(np.mean(run["large"]) * 1000) if run["large"] else float("nan"),
+        }
+    return results
+
+
+def render_max_size_case(result: dict, clients: int, started: str) -> str:
+    alone, beside = result["alone"], result["beside"]
+    return "\n".join(
+        [
+            "### Single queries beside maximum-size requests",
+            "",
+            f"Measured by `python bench/retriever_load.py {' '.join(sys.argv[1:])}`".rstrip() + f" on {started}; "
+            f"{os.cpu_count()} CPU cores, no GPU, the 10k corpus, the server's defaults (max batch 64). "
+            f"{clients} closed-loop single-query clients, first alone, then beside one client sending maximum-size "
+            "requests back to back (512 queries of 4,096 characters, top-3: every query is encoded at the full "
+            "256 tokens). The machine is shared: compare the ratios, which come from one run.",
+            "",
+            "| single-query clients | requests | p50 ms | p99 ms | errors | max-size requests | their mean ms "
+            "| errors |",
+            "|---|---|---|---|---|---|---|---|",
+            f"| alone | {alone['requests']} | {alone['p50_ms']:.0f} | {alone['p99_ms']:.0f} | {alone['errors']} "
+            "| | | |",
+            f"| beside a max-size client | {beside['requests']} | {beside['p50_ms']:.0f} | {beside['p99_ms']:.0f} "
+            f"| {beside['errors']} | {beside['large_requests']} | {beside['large_mean_ms']:.0f} "
+            f"| {beside['large_errors']} |",
+            "",
+            f"Single-query p99 beside the max-size client: {beside['p99_ms'] / alone['p99_ms']:.1f}x its p99 alone, "
+            "and "
+            f"{beside['p99_ms'] / beside['large_mean_ms']:.0%} of one max-size request's time (a query that waited "
+            "for a whole large request would be at 100% or more).",
+            "",
+        ]
+    )
+
+
 # ---------------------------------------------------------------------------------------------- report
 
 
@@ -436,7 +539,16 @@ def main(argv: list[str] | None = None) -> int:
         "--wait_for_quiet", type=float, default=180.0, help="max seconds to wait for other CPU users before each point"
     )
     parser.add_argument("--no_write", action="store_true", help="print only; leave bench/RESULTS.md alone")
+    parser.add_argument(
+        "--max_size_case",
+        action="store_true",
+        help="instead of the sweep: p50/p99 of single-query clients beside one client sending maximum-size requests",
+    )
+    parser.add_argument("--max_size_clients", type=int, default=16, help="single-query clients in that case")
+    parser.add_argument("--max_size_seconds", type=float, default=60.0, help="seconds per phase of that case")
     args = parser.parse_args(argv)
+    if args.max_size_case:
+        return run_max_size_case(args)
     sizes = [s.strip().lower() for s in args.sizes.split(",")]
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
@@ -473,6 +585,22 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + text)
     if not args.no_write:
         write_section(text, key=",".join(sizes))
+        print(f"wrote {RESULTS_PATH.relative_to(REPO)}")
+    return 0
+
+
+def run_max_size_case(args) -> int:
+    started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    assets = embedded_default.prepare()
+    questions = load_questions()
+    flags = embedded_default.server_flags(assets.model_dir, assets.index_path, assets.corpus_path, topk=TOPK)
+    with ServerProcess(flags, log_path=CACHE_DIR / "server_max_size.log", startup_timeout=900) as server:
+        wait_until_quiet(args.wait_for_quiet, server.process.pid)
+        result = measure_max_size_case(server.url, questions, args.max_size_clients, args.max_size_seconds)
+    text = render_max_size_case(result, args.max_size_clients, started)
+    print("\n" + text)
+    if not args.no_write:
+        write_section(text, key="max-size")
         print(f"wrote {RESULTS_PATH.relative_to(REPO)}")
     return 0
 

@@ -6,6 +6,8 @@ Modules, one job each:
 - `backends`: FAISS, BM25 (bm25s) and Qdrant searchers behind one interface.
 - `batcher`: dynamic cross-request batching on a single worker thread.
 - `retrieval_server`: the FastAPI app and its CLI (Search-R1's flags and API).
+- `connections`: uvicorn's HTTP protocol with a request-header deadline and a cap on open connections.
+- `model_source`: `--retriever_model` checked as a local directory or a Hugging Face hub id before loading.
 - `index_builder`: corpus jsonl -> FAISS index / Qdrant collection / BM25 index.
 - `download`: the wiki-18 E5 index and corpus from the Hugging Face hub.
 - `mini_wiki`, `embedded_default`: the offline mini-Wikipedia default and its evaluation.

@@ -6,6 +6,7 @@ Every searcher returns float32 scores and int64 rows of shape (len(queries), k);
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -69,7 +70,11 @@ class FaissIndex:
         configure_faiss_cpu(num_threads)
         # Memory-mapping the codes makes startup instant for huge Flat indexes; the first searches page them in.
         flags = faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY if mmap else 0
-        index = faiss.read_index(str(index_path), flags)
+        try:
+            index = faiss.read_index(str(index_path), flags)
+        except RuntimeError as err:  # FAISS's message starts with the C++ function and source line: keep the reason
+            reason = re.sub(r"^Error in .*? at \S+:\d+: (Error: '.*?' failed: )?", "", str(err))
+            raise ValueError(f"--index_path {index_path}: cannot read it as a FAISS index: {reason}") from None
         if search_params:  # e.g. "nprobe=64" for IVF, "efSearch=128" for HNSW
             faiss.ParameterSpace().set_index_parameters(index, search_params)
         self.size, self.dim = int(index.ntotal), int(index.d)
@@ -124,7 +129,10 @@ class QdrantIndex:
 class DenseSearcher:
     def __init__(self, encoder: "TextEncoder", index: VectorIndex):
         if index.dim != encoder.dim:
-            raise ValueError(f"the index holds {index.dim}-d vectors but the encoder produces {encoder.dim}-d ones")
+            raise ValueError(
+                f"the index holds {index.dim}-d vectors but the encoder (--retriever_model) produces {encoder.dim}-d "
+                "ones: the index was built with another encoder"
+            )
         self.encoder, self.index = encoder, index
         self.size = index.size
         self.description = f"{index.description}, encoder on {encoder.device} ({str(encoder.dtype).split('.')[-1]})"

@@ -1,7 +1,9 @@
 """Dynamic cross-request batching: concurrent requests share one encoder forward pass and one index search.
 
-Requests wait in a FIFO queue; a single worker thread takes everything queued (up to `max_batch_size` queries),
-runs the batch, and hands each request its slice of the result. While a batch runs, the next one accumulates, so
+Requests wait in a queue; a single worker thread builds each batch of at most `max_batch_size` queries by fair
+share over every request waiting (a large request is split into slices and interleaved with the others, so a
+single query sent while a 512-query request is in flight waits about one batch, not the whole request), runs it,
+and hands each request its rows once all its slices are done. While a batch runs, the next one accumulates, so
 batches grow with load. With `max_wait_ms` > 0 the worker may also wait that long for the batch to reach the size
 of the previous one (the clients it just answered are likely to return at once); it never waits when idle.
 One worker, not a pool: the fast tokenizer and FAISS GPU indexes are not thread-safe, and on CPU one batch
@@ -13,8 +15,9 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -23,12 +26,31 @@ logger = logging.getLogger(__name__)
 SearchFn = Callable[[list[str], int], tuple[np.ndarray, np.ndarray]]
 
 
-@dataclass
+class BatcherClosed(RuntimeError):
+    """The batcher was closed (the server is shutting down) before this request was answered."""
+
+
+@dataclass(eq=False)
 class _Pending:
     queries: list[str]
     topk: int
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    next_query: int = 0  # queries before this one are in a batch already
+    scores: list[np.ndarray] = field(default_factory=list)  # one slice per batch this request was part of
+    rows: list[np.ndarray] = field(default_factory=list)
+    abandoned: bool = False  # the caller stopped waiting (client gone, shutdown): run none of its other queries
+
+    @property
+    def unbatched(self) -> int:
+        return len(self.queries) - self.next_query
+
+
+@dataclass
+class _Slice:
+    request: _Pending
+    start: int
+    end: int
 
 
 @dataclass
@@ -61,6 +83,13 @@ def _deliver(future: asyncio.Future, result=None, error: BaseException | None = 
         future.set_result(result)
 
 
+def _send(item: _Pending, result=None, error: BaseException | None = None) -> None:
+    try:
+        item.loop.call_soon_threadsafe(_deliver, item.future, result, error)
+    except RuntimeError:  # its event loop is closed: nobody is waiting any more
+        pass
+
+
 class DynamicBatcher:
     def __init__(self, search: SearchFn, max_batch_size: int = 64, max_wait_ms: float = 0.0):
         if max_batch_size < 1:
@@ -70,68 +99,126 @@ class DynamicBatcher:
         self.max_wait = max_wait_ms / 1000.0
         self.stats = BatcherStats()
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
-        self._carry: _Pending | None = None  # a request that did not fit in the previous batch goes first next time
+        self._waiting: deque[_Pending] = deque()  # requests with queries not yet in a batch, in serving order
         self._last_batch_size = 0
+        self._closing = False
         self._thread = threading.Thread(target=self._run, name="retrieval-worker", daemon=True)
         self._thread.start()
 
     async def submit(self, queries: list[str], topk: int) -> tuple[np.ndarray, np.ndarray]:
         """Scores and rows, (len(queries), topk) each, for one request's queries."""
+        if self._closing:
+            raise BatcherClosed("the retriever is shutting down")
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self._queue.put(_Pending(queries, topk, future, loop))
-        return await future
+        pending = _Pending(queries, topk, loop.create_future(), loop)
+        self._queue.put(pending)
+        try:
+            return await pending.future
+        except asyncio.CancelledError:
+            pending.abandoned = True
+            raise
 
     def close(self, timeout: float = 10.0) -> None:
+        """Stop after the batch in progress; requests still waiting fail with BatcherClosed instead of running."""
+        self._closing = True
         self._queue.put(None)
         self._thread.join(timeout)
+        if not self._thread.is_alive():  # else the worker fails them itself once its batch is done
+            self._fail_waiting()  # anything submitted while the worker was stopping
 
-    def _next_batch(self) -> list[_Pending] | None:
-        first = self._carry if self._carry is not None else self._queue.get()
-        self._carry = None
-        if first is None:
-            return None
-        batch, size = [first], len(first.queries)
+    def _collect(self) -> bool:
+        """Move queued requests to the waiting list (blocking while there are none); False once closing."""
+        if self._closing:
+            return False
+        if not self._waiting:
+            item = self._queue.get()
+            if item is None:
+                return False
+            self._waiting.append(item)
         # Waiting only pays when more requests are due: the clients answered by the last batch tend to come
         # straight back, so wait (at most max_wait) until that many queries are here, and never when idle.
         expected = min(self.max_batch_size, max(1, self._last_batch_size))
         deadline = time.monotonic() + self.max_wait
-        while size < self.max_batch_size:
+        available = sum(item.unbatched for item in self._waiting)
+        while True:
+            remaining = deadline - time.monotonic() if available < expected else 0.0
             try:
-                remaining = deadline - time.monotonic() if size < expected else 0.0
                 item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
             except queue.Empty:
-                break
+                return True
             if item is None:
-                self._queue.put(None)  # finish this batch, then stop
-                break
-            if size + len(item.queries) > self.max_batch_size:
-                self._carry = item
-                break
-            batch.append(item)
-            size += len(item.queries)
+                return False
+            self._waiting.append(item)
+            available += item.unbatched
+
+    def _next_batch(self) -> list[_Slice]:
+        """Fair share of max_batch_size over the waiting requests: each gets an equal part, capped by what it has.
+
+        Requests that got nothing (more requests than room) go first next time, then those with queries left.
+        """
+        waiting = [item for item in self._waiting if not item.abandoned]
+        takes = dict.fromkeys(waiting, 0)
+        room, open_ = self.max_batch_size, waiting
+        while room and open_:
+            share = max(1, room // len(open_))
+            for item in open_:
+                take = min(share, item.unbatched - takes[item], room)
+                takes[item] += take
+                room -= take
+                if not room:
+                    break
+            open_ = [item for item in open_ if item.unbatched > takes[item]]
+        batch = []
+        for item in waiting:
+            if takes[item]:
+                batch.append(_Slice(item, item.next_query, item.next_query + takes[item]))
+                item.next_query += takes[item]
+        unserved = [item for item in waiting if not takes[item]]
+        self._waiting = deque(unserved + [item for item in waiting if takes[item] and item.unbatched])
         return batch
 
     def _run(self) -> None:
-        while (batch := self._next_batch()) is not None:
-            queries = [query for item in batch for query in item.queries]
-            self._last_batch_size = len(queries)
-            started = time.perf_counter()
+        while self._collect():
+            batch = self._next_batch()
+            if batch:
+                self._run_batch(batch)
+        self._fail_waiting()
+
+    def _run_batch(self, batch: list[_Slice]) -> None:
+        queries = [query for part in batch for query in part.request.queries[part.start : part.end]]
+        self._last_batch_size = len(queries)
+        started = time.perf_counter()
+        try:
+            scores, rows = self._search(queries, max(part.request.topk for part in batch))
+        except Exception as err:  # one bad batch must not stop the worker
+            logger.exception("retrieval batch of %d queries failed", len(queries))
+            self.stats.errors += 1
+            for part in batch:
+                part.request.abandoned = True  # its other slices would be wasted work
+                _send(part.request, error=err)
+            self._waiting = deque(item for item in self._waiting if not item.abandoned)
+            return
+        self._record(len(queries), time.perf_counter() - started)
+        offset = 0
+        for part in batch:
+            request, size = part.request, part.end - part.start
+            request.scores.append(scores[offset : offset + size, : request.topk])
+            request.rows.append(rows[offset : offset + size, : request.topk])
+            offset += size
+            if part.end == len(request.queries):  # its last slice: slices run in order, so all are done
+                _send(request, (np.concatenate(request.scores), np.concatenate(request.rows)))
+
+    def _fail_waiting(self) -> None:
+        error = BatcherClosed("the retriever is shutting down")
+        while self._waiting:
+            _send(self._waiting.popleft(), error=error)
+        while True:
             try:
-                scores, rows = self._search(queries, max(item.topk for item in batch))
-            except Exception as err:  # one bad batch must not stop the worker
-                logger.exception("retrieval batch of %d queries failed", len(queries))
-                self.stats.errors += 1
-                for item in batch:
-                    item.loop.call_soon_threadsafe(_deliver, item.future, None, err)
-                continue
-            self._record(len(queries), time.perf_counter() - started)
-            start = 0
-            for item in batch:
-                end = start + len(item.queries)
-                result = (scores[start:end, : item.topk], rows[start:end, : item.topk])
-                item.loop.call_soon_threadsafe(_deliver, item.future, result)
-                start = end
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                _send(item, error=error)
 
     def _record(self, size: int, seconds: float) -> None:
         stats = self.stats

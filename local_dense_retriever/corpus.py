@@ -131,6 +131,15 @@ class Corpus:
     def get_many(self, rows: Sequence[int]) -> list[dict]:
         return [self[row] for row in rows]
 
+    @property
+    def mean_line_bytes(self) -> float:
+        return float(self._bounds[-1] - self._bounds[0]) / len(self)
+
+    def lines_bytes(self, rows: Sequence[int]) -> int:
+        """Total size of these lines in bytes, from the offsets alone (no parsing): responses are sized with it."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return int((self._bounds[rows + 1] - self._bounds[rows]).sum()) if len(rows) else 0
+
     def close(self) -> None:
         self._map.close()
         self._file.close()

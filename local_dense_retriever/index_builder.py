@@ -12,6 +12,7 @@ Row i of the index is line i of the corpus. The corpus's byte-offset sidecar is 
 import argparse
 import logging
 import os
+import shutil
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -24,11 +25,14 @@ if __package__ in (None, ""):  # run as a script: make the package importable
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from local_dense_retriever.model_source import check_model_source  # noqa: E402
+
 from local_dense_retriever.corpus import (  # noqa: E402
     CorpusFormatError,
     count_documents,
     ensure_decompressed,
     iter_documents,
+    offsets_path_for,
 )
 
 logger = logging.getLogger("local_dense_retriever.index_builder")
@@ -68,7 +72,7 @@ class BuildSummary:
     output: str
 
 
-def _encoded_chunks(config: BuildConfig, corpus_path: Path, total: int) -> Iterator[np.ndarray]:
+def _load_encoder(config: BuildConfig):
     from local_dense_retriever.encoders import configure_cpu_threads, encoder_from_config
 
     encoder = encoder_from_config(
@@ -79,6 +83,10 @@ def _encoded_chunks(config: BuildConfig, corpus_path: Path, total: int) -> Itera
     )
     if encoder.device.type == "cpu":
         configure_cpu_threads()
+    return encoder
+
+
+def _encoded_chunks(config: BuildConfig, encoder, corpus_path: Path, total: int) -> Iterator[np.ndarray]:
     texts: list[str] = []
     with tqdm(total=total, unit="doc", desc="encode passages", disable=not config.progress) as bar:
         for document in iter_documents(corpus_path):
@@ -90,25 +98,55 @@ def _encoded_chunks(config: BuildConfig, corpus_path: Path, total: int) -> Itera
             yield encoder.encode_passages(texts, on_batch=bar.update)
 
 
-def _saved_chunks(path: str, total: int, chunk_size: int) -> Iterator[np.ndarray]:
-    embeddings = np.load(path, mmap_mode="r")
+def _open_saved(path: str, total: int) -> np.ndarray:
+    try:
+        embeddings = np.load(path, mmap_mode="r")
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--embeddings_path {path}: not a readable .npy file ({err})") from None
     if embeddings.ndim != 2 or len(embeddings) != total:
         raise ValueError(f"--embeddings_path {path} has shape {embeddings.shape}; the corpus has {total} documents")
-    for start in range(0, total, chunk_size):
-        yield np.ascontiguousarray(embeddings[start : start + chunk_size], dtype=np.float32)
+    return embeddings
+
+
+def _saved_chunks(path: str, embeddings: np.ndarray, chunk_size: int) -> Iterator[np.ndarray]:
+    for start in range(0, len(embeddings), chunk_size):
+        chunk = np.ascontiguousarray(embeddings[start : start + chunk_size], dtype=np.float32)
+        # An all-zero row is never an embedding: it is a row an interrupted build never wrote (files written before
+        # saves went through a temporary name could be left at full size like that). Checked before indexing it.
+        bad = np.flatnonzero(~chunk.any(axis=1) | ~np.isfinite(chunk).all(axis=1))
+        if len(bad):
+            raise ValueError(
+                f"--embeddings_path {path}: row {start + int(bad[0])} (and {len(bad) - 1} more in rows {start} to "
+                f"{start + len(chunk) - 1}) is all zeros or not finite, so the file is incomplete or corrupt; "
+                "encode the corpus again (--save_embeddings writes a complete file or none)"
+            )
+        yield chunk
 
 
 def _saving(chunks: Iterable[np.ndarray], path: str, total: int) -> Iterator[np.ndarray]:
-    """Pass chunks through while writing them to a float32 .npy file (for Qdrant loads or rebuilds)."""
+    """Pass chunks through while writing them to a float32 .npy file (for Qdrant loads or rebuilds).
+
+    The file is written under a temporary name and renamed once every row is in it, so `path` only ever holds a
+    complete file; a failed build removes the partial one.
+    """
+    target = Path(path)
+    partial = target.with_name(target.name + ".partial")
     store, start = None, 0
-    for chunk in chunks:
-        if store is None:
-            store = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=(total, chunk.shape[1]))
-        store[start : start + len(chunk)] = chunk
-        start += len(chunk)
-        yield chunk
-    if store is not None:
+    try:
+        for chunk in chunks:
+            if store is None:
+                store = np.lib.format.open_memmap(partial, mode="w+", dtype=np.float32, shape=(total, chunk.shape[1]))
+            store[start : start + len(chunk)] = chunk
+            start += len(chunk)
+            yield chunk
+        if store is None or start != total:
+            raise ValueError(f"--save_embeddings {path}: got {start} embeddings for {total} documents")
         store.flush()
+        del store
+        os.replace(partial, target)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def write_faiss_index(chunks: Iterable[np.ndarray], config: BuildConfig, index_path: Path) -> int:
@@ -209,8 +247,73 @@ def default_index_path(save_dir: str, retriever_name: str, faiss_type: str) -> s
     return str(Path(save_dir) / f"{retriever_name}_{faiss_type.replace(',', '_')}.index")
 
 
+def _output_locations(config: BuildConfig) -> list[tuple[str, Path, str]]:
+    """(what, path, "file" | "directory") for everything the build writes."""
+    corpus = Path(config.corpus_path)
+    decompressed = corpus.with_suffix("") if corpus.suffix == ".gz" else corpus
+    outputs = [("the corpus's offset sidecar", offsets_path_for(decompressed), "file")]
+    if corpus.suffix == ".gz":
+        outputs.append(("the decompressed corpus", decompressed, "file"))
+    if config.retriever_name.lower() == "bm25":
+        outputs.append(("the BM25 index (--index_path / --save_dir)", Path(config.index_path), "directory"))
+        return outputs
+    if config.backend == "qdrant":
+        if config.qdrant_path:
+            outputs.append(("the Qdrant storage (--qdrant_path)", Path(config.qdrant_path), "directory"))
+    else:
+        outputs.append(("the index (--index_path / --save_dir)", Path(config.index_path), "file"))
+    if config.save_embeddings:
+        outputs.append(("the embeddings (--save_embeddings)", Path(config.save_embeddings), "file"))
+    return outputs
+
+
+def check_output_locations(config: BuildConfig) -> None:
+    """Create and write-test every output location now, not after hours of encoding (wiki-18: ~21M passages)."""
+    for what, path, kind in _output_locations(config):
+        directory = path if kind == "directory" else path.parent
+        if kind == "file" and path.is_dir():
+            raise ValueError(f"{what}: {path} is a directory")
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            probe = directory / f".{path.name}.write-test-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as err:
+            reason = f"{err.strerror or err}: {err.filename or directory}"
+            raise ValueError(f"{what}: cannot write {path} ({reason})") from None
+
+
+def check_free_space(config: BuildConfig, total: int, dim: int) -> None:
+    """Vectors are written through a memory map: a full disk there kills the process (SIGBUS), so check first."""
+    needed: dict[int, tuple[int, Path]] = {}
+    files = [Path(config.save_embeddings)] if config.save_embeddings else []
+    if config.backend == "faiss" and config.faiss_type == "Flat" and config.retriever_name.lower() != "bm25":
+        files.append(Path(config.index_path))  # a Flat index holds every vector too; others are smaller
+    for path in files:
+        device = path.parent.stat().st_dev
+        size, _ = needed.get(device, (0, path))
+        needed[device] = (size + total * dim * 4, path)
+    for size, path in needed.values():
+        free = shutil.disk_usage(path.parent).free
+        if free < size:
+            raise ValueError(
+                f"{path.parent} has {free / 2**30:.1f} GiB free but {total} {dim}-d float32 vectors need "
+                f"{size / 2**30:.1f} GiB there"
+            )
+
+
+def validate_corpus(corpus_path: Path, total: int, progress: bool) -> None:
+    """Parse every line before encoding any: a bad line at row 20M must not cost the hours before it."""
+    with tqdm(total=total, unit="doc", desc="check corpus", disable=not progress) as bar:
+        for count, _ in enumerate(iter_documents(corpus_path), start=1):
+            if count % 65536 == 0:
+                bar.update(65536)
+        bar.update(total - bar.n)
+
+
 def build(config: BuildConfig) -> BuildSummary:
     started = time.perf_counter()
+    check_output_locations(config)
     corpus_path = ensure_decompressed(Path(config.corpus_path), progress=config.progress)
     total = count_documents(corpus_path, progress=config.progress)  # also leaves the sidecar for the server
     if config.retriever_name.lower() == "bm25":
@@ -218,9 +321,14 @@ def build(config: BuildConfig) -> BuildSummary:
         output = config.index_path
     else:
         if config.embeddings_path:
-            chunks = _saved_chunks(config.embeddings_path, total, config.chunk_size)
+            embeddings = _open_saved(config.embeddings_path, total)
+            check_free_space(config, total, embeddings.shape[1])
+            chunks = _saved_chunks(config.embeddings_path, embeddings, config.chunk_size)
         else:
-            chunks = _encoded_chunks(config, corpus_path, total)
+            validate_corpus(corpus_path, total, config.progress)
+            encoder = _load_encoder(config)
+            check_free_space(config, total, encoder.dim)
+            chunks = _encoded_chunks(config, encoder, corpus_path, total)
         if config.save_embeddings:
             chunks = _saving(chunks, config.save_embeddings, total)
         if config.backend == "qdrant":
@@ -294,11 +402,17 @@ def parse_config(argv: list[str] | None = None) -> BuildConfig:
             faiss.index_factory(768, args.faiss_type)  # syntax check before hours of encoding
         except RuntimeError as err:
             parser.error(f"--faiss_type {args.faiss_type!r} is not a valid faiss.index_factory string: {err}")
+    model = args.retriever_model
+    if not is_bm25 and not args.embeddings_path:  # last: for a hub id that is not cached this asks the hub
+        try:
+            model = check_model_source(args.retriever_model)
+        except ValueError as err:
+            parser.error(f"--retriever_model {err}")
     return BuildConfig(
         corpus_path=args.corpus_path,
         index_path=index_path,
         retriever_name=args.retriever_name,
-        retriever_model=os.path.expanduser(args.retriever_model),
+        retriever_model=model,
         backend=args.backend,
         faiss_type=args.faiss_type,
         metric=args.metric,
@@ -326,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     config = parse_config(argv)
     try:
         summary = build(config)
-    except (CorpusFormatError, ValueError) as err:
+    except (CorpusFormatError, ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(f"indexed {summary.documents} documents into {summary.output} in {summary.seconds:.1f} s")

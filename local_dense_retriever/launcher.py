@@ -1,5 +1,6 @@
 """Start the retrieval server CLI as a child process on loopback and wait until `/health` says it is ready."""
 
+import resource
 import socket
 import subprocess
 import sys
@@ -34,7 +35,8 @@ SERVER_SCRIPT = [str(Path(__file__).with_name("retrieval_server.py"))]  # how th
 class ServerProcess:
     """`with ServerProcess([...flags]) as server:` runs `python -m local_dense_retriever.retrieval_server`.
 
-    `program` replaces what follows `python` (e.g. SERVER_SCRIPT, or another server speaking the same API).
+    `program` replaces what follows `python` (e.g. SERVER_SCRIPT, or another server speaking the same API);
+    `open_file_limit` runs it under that RLIMIT_NOFILE (soft and hard, like `ulimit -n`).
     """
 
     def __init__(
@@ -44,6 +46,7 @@ class ServerProcess:
         port: int | None = None,
         startup_timeout: float = 600.0,
         program: list[str] = SERVER_MODULE,
+        open_file_limit: int | None = None,
     ):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -52,6 +55,7 @@ class ServerProcess:
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen | None = None
         self.startup_seconds: float | None = None
+        self.open_file_limit = open_file_limit
 
     def __enter__(self) -> "ServerProcess":
         self.start()
@@ -64,7 +68,14 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")
         started = time.perf_counter()
-        self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, cwd=PACKAGE_ROOT)
+        limit = self.open_file_limit
+        self.process = subprocess.Popen(
+            self.command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=PACKAGE_ROOT,
+            preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))) if limit else None,
+        )
         log.close()
         deadline = started + self.startup_timeout
         while health_status(self.url) != 200:

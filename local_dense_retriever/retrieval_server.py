@@ -6,13 +6,14 @@ Run it like the original (flags and API are the same), as a script or as a modul
         --topk 3 --retriever_name e5 --retriever_model intfloat/e5-base-v2 --faiss_gpu --port 8000
 
 It binds 127.0.0.1 unless told otherwise, listens at once, and loads the model, index and corpus in the
-background; `/health` answers 503 until all three are ready.
+background; `/health` answers 503 until all three are ready. Every response it sends is described in its OpenAPI
+document (`/openapi.json`, `/docs`); slow, idle and surplus connections are timed out or refused (see connections.py).
 """
 
 import argparse
+import asyncio
 import gc
 import logging
-import os
 import sys
 import threading
 import time
@@ -20,19 +21,21 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
 if __package__ in (None, ""):  # run as a script, like the original server: make the package importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np  # noqa: E402
 import orjson  # noqa: E402
 from fastapi import FastAPI, Request  # noqa: E402
-from fastapi.exceptions import RequestValidationError  # noqa: E402
 from fastapi.responses import Response  # noqa: E402
-from pydantic import AfterValidator, BaseModel, Field, StrictStr  # noqa: E402
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr, ValidationError  # noqa: E402
+from starlette.requests import ClientDisconnect  # noqa: E402
 
-from local_dense_retriever.batcher import DynamicBatcher  # noqa: E402
+from local_dense_retriever.batcher import BatcherClosed, DynamicBatcher  # noqa: E402
 from local_dense_retriever.corpus import Corpus  # noqa: E402
+from local_dense_retriever.model_source import check_model_source  # noqa: E402
 
 logger = logging.getLogger("local_dense_retriever")
 
@@ -65,6 +68,14 @@ class ServerConfig:
     max_queries_per_request: int = 512
     max_query_chars: int = 4096
     max_topk: int = 100
+    # A maximum-size request (512 queries x topk 100) answered 32 MB of wiki-18 passages; 16 MB is ~25k hits.
+    max_response_mb: float = 16.0
+    timeout_request: float = 30.0  # seconds for the request headers, and again for the body
+
+    @property
+    def max_request_bytes(self) -> int:
+        """The largest valid body: every character written as \\uXXXX escapes (12 bytes above U+FFFF)."""
+        return self.max_queries_per_request * (12 * self.max_query_chars + 8) + 4096
 
     @property
     def is_bm25(self) -> bool:
@@ -151,8 +162,11 @@ class Runtime:
         try:
             self.resources = self._load(self._report)
         except Exception as err:
-            logger.exception("the retriever failed to load")
             self.status, self.error = "failed", f"{type(err).__name__}: {err}"
+            if isinstance(err, ValueError | OSError):  # bad or mismatched inputs: the message says which
+                logger.error("the retriever failed to load: %s", " ".join(str(err).split()))
+            else:  # a bug: keep the traceback
+                logger.exception("the retriever failed to load")
             self.on_failure()
             return
         self._close_stage("ready")
@@ -170,23 +184,40 @@ class Runtime:
         logger.info("%s ...", stage)
 
 
+# ---------------------------------------------------------------------------------------------- API models
+# The OpenAPI document is generated from these; every response the server sends is one of them.
+
+
 def _non_blank(query: str) -> str:
     if not query.strip():
         raise ValueError("a query must contain at least one non-whitespace character")
     return query
 
 
+REQUEST_FIELDS = ("queries", "topk", "return_scores")
+
+
 def build_request_model(max_queries: int, max_query_chars: int, max_topk: int) -> type[BaseModel]:
-    Query = Annotated[StrictStr, Field(max_length=max_query_chars), AfterValidator(_non_blank)]
+    """Search-R1's request, strictly typed: no "3" or 3.0 for topk, no 1 for true, no unknown fields."""
+    Query = Annotated[
+        StrictStr,
+        Field(max_length=max_query_chars, json_schema_extra={"pattern": r"\S"}),
+        AfterValidator(_non_blank),
+    ]
 
     class RetrieveRequest(BaseModel):
+        model_config = ConfigDict(strict=True, extra="forbid")
+
         queries: list[Query] = Field(
             min_length=1,
             max_length=max_queries,
             description=f"1 to {max_queries} search queries, each at most {max_query_chars} characters",
         )
         topk: int | None = Field(
-            default=None, ge=1, le=max_topk, description="documents per query; omit for the server's --topk"
+            default=None,
+            ge=1,
+            le=max_topk,
+            description="documents per query, an integer literal (3, not 3.0); omit for the server's --topk",
         )
         # Search-R1's request model defaults to False; its server then crashed on it. Here both shapes work.
         return_scores: bool = Field(
@@ -196,8 +227,113 @@ def build_request_model(max_queries: int, max_query_chars: int, max_topk: int) -
     return RetrieveRequest
 
 
-def _json(payload, status_code: int = 200) -> Response:
-    return Response(orjson.dumps(payload), status_code=status_code, media_type="application/json")
+class Document(BaseModel):
+    """A corpus line as stored: `contents` is always a string; other fields (usually `id`) are passed through."""
+
+    model_config = ConfigDict(extra="allow")
+    contents: str
+
+
+class ScoredHit(BaseModel):
+    document: Document
+    score: float
+
+
+class RetrieveResponse(BaseModel):
+    result: list[list[Document]] | list[list[ScoredHit]] = Field(
+        description="one list of hits per query, best first; scored hits when return_scores is true"
+    )
+
+
+class ErrorResponse(BaseModel):
+    detail: str = Field(description="what was wrong, and what is accepted")
+
+
+class FieldError(BaseModel):
+    loc: list[str | int] = Field(description='where: ["body", field, index]')
+    msg: str
+    type: str
+
+
+class ValidationErrorResponse(BaseModel):
+    detail: str = Field(description="every problem, each with what is accepted there")
+    errors: list[FieldError]
+
+
+class HealthReady(BaseModel):
+    status: Literal["ok"]
+    retriever: str
+    documents: int
+    max_batch_size: int
+    max_wait_ms: float
+    batches: dict[str, float]
+    load_seconds: dict[str, float]
+    config: dict[str, Any]
+
+
+class HealthNotReady(BaseModel):
+    status: Literal["loading", "failed"]
+    detail: str = Field(description="the stage being loaded, or why loading failed")
+
+
+RETRIEVE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": RetrieveResponse, "description": "the hits of every query"},
+    400: {"model": ErrorResponse, "description": "the body is not UTF-8 JSON, or the client left while sending it"},
+    408: {"model": ErrorResponse, "description": "the body did not arrive within --timeout_request seconds"},
+    413: {"model": ErrorResponse, "description": "the body is larger than any valid request"},
+    415: {"model": ErrorResponse, "description": "the Content-Type is not application/json"},
+    422: {
+        "model": ValidationErrorResponse,
+        "description": "the JSON is not a valid request, or its response would exceed --max_response_mb",
+    },
+    500: {"model": ErrorResponse, "description": "retrieval or the corpus lookup failed (the message says where)"},
+    503: {"model": ErrorResponse, "description": "the retriever is still loading, failed to load, or is stopping"},
+}
+HEALTH_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": HealthReady, "description": "model, index and corpus are loaded"},
+    503: {"model": HealthNotReady, "description": "still loading (the stage), or loading failed (why)"},
+}
+
+
+def _json(payload, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(payload), status_code=status_code, media_type="application/json", headers=headers)
+
+
+def _error(status_code: int, detail: str, close: bool = False) -> Response:
+    # close: the rest of the body may still be on the wire, so this connection cannot carry another request
+    return _json({"detail": detail}, status_code, headers={"connection": "close"} if close else None)
+
+
+class RequestTooLarge(Exception):
+    pass
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise RequestTooLarge(f"the body is {int(declared)} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise RequestTooLarge(f"the body is over {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _client_left(request: Request) -> None:
+    """Returns when the client closes the connection (the body is read, so the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _is_json(content_type: str | None) -> bool:
+    media_type = (content_type or "").split(";", 1)[0].strip().lower()
+    return media_type == "application/json" or (media_type.startswith("application/") and media_type.endswith("+json"))
+
+
+class ResponseTooLarge(Exception):
+    pass
 
 
 def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Resources] | None = None) -> FastAPI:
@@ -207,8 +343,16 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
     accepted = {
         "queries": f"a list of 1 to {config.max_queries_per_request} non-blank strings of at most "
         f"{config.max_query_chars} characters",
-        "topk": f"an integer from 1 to {config.max_topk}, or omitted for the server default {config.topk}",
-        "return_scores": "true or false",
+        "topk": f"a JSON integer from 1 to {config.max_topk} (not a string, 3.0 or true), or omitted for the "
+        f"server default {config.topk}",
+        "return_scores": "true or false (JSON booleans, not strings or numbers)",
+    }
+    max_response_bytes = int(config.max_response_mb * 2**20)
+    request_body_schema = {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": RetrieveRequest.model_json_schema()}},
+        }
     }
 
     @asynccontextmanager
@@ -221,19 +365,34 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
     app = FastAPI(title="Search-R1 local retriever", lifespan=lifespan)
     app.state.runtime = runtime
 
-    @app.exception_handler(RequestValidationError)
-    async def explain_validation_error(request: Request, exc: RequestValidationError) -> Response:
+    def explain(err: ValidationError) -> Response:
         problems, errors = [], []
-        for error in exc.errors():
-            path = [str(part) for part in error["loc"][1:]]
-            field = path[0] if path and path[0] in accepted else None
+        for error in err.errors(include_url=False):
+            path = [str(part) for part in error["loc"]]
             where = ".".join(path) or "request body"
-            hint = accepted[field] if field else 'a JSON object like {"queries": ["..."], "topk": 3}'
-            problems.append(f"{where}: {error['msg']} (accepted: {hint})")
-            errors.append({"loc": list(error["loc"]), "msg": error["msg"], "type": error["type"]})
+            if error["type"] == "extra_forbidden":
+                problems.append(f"{where}: unknown field (accepted fields: {', '.join(REQUEST_FIELDS)})")
+            else:
+                field = path[0] if path and path[0] in accepted else None
+                hint = accepted[field] if field else 'a JSON object like {"queries": ["..."], "topk": 3}'
+                problems.append(f"{where}: {error['msg']} (accepted: {hint})")
+            errors.append({"loc": ["body", *error["loc"]], "msg": error["msg"], "type": error["type"]})
         return _json({"detail": "; ".join(problems), "errors": errors}, status_code=422)
 
-    @app.get("/health")
+    def response_too_large(detail: str) -> Response:
+        error = {"loc": ["body"], "msg": detail, "type": "response_too_large"}
+        return _json({"detail": detail, "errors": [error]}, status_code=422)
+
+    def check_response_size(hits: int, size: float, return_scores: bool, estimated: bool) -> None:
+        size += hits * (32 if return_scores else 2)  # {"document":...,"score":...} or the comma and brackets
+        if size > max_response_bytes:
+            about = "about " if estimated else ""
+            raise ResponseTooLarge(
+                f"the response would hold {hits} documents, {about}{size / 2**20:.1f} MB, over the server's "
+                f"--max_response_mb {config.max_response_mb:g}; ask for fewer queries per request or a smaller topk"
+            )
+
+    @app.get("/health", responses=HEALTH_RESPONSES)
     async def health() -> Response:
         if runtime.status != "ok":
             detail = runtime.error if runtime.status == "failed" else runtime.stage
@@ -252,31 +411,87 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
             }
         )
 
-    @app.post("/retrieve")
-    async def retrieve(request: RetrieveRequest) -> Response:
+    @app.post("/retrieve", responses=RETRIEVE_RESPONSES, openapi_extra=request_body_schema)
+    async def retrieve(request: Request) -> Response:
+        """Search-R1's retrieval API: `{"queries": [...], "topk": 3, "return_scores": false}`."""
+        if not _is_json(request.headers.get("content-type")):
+            got = request.headers.get("content-type")
+            return _error(
+                415,
+                f"the body must be JSON sent with Content-Type: application/json (got {got!r})"
+                if got
+                else "the request has no Content-Type header; send the JSON body with Content-Type: application/json",
+                close=True,
+            )
+        try:
+            body = await asyncio.wait_for(_read_body(request, config.max_request_bytes), config.timeout_request)
+        except RequestTooLarge as err:
+            return _error(
+                413,
+                f"{err}: no valid request is larger than {config.max_request_bytes} bytes "
+                f"({config.max_queries_per_request} queries of {config.max_query_chars} characters)",
+                close=True,
+            )
+        except asyncio.TimeoutError:
+            return _error(408, f"the body did not arrive within {config.timeout_request:g} s", close=True)
+        except ClientDisconnect:
+            return _error(400, "the client disconnected before sending the whole body", close=True)
+        try:
+            payload = RetrieveRequest.model_validate_json(body)
+        except ValidationError as err:
+            if err.errors()[0]["type"] == "json_invalid":
+                return _error(400, f"the body is not valid UTF-8 JSON: {err.errors()[0]['msg']}")
+            return explain(err)
         if runtime.status != "ok":
-            return _json({"detail": f"the retriever is not ready ({runtime.status}: {runtime.stage})"}, 503)
+            return _error(503, f"the retriever is not ready ({runtime.status}: {runtime.stage})")
         resources = runtime.resources
-        topk = request.topk or config.topk
+        topk = payload.topk or config.topk
+        hits = len(payload.queries) * min(topk, len(resources.corpus))
+        try:  # before any work, from the corpus's mean line size; exactly once the rows are known
+            check_response_size(hits, hits * resources.corpus.mean_line_bytes, payload.return_scores, True)
+        except ResponseTooLarge as err:
+            return response_too_large(str(err))
+        work = asyncio.ensure_future(resources.batcher.submit(payload.queries, topk))
+        left = asyncio.ensure_future(_client_left(request))
         try:
-            scores, rows = await resources.batcher.submit(request.queries, topk)
+            await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            left.cancel()
+            if not work.done():  # the client left, or shutdown cancelled us: drop the request's remaining batches
+                work.cancel()
+        if work.cancelled():
+            return _error(400, "the client disconnected before the answer was ready")
+        try:
+            scores, rows = work.result()
+        except BatcherClosed as err:
+            return _error(503, str(err))
         except Exception as err:
-            return _json({"detail": f"retrieval failed: {type(err).__name__}: {err}"}, status_code=500)
+            return _error(500, f"retrieval failed: {type(err).__name__}: {err}")
+        found = rows >= 0  # -1: fewer than topk candidates
         try:
-            result = []
-            for query_scores, query_rows in zip(scores.tolist(), rows.tolist(), strict=True):
-                kept = [i for i, row in enumerate(query_rows) if row >= 0]  # -1: fewer than topk candidates
-                documents = resources.corpus.get_many([query_rows[i] for i in kept])
-                if request.return_scores:
-                    scored = zip(documents, (query_scores[i] for i in kept), strict=True)
-                    result.append([{"document": doc, "score": score} for doc, score in scored])
-                else:
-                    result.append(documents)
+            size = resources.corpus.lines_bytes(rows[found])
+            check_response_size(int(found.sum()), size, payload.return_scores, False)
+            result = render_hits(resources.corpus, scores, rows, found, payload.return_scores)
+        except ResponseTooLarge as err:
+            return response_too_large(str(err))
         except (ValueError, IndexError) as err:  # a malformed corpus line: the message names file and line
-            return _json({"detail": f"corpus lookup failed: {err}"}, status_code=500)
+            return _error(500, f"corpus lookup failed: {err}")
         return _json({"result": result})
 
     return app
+
+
+def render_hits(corpus: Corpus, scores: np.ndarray, rows: np.ndarray, found: np.ndarray, with_scores: bool) -> list:
+    result = []
+    for query_scores, query_rows, query_found in zip(scores.tolist(), rows.tolist(), found, strict=True):
+        kept = np.flatnonzero(query_found).tolist()
+        documents = corpus.get_many([query_rows[i] for i in kept])
+        if with_scores:
+            scored = zip(documents, (query_scores[i] for i in kept), strict=True)
+            result.append([{"document": doc, "score": score} for doc, score in scored])
+        else:
+            result.append(documents)
+    return result
 
 
 def _existing(parser: argparse.ArgumentParser, flag: str, value: str | None, kind: str = "file") -> None:
@@ -323,6 +538,32 @@ def build_parser() -> argparse.ArgumentParser:
     serving.add_argument("--max_queries_per_request", type=int, default=512)
     serving.add_argument("--max_query_chars", type=int, default=4096)
     serving.add_argument("--max_topk", type=int, default=100)
+    serving.add_argument(
+        "--max_response_mb", type=float, default=16.0, help="larger answers are refused with a 422 (ask fewer hits)"
+    )
+    connections = parser.add_argument_group("connections")
+    connections.add_argument(
+        "--timeout_request",
+        type=float,
+        default=30.0,
+        help="seconds a client gets for the request headers (from connecting, or from the first byte on a kept-alive "
+        "connection) and again for the body; slower connections are closed (408 for the body)",
+    )
+    connections.add_argument(
+        "--timeout_keep_alive", type=float, default=5.0, help="seconds an idle kept-alive connection stays open"
+    )
+    connections.add_argument(
+        "--timeout_graceful_shutdown",
+        type=float,
+        default=5.0,
+        help="on SIGTERM, seconds in-flight requests get to finish; then they are cancelled and queued work dropped",
+    )
+    connections.add_argument(
+        "--max_connections",
+        type=int,
+        default=None,
+        help="open connections kept at once; more get a 503 (default: the open-file limit minus 100)",
+    )
     serving.add_argument("--log_level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 
@@ -341,10 +582,6 @@ def parse_config(argv: list[str] | None = None) -> tuple[ServerConfig, argparse.
     else:
         _existing(parser, "--index_path", args.index_path)
     _existing(parser, "--corpus_path", args.corpus_path)
-    model_path = args.retriever_model
-    # Hub ids ("intfloat/e5-base-v2") are left to transformers; something that looks like a path must exist.
-    if not is_bm25 and (model_path.startswith((".", "/", "~")) or model_path.count("/") > 1):
-        _existing(parser, "--retriever_model", os.path.expanduser(model_path), "directory")
     for flag, value, low in [
         ("--max_topk", args.max_topk, 1),
         ("--max_queries_per_request", args.max_queries_per_request, 1),
@@ -353,19 +590,34 @@ def parse_config(argv: list[str] | None = None) -> tuple[ServerConfig, argparse.
         ("--max_batch_size", args.max_batch_size, 1),
         ("--num_threads", args.num_threads, 1),
         ("--max_wait_ms", args.max_wait_ms, 0),
+        ("--max_connections", args.max_connections, 1),
     ]:
         if value is not None and value < low:
             parser.error(f"{flag} must be at least {low}, got {value}")
+    for flag, value in [
+        ("--max_response_mb", args.max_response_mb),
+        ("--timeout_request", args.timeout_request),
+        ("--timeout_keep_alive", args.timeout_keep_alive),
+        ("--timeout_graceful_shutdown", args.timeout_graceful_shutdown),
+    ]:
+        if not value > 0:  # also refuses nan
+            parser.error(f"{flag} must be a positive number of {'MB' if 'mb' in flag else 'seconds'}, got {value}")
     if not 1 <= args.topk <= args.max_topk:
         parser.error(f"--topk must be from 1 to --max_topk ({args.max_topk}), got {args.topk}")
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be from 0 to 65535, got {args.port}")
+    model = args.retriever_model
+    if not is_bm25:  # last: for a hub id that is not cached this asks the hub
+        try:
+            model = check_model_source(args.retriever_model)
+        except ValueError as err:
+            parser.error(f"--retriever_model {err}")
     config = ServerConfig(
         index_path=args.index_path,
         corpus_path=args.corpus_path,
         topk=args.topk,
         retriever_name=args.retriever_name,
-        retriever_model=os.path.expanduser(model_path),
+        retriever_model=model,
         backend=args.backend,
         faiss_gpu=args.faiss_gpu,
         faiss_fp16=not args.faiss_fp32,
@@ -384,8 +636,37 @@ def parse_config(argv: list[str] | None = None) -> tuple[ServerConfig, argparse.
         max_queries_per_request=args.max_queries_per_request,
         max_query_chars=args.max_query_chars,
         max_topk=args.max_topk,
+        max_response_mb=args.max_response_mb,
+        timeout_request=args.timeout_request,
     )
     return config, args
+
+
+def uvicorn_config(app: FastAPI, args: argparse.Namespace):
+    """uvicorn settings for the server: bounded connection times and counts (see connections.py)."""
+    import uvicorn
+
+    from local_dense_retriever.connections import default_max_connections, guarded_http_protocol, raise_open_file_limit
+
+    open_file_limit = raise_open_file_limit()
+    max_connections = args.max_connections or default_max_connections(open_file_limit)
+    if max_connections > open_file_limit:
+        logger.warning(
+            "--max_connections %d is above the open-file limit %d: connections past it will be reset unlogged",
+            max_connections,
+            open_file_limit,
+        )
+    logger.info("accepting up to %d connections (open-file limit %d)", max_connections, open_file_limit)
+    return uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,  # access logs cost more CPU than a batched search at hundreds of requests per second
+        http=guarded_http_protocol(args.timeout_request, max_connections),
+        timeout_keep_alive=args.timeout_keep_alive,
+        timeout_graceful_shutdown=args.timeout_graceful_shutdown,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -395,10 +676,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # it logs every SIMD variant it tries
     app = create_app(config)
-    # Access logs cost more CPU than a batched search at hundreds of requests per second.
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
-    )
+    server = uvicorn.Server(uvicorn_config(app, args))
     app.state.runtime.on_failure = lambda: setattr(server, "should_exit", True)
     logger.info("listening on http://%s:%d (GET /health says when the retriever is ready)", args.host, args.port)
     server.run()

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from local_dense_retriever.batcher import DynamicBatcher
+from local_dense_retriever.batcher import BatcherClosed, DynamicBatcher
 
 
 class RecordingSearch:
@@ -50,10 +50,10 @@ def test_concurrent_requests_share_batches_and_each_gets_its_own_slice():
     assert search.threads == {"retrieval-worker"}
 
 
-def test_multi_query_requests_keep_their_order_and_are_never_split():
+def test_multi_query_requests_keep_their_order_and_batches_never_exceed_max_batch_size():
     search = RecordingSearch()
     batcher = DynamicBatcher(search, max_batch_size=8)
-    requests = [([f"{'a' * j}" for j in range(1, 6)], 2), (["bb", "c"], 1), ([f"{'d' * j}" for j in range(1, 11)], 1)]
+    requests = [([f"{'a' * j}" for j in range(1, 6)], 2), (["bb", "c"], 1), ([f"{'d' * j}" for j in range(1, 30)], 1)]
     try:
         results = asyncio.run(submit_all(batcher, requests))
     finally:
@@ -61,8 +61,66 @@ def test_multi_query_requests_keep_their_order_and_are_never_split():
     for (queries, topk), (_, rows) in zip(requests, results, strict=True):
         assert rows[:, 0].tolist() == [len(q) * 100 for q in queries]
         assert rows.shape == (len(queries), topk)
-    # A request bigger than max_batch_size runs alone rather than being split or rejected.
-    assert ["d" * j for j in range(1, 11)] in search.calls
+    assert max(len(call) for call in search.calls) <= 8
+    assert sum(len(call) for call in search.calls) == 5 + 2 + 29
+
+
+def test_a_single_query_sent_during_a_large_request_waits_about_one_batch():
+    search = RecordingSearch(delay=0.01)
+    batcher = DynamicBatcher(search, max_batch_size=16)
+    large = [f"large {i}" for i in range(512)]
+    finished: list[str] = []
+
+    async def scenario():
+        async def send(name: str, queries: list[str]):
+            await batcher.submit(queries, 3)
+            finished.append(name)
+
+        big = asyncio.ensure_future(send("large", large))
+        await asyncio.sleep(0.03)  # the large request is being served: a few of its 32 batches have run
+        await send("single", ["single"])
+        await big
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        batcher.close()
+    assert finished == ["single", "large"]
+    batch_of_single = next(i for i, call in enumerate(search.calls) if "single" in call)
+    batches_before_single_arrived = sum(1 for call in search.calls[:batch_of_single] if "single" not in call)
+    # It joined the batch after the one running when it arrived, not the end of the queue (32 batches).
+    assert batches_before_single_arrived <= 6, [len(call) for call in search.calls]
+    assert all(len(call) <= 16 for call in search.calls)
+
+
+def test_waiting_requests_share_each_batch_in_equal_parts():
+    search = RecordingSearch(delay=0.0)
+    release = threading.Event()
+
+    def gated(queries, k):
+        if queries == ["blocker"]:
+            release.wait(10)  # hold the worker until the three requests below are all queued
+        return search(queries, k)
+
+    batcher = DynamicBatcher(gated, max_batch_size=12)
+
+    async def scenario():
+        blocker = asyncio.ensure_future(batcher.submit(["blocker"], 1))
+        await asyncio.sleep(0.05)
+        requests = [[f"a{i}" for i in range(30)], [f"b{i}" for i in range(30)], [f"c{i}" for i in range(3)]]
+        tasks = [asyncio.ensure_future(batcher.submit(queries, 1)) for queries in requests]
+        await asyncio.sleep(0.05)
+        release.set()
+        await asyncio.gather(blocker, *tasks)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        batcher.close()
+    first_shared = search.calls[1]
+    # 12 places over three requests: 4 each, the small one has only 3, the spare place goes to the first.
+    assert [sum(q.startswith(p) for q in first_shared) for p in "abc"] == [5, 4, 3]
+    assert [len(call) for call in search.calls[2:]] == [12, 12, 12, 12, 3]
 
 
 def test_a_failing_batch_fails_its_requests_and_the_worker_keeps_going():
@@ -144,6 +202,47 @@ def test_a_cancelled_request_does_not_break_the_worker():
     finally:
         batcher.close()
     assert rows.tolist() == [[400]]
+
+
+def test_a_cancelled_large_request_runs_none_of_its_remaining_batches():
+    search = RecordingSearch(delay=0.05)
+    batcher = DynamicBatcher(search, max_batch_size=4)
+
+    async def scenario():
+        doomed = asyncio.ensure_future(batcher.submit([f"q{i}" for i in range(40)], 1))
+        for _ in range(400):  # until two of its batches (of 4) have started
+            if len(search.calls) >= 2:
+                break
+            await asyncio.sleep(0.005)
+        doomed.cancel()
+        await asyncio.sleep(0.3)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        batcher.close()
+    assert [len(call) for call in search.calls] in ([4, 4], [4, 4, 4]), "the rest of its 10 batches ran"
+
+
+def test_closing_fails_queued_work_at_once_instead_of_running_it():
+    search = RecordingSearch(delay=0.2)
+    batcher = DynamicBatcher(search, max_batch_size=4)
+
+    async def scenario():
+        queued = asyncio.ensure_future(batcher.submit([f"q{i}" for i in range(40)], 1))  # 10 batches, 2 s
+        await asyncio.sleep(0.1)
+        started = time.perf_counter()
+        await asyncio.get_running_loop().run_in_executor(None, batcher.close)
+        closing_seconds = time.perf_counter() - started
+        with pytest.raises(BatcherClosed, match="shutting down"):
+            await queued
+        with pytest.raises(BatcherClosed):
+            await batcher.submit(["after close"], 1)
+        return closing_seconds
+
+    closing_seconds = asyncio.run(scenario())
+    assert len(search.calls) == 1  # the batch in progress finished; the other nine never ran
+    assert closing_seconds < 1.0
 
 
 def test_batch_size_must_be_positive():

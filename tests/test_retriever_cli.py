@@ -1,13 +1,17 @@
 """The command lines: builder -> server round trip in real subprocesses, and argument validation."""
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from local_dense_retriever import index_builder, retrieval_server
-from local_dense_retriever.launcher import PACKAGE_ROOT, SERVER_SCRIPT, ServerProcess
+from local_dense_retriever.encoders import TextEncoder
+from local_dense_retriever.launcher import PACKAGE_ROOT, SERVER_SCRIPT, ServerProcess, free_port
 from local_dense_retriever.mini_wiki import load_summaries, title_of, write_corpus
 from support.retriever_fixtures import small_wiki_fixture  # noqa: F401
 
@@ -40,14 +44,77 @@ def test_builder_cli_then_server_script_round_trip(small_wiki, tmp_path):
     assert server.process.returncode is not None  # stopped by the context manager
 
 
-def test_server_exits_1_when_corpus_and_index_disagree(small_wiki, tmp_path):
+def run_server_cli(flags: list[str], cwd: Path = PACKAGE_ROOT) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(PACKAGE_ROOT)}
+    return subprocess.run(
+        [sys.executable, "-m", "local_dense_retriever.retrieval_server", *flags, "--port", str(free_port())],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+
+
+def _five_documents(wiki, tmp_path: Path) -> list[str]:
     corpus = write_corpus(load_summaries()[:5], tmp_path / "five.jsonl")
-    flags = ["--index_path", str(small_wiki.index_path), "--corpus_path", str(corpus),
-             "--retriever_name", "minilm", "--retriever_model", str(small_wiki.model_dir)]  # fmt: skip
-    server = ServerProcess(flags, log_path=tmp_path / "server.log", startup_timeout=120)
-    with pytest.raises(RuntimeError, match="exited with code 1"):
-        server.start()
-    assert f"has 5 documents but the index has {len(small_wiki.titles)}" in server.log_tail()
+    return ["--index_path", str(wiki.index_path), "--corpus_path", str(corpus)]
+
+
+def _garbage_index(wiki, tmp_path: Path) -> list[str]:
+    garbage = tmp_path / "garbage.index"
+    garbage.write_bytes(bytes(range(256)) * 4)
+    return ["--index_path", str(garbage), "--corpus_path", str(wiki.corpus_path)]
+
+
+def _eight_dimensional_index(wiki, tmp_path: Path) -> list[str]:
+    import faiss
+
+    index = faiss.IndexFlatIP(8)
+    index.add(np.random.default_rng(0).normal(size=(len(wiki.titles), 8)).astype(np.float32))
+    faiss.write_index(index, str(tmp_path / "eight.index"))
+    return ["--index_path", str(tmp_path / "eight.index"), "--corpus_path", str(wiki.corpus_path)]
+
+
+STARTUP_FAILURES = {
+    "corpus and index sizes differ": (_five_documents, "five.jsonl has 5 documents but the index has 300"),
+    "unreadable index": (_garbage_index, "garbage.index: cannot read it as a FAISS index: Index type"),
+    "index of another dimension": (_eight_dimensional_index, "the index holds 8-d vectors but the encoder"),
+}
+
+
+@pytest.mark.parametrize("case", STARTUP_FAILURES)
+def test_a_startup_failure_is_one_clear_line_and_exit_status_1_without_a_traceback(small_wiki, tmp_path, case):
+    make_flags, expected = STARTUP_FAILURES[case]
+    flags = [
+        *make_flags(small_wiki, tmp_path),
+        "--retriever_name",
+        "minilm",
+        "--retriever_model",
+        str(small_wiki.model_dir),
+    ]
+    run = run_server_cli(flags)
+    output = run.stdout + run.stderr
+    assert run.returncode == 1, output
+    assert "Traceback" not in output
+    failures = [line for line in output.splitlines() if "failed to load" in line]
+    assert len(failures) == 1, output
+    assert expected in failures[0]
+
+
+def test_a_missing_model_directory_that_looks_like_a_hub_id_is_an_error_at_once_naming_the_path(small_wiki, tmp_path):
+    flags = ["--index_path", str(small_wiki.index_path), "--corpus_path", str(small_wiki.corpus_path),
+             "--retriever_name", "minilm", "--retriever_model", "models/minilm"]  # fmt: skip
+    run = run_server_cli(flags, cwd=tmp_path)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert f"--retriever_model models/minilm: no such directory ({tmp_path / 'models' / 'minilm'})" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_a_relative_model_directory_is_found_from_the_working_directory(small_wiki, tmp_path, monkeypatch):
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "minilm").symlink_to(small_wiki.model_dir)
+    corpus, index = str(small_wiki.corpus_path), str(small_wiki.index_path)
+    monkeypatch.chdir(tmp_path)
+    argv = ["--index_path", index, "--corpus_path", corpus, "--retriever_model", "models/minilm"]
+    config, _ = retrieval_server.parse_config(argv)
+    assert config.retriever_model == str((tmp_path / "models" / "minilm").resolve())
 
 
 def cli_error(parse, argv, capsys) -> str:
@@ -79,8 +146,19 @@ def test_server_flags_are_checked_before_anything_loads(small_wiki, tmp_path, ca
     assert "--max_batch_size must be at least 1" in cli_error(
         parse, ["--index_path", index, "--corpus_path", corpus, "--max_batch_size", "0"], capsys
     )
-    config, args = parse(["--index_path", index, "--corpus_path", corpus, "--retriever_model", "intfloat/e5-base-v2"])
+
+
+def test_a_hub_id_the_hub_knows_is_passed_on_unchanged(small_wiki, monkeypatch):
+    import huggingface_hub
+
+    asked = []
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub, "model_info", lambda repo_id, **kwargs: asked.append(repo_id))
+    corpus, index = str(small_wiki.corpus_path), str(small_wiki.index_path)
+    argv = ["--index_path", index, "--corpus_path", corpus, "--retriever_model", "intfloat/e5-base-v2"]
+    config, args = retrieval_server.parse_config(argv)
     assert args.host == "127.0.0.1" and config.topk == 3 and config.retriever_model == "intfloat/e5-base-v2"
+    assert asked == ["intfloat/e5-base-v2"]
 
 
 def test_builder_flags_are_checked_before_encoding(small_wiki, tmp_path, capsys):
@@ -93,7 +171,10 @@ def test_builder_flags_are_checked_before_encoding(small_wiki, tmp_path, capsys)
     assert "--corpus_path /nowhere.jsonl: no such file" in cli_error(
         parse, ["--corpus_path", "/nowhere.jsonl", "--save_dir", str(tmp_path)], capsys
     )
-    config = parse(["--corpus_path", corpus, "--save_dir", str(tmp_path), "--retrieval_method", "e5", "--use_fp16"])
+    config = parse(
+        ["--corpus_path", corpus, "--save_dir", str(tmp_path), "--retrieval_method", "e5", "--use_fp16",
+         "--model_path", str(small_wiki.model_dir)]
+    )  # fmt: skip
     assert config.index_path == str(tmp_path / "e5_Flat.index") and config.dtype == "fp16"
 
 
@@ -105,3 +186,94 @@ def test_builder_reports_a_malformed_corpus_line(small_wiki, tmp_path, capsys):
     assert index_builder.main(argv) == 1
     assert "broken.jsonl:2: expected a JSON object with a string" in capsys.readouterr().err
     assert not (tmp_path / "x.index").exists()
+
+
+def _corpus_with_a_bad_line(tmp_path: Path, bad_line: int, lines: int = 40) -> Path:
+    summaries = load_summaries()[:lines]
+    corpus = write_corpus(summaries, tmp_path / "broken.jsonl")
+    rows = corpus.read_text().splitlines()
+    rows[bad_line - 1] = '{"id": "x", "contents": 5}'
+    corpus.write_text("\n".join(rows) + "\n")
+    return corpus
+
+
+@pytest.fixture(name="encoded_batches")
+def encoded_batches_fixture(monkeypatch) -> list[int]:
+    """Sizes of the chunks the builder encodes (the real encoder runs)."""
+    sizes: list[int] = []
+    real = TextEncoder.encode_passages
+
+    def counting(self, texts, on_batch=None):
+        sizes.append(len(texts))
+        return real(self, texts, on_batch)
+
+    monkeypatch.setattr(TextEncoder, "encode_passages", counting)
+    return sizes
+
+
+def builder_argv(wiki, corpus: Path, *extra: str) -> list[str]:
+    return ["--corpus_path", str(corpus), "--retriever_name", "minilm", "--retriever_model", str(wiki.model_dir),
+            "--no_progress", "--chunk_size", "8", *extra]  # fmt: skip
+
+
+def test_a_bad_corpus_line_is_found_before_anything_is_encoded_and_no_embeddings_file_is_left(
+    small_wiki, tmp_path, capsys, encoded_batches
+):
+    corpus = _corpus_with_a_bad_line(tmp_path, bad_line=35)
+    saved = tmp_path / "embeddings.npy"
+    argv = builder_argv(small_wiki, corpus, "--index_path", str(tmp_path / "x.index"), "--save_embeddings", str(saved))
+    assert index_builder.main(argv) == 1
+    assert "broken.jsonl:35: expected a JSON object with a string" in capsys.readouterr().err
+    assert encoded_batches == []  # before: four chunks of 8 were encoded first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.jsonl", "broken.jsonl.offsets.npy"]
+
+
+def test_a_build_that_fails_while_encoding_leaves_no_embeddings_file(small_wiki, tmp_path, monkeypatch, capsys):
+    corpus = write_corpus(load_summaries()[:40], tmp_path / "corpus.jsonl")
+    saved = tmp_path / "embeddings.npy"
+    real, calls = TextEncoder.encode_passages, []
+
+    def failing_on_the_third_chunk(self, texts, on_batch=None):
+        calls.append(len(texts))
+        if len(calls) == 3:
+            raise ValueError("the GPU fell off the bus")
+        return real(self, texts, on_batch)
+
+    monkeypatch.setattr(TextEncoder, "encode_passages", failing_on_the_third_chunk)
+    argv = builder_argv(small_wiki, corpus, "--index_path", str(tmp_path / "x.index"), "--save_embeddings", str(saved))
+    assert index_builder.main(argv) == 1
+    assert "the GPU fell off the bus" in capsys.readouterr().err
+    assert not saved.exists() and not (tmp_path / "embeddings.npy.partial").exists()
+    assert not (tmp_path / "x.index").exists()
+
+
+def test_saved_embeddings_with_rows_never_written_are_refused_and_no_index_is_written(small_wiki, tmp_path, capsys):
+    embeddings = np.load(small_wiki.embeddings_path)
+    embeddings[200:] = 0.0  # what an interrupted build used to leave at full size
+    incomplete = tmp_path / "incomplete.npy"
+    np.save(incomplete, embeddings)
+    index = tmp_path / "x.index"
+    argv = ["--corpus_path", str(small_wiki.corpus_path), "--index_path", str(index), "--no_progress",
+            "--embeddings_path", str(incomplete)]  # fmt: skip
+    assert index_builder.main(argv) == 1
+    error = capsys.readouterr().err
+    assert f"--embeddings_path {incomplete}: row 200 (and 99 more" in error and "all zeros" in error
+    assert not index.exists()
+
+
+@pytest.mark.parametrize("flag", ["--save_dir", "--save_embeddings"])
+def test_an_output_location_that_cannot_be_written_is_found_before_the_encoder_loads(
+    small_wiki, tmp_path, capsys, monkeypatch, flag
+):
+    loaded = []
+    monkeypatch.setattr(index_builder, "_load_encoder", lambda config: loaded.append(config) or 1 / 0)
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a directory")
+    corpus = write_corpus(load_summaries()[:10], tmp_path / "corpus.jsonl")
+    outputs = {"--save_dir": str(tmp_path / "indexes"), "--save_embeddings": str(tmp_path / "embeddings.npy")}
+    outputs[flag] = str(a_file / "out" / ("x.npy" if flag == "--save_embeddings" else ""))
+    argv = builder_argv(small_wiki, corpus, *[part for item in outputs.items() for part in item])
+    assert index_builder.main(argv) == 1
+    error = capsys.readouterr().err
+    assert f"cannot write {a_file / 'out'}" in error and "Not a directory" in error
+    assert loaded == []

@@ -2,15 +2,21 @@
 
 import asyncio
 import json
+import os
+import re
+import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
 from local_dense_retriever.mini_wiki import title_of
-from local_dense_retriever.retrieval_server import Resources, create_app, load_resources
+from local_dense_retriever.retrieval_server import Resources, ServerConfig, create_app, load_resources
 from support.loopback import serve_in_thread
 from support.retriever_fixtures import (  # noqa: F401
     dense_config,
@@ -103,11 +109,89 @@ def test_bad_requests_get_a_clear_422_and_the_server_keeps_serving(dense_server,
     assert ok.status_code == 200 and len(ok.json()["result"][0]) == 3
 
 
-def test_malformed_json_is_a_422(dense_server):
+SMALL_LIMITS = {"max_queries_per_request": 6, "max_query_chars": 80, "max_topk": 5}
+
+
+@pytest.fixture(scope="module", name="small_limits_server")
+def small_limits_server_fixture(small_wiki):
+    # Small limits keep each generated request cheap; the document the fuzzer reads states these limits.
+    with serve_ready(dense_config(small_wiki, **SMALL_LIMITS)) as url:
+        yield url
+
+
+LOOSE_REQUESTS = [
+    ({"queries": ["q"], "topk": "3"}, "topk"),
+    ({"queries": ["q"], "topk": " 3 "}, "topk"),
+    ({"queries": ["q"], "topk": 3.0}, "topk"),
+    ({"queries": ["q"], "topk": True}, "topk"),
+    ({"queries": ["q"], "return_scores": "yes"}, "return_scores"),
+    ({"queries": ["q"], "return_scores": 1}, "return_scores"),
+]
+
+
+@pytest.mark.parametrize(("payload", "field"), LOOSE_REQUESTS, ids=[repr(p) for p, _ in LOOSE_REQUESTS])
+def test_values_of_the_wrong_json_type_are_refused_not_coerced(dense_server, payload, field):
+    response = retrieve(dense_server, payload)
+    assert response.status_code == 422
+    assert response.json()["detail"].startswith(f"{field}: ")
+    assert response.json()["errors"][0]["loc"] == ["body", field]
+
+
+def test_an_unknown_field_is_refused_with_a_message_naming_it(dense_server):
+    response = retrieve(dense_server, {"queries": ["q"], "top_k": 7})
+    assert response.status_code == 422
+    assert response.json()["detail"] == "top_k: unknown field (accepted fields: queries, topk, return_scores)"
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_json_sent_without_the_json_content_type_gets_a_415_that_says_so(dense_server, content_type):
+    headers = {"content-type": content_type} if content_type else {}
+    response = httpx.post(f"{dense_server}/retrieve", content=b'{"queries": ["q"]}', headers=headers)
+    assert response.status_code == 415
+    assert "Content-Type" in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    "body", [b'{"queries": [', b'\xff\xfe{"queries": ["q"]}', b""], ids=["truncated", "utf16", "empty"]
+)
+def test_a_body_that_is_not_utf8_json_gets_a_400(dense_server, body):
+    response = httpx.post(f"{dense_server}/retrieve", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["detail"].startswith("the body is not valid UTF-8 JSON")
+
+
+def test_a_body_larger_than_any_valid_request_gets_a_413_before_it_is_read(small_limits_server):
+    limit = ServerConfig(index_path=None, corpus_path="", **SMALL_LIMITS).max_request_bytes
+    too_big = b'{"queries": ["' + b"x" * limit + b'"]}'
     response = httpx.post(
-        f"{dense_server}/retrieve", content=b'{"queries": [', headers={"content-type": "application/json"}
+        f"{small_limits_server}/retrieve", content=too_big, headers={"content-type": "application/json"}
     )
-    assert response.status_code == 422 and "JSON" in response.json()["detail"]
+    assert response.status_code == 413
+    assert f"no valid request is larger than {limit} bytes" in response.json()["detail"]
+
+
+def test_the_openapi_document_lists_every_status_the_retrieve_endpoint_sends(dense_server):
+    document = httpx.get(f"{dense_server}/openapi.json").json()
+    operation = document["paths"]["/retrieve"]["post"]
+    assert set(operation["responses"]) == {"200", "400", "408", "413", "415", "422", "500", "503"}
+    assert set(document["paths"]["/health"]["get"]["responses"]) == {"200", "503"}
+    request_schema = operation["requestBody"]["content"]["application/json"]["schema"]
+    assert request_schema["additionalProperties"] is False and request_schema["required"] == ["queries"]
+
+
+def test_a_schema_based_fuzz_finds_no_response_that_differs_from_the_openapi_document(small_limits_server, tmp_path):
+    """schemathesis, every check, fixed (derandomized) examples: valid and invalid requests to both endpoints."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent), "SCHEMATHESIS_HOOKS": "support.schema_fuzz_hooks"}
+    command = [
+        sys.executable, "-m", "schemathesis.cli", "run", f"{small_limits_server}/openapi.json",
+        "--checks", "all", "--max-examples", "12", "--generation-deterministic", "--no-color",
+    ]  # fmt: skip
+    run = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    report = run.stdout + run.stderr
+    assert run.returncode == 0, report[-6000:]
+    generated = re.search(r"(\d+) generated", report)
+    assert generated and int(generated.group(1)) >= 50, report[-3000:]  # both endpoints, valid and invalid
+    assert "No issues found" in report
 
 
 def test_health_reports_ready_with_the_loaded_sizes(dense_server, small_wiki):
@@ -191,3 +275,71 @@ def test_hundreds_of_concurrent_single_query_requests_match_the_sequential_answe
     # Dynamic batching really merged requests: far fewer forward passes than requests.
     assert concurrent_batches < len(queries) / 4, f"{concurrent_batches} batches for {len(queries)} requests"
     assert stats["largest_batch"] <= 64 and stats["errors"] == 0
+
+
+@pytest.fixture(scope="module", name="batch_of_4_server")
+def batch_of_4_server_fixture(small_wiki):
+    with serve_ready(dense_config(small_wiki, max_batch_size=4, max_response_mb=0.3)) as url:  # ~500 passages
+        yield url
+
+
+def test_a_single_query_is_answered_while_a_large_request_is_still_running(batch_of_4_server):
+    """96 queries in batches of 4 take 24 searches; a query sent meanwhile joins one of the next, not the 25th."""
+    url = batch_of_4_server
+    finished: list[str] = []
+
+    async def scenario():
+        async with httpx.AsyncClient(timeout=120) as client:
+
+            async def send(name: str, queries: list[str]) -> httpx.Response:
+                response = await client.post(f"{url}/retrieve", json={"queries": queries, "topk": 3})
+                finished.append(name)
+                return response
+
+            before = (await client.get(f"{url}/health")).json()["batches"]["batches"]
+            large = asyncio.ensure_future(send("large", [f"question number {i}" for i in range(96)]))
+            while (await client.get(f"{url}/health")).json()["batches"]["batches"] < before + 3:  # running
+                await asyncio.sleep(0.01)
+            single = await send("single", ["Who painted the Mona Lisa?"])
+            return single, await large
+
+    single, large = asyncio.run(scenario())
+    stats = httpx.get(f"{url}/health").json()["batches"]
+    assert single.status_code == 200 and large.status_code == 200
+    assert finished == ["single", "large"]
+    assert len(large.json()["result"]) == 96
+    assert stats["largest_batch"] <= 4  # the large request was split, not run as one 96-query batch
+
+
+def test_a_response_over_the_size_cap_is_refused_with_a_422_before_any_work(batch_of_4_server):
+    url = batch_of_4_server
+    batches_before = httpx.get(f"{url}/health").json()["batches"]["batches"]
+    refused = retrieve(url, {"queries": [f"question {i}" for i in range(20)], "topk": 50})
+    batches_after = httpx.get(f"{url}/health").json()["batches"]["batches"]
+    allowed = retrieve(url, {"queries": ["question"], "topk": 50})
+    assert refused.status_code == 422
+    assert refused.json()["errors"][0]["type"] == "response_too_large"
+    assert "--max_response_mb 0.3" in refused.json()["detail"] and "1000 documents" in refused.json()["detail"]
+    assert batches_after == batches_before  # refused from the estimate, nothing was encoded
+    assert allowed.status_code == 200 and len(allowed.json()["result"][0]) == 50
+
+
+def test_a_client_that_disconnects_stops_the_rest_of_its_large_request(batch_of_4_server):
+    url = batch_of_4_server
+
+    def batches() -> int:
+        return httpx.get(f"{url}/health").json()["batches"]["batches"]
+
+    before = batches()
+    body = json.dumps({"queries": [f"question number {i}" for i in range(96)]}).encode()  # 24 batches of 4
+    request = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) as sock:
+        sock.sendall(request % len(body) + body)
+        deadline = time.monotonic() + 60
+        while batches() < before + 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    ran = batches()
+    while (settled := batches()) != ran:  # until no batch ran for a while
+        ran = settled
+        time.sleep(0.5)
+    assert 2 <= settled - before < 12, f"{settled - before} of its 24 batches ran; the client left at the 2nd"
