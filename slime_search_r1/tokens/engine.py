@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, replace
 from tenacity import before_sleep_log, wait_fixed
 
 from slime.rollout.sglang_rollout import get_model_url
-from slime_search_r1.http import RequestFailed, RetryableRequestFailed, post_json, retrying, unbounded_session
 from slime.utils.http_utils import post as slime_post
+from slime_search_r1.http import RequestFailed, RetryableRequestFailed, post_json, retrying, unbounded_session
 
 logger = logging.getLogger(__name__)
 
