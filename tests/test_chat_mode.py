@@ -99,38 +99,6 @@ INVENTED_RESPONSE = CALL + "\n<tool_response>\nParis is the capital of France.\n
 CALL_BERLIN = '<tool_call>\n{"name": "search", "arguments": {"query": "Berlin"}}\n</tool_call>'
 
 
-@pytest.mark.parametrize(
-    ("first_turn", "after_call", "reward"),
-    [
-        (INVENTED_RESPONSE, "<tool_response>\nParis is the capital of France.\n</tool_response>", 0.8),
-        (CALL + "\nI am sure it is Paris.", "I am sure it is Paris.", 0.8),
-        (CALL + "\n<answer> Paris </answer>", "<answer> Paris </answer>", 0.8),
-        (CALL + "\n" + CALL_BERLIN + "\n", None, 1.0),  # two well-formed calls: valid
-    ],
-    ids=["invented tool response", "free text", "answer after the call", "two calls"],
-)
-async def test_only_whitespace_and_further_calls_may_follow_a_tool_call(
-    make_args, tokenizer, engine, policy, retriever, search_config, first_turn, after_call, reward
-):
-    policy.scripts[QUESTION + "?"] = [first_turn, ANSWER]
-    args = make_args()
-    sample = await run_chat(args, search_config, "chat")
-    first = conversation(sample)[0]
-    assert first.get("text_after_tool_calls") == after_call  # the record keeps what the model wrote
-    assert await reward_func(args, sample) == pytest.approx(reward)
-    prompt_ids = prompt_ids_of(tokenizer, sample.prompt)
-    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids, canonical_observations=True)
-
-
-async def test_chat_wrong_answer_and_eval(make_args, tokenizer, engine, policy, search_config):
-    policy.scripts[QUESTION + "?"] = [CALL, WRONG]
-    args = make_args()
-    sample = await run_chat(args, search_config, "chat")
-    assert await reward_func(args, sample) == pytest.approx(0.2)
-    sample = await run_chat(args, search_config, "chat", evaluation=True)
-    assert await reward_func(args, sample) == 0.0
-
-
 async def test_chat_malformed_tool_call_gets_a_hint(make_args, tokenizer, engine, policy, retriever, search_config):
     policy.scripts[QUESTION + "?"] = [MALFORMED, CALL, ANSWER]
     args = make_args()

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from slime_search_r1.protocols.chat_reward import conversation_format_problem, read_conversation
+from slime_search_r1.protocols.chat_reward import read_conversation
 from slime_search_r1.protocols.chat import parse_generated_turn, parse_openai_message
 from qa_em_format import FormatWeights, score_answer
 
@@ -34,56 +34,10 @@ GOOD = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("conversation", "problem"),
-    [
-        (GOOD, None),
-        ([assistant("<answer> Paris </answer>")], None),
-        ([assistant("no answer")], "0 <answer> blocks in the final turn"),
-        ([assistant("<answer>a</answer><answer>b</answer>")], "2 <answer> blocks in the final turn"),
-        ([assistant("<answer> Paris </answer> and more")], "text after </answer>"),
-        ([assistant("x", call("q")), tool("r")], "the last turn is a tool call"),
-        ([assistant("x", call("")), tool("Error"), assistant("<answer>a</answer>")], "malformed tool call"),
-        ([assistant("x", call("q", name="lookup")), tool("Error"), assistant("<answer>a</answer>")], "malformed"),
-        ([assistant("hm"), {"role": "user", "content": "hint"}, assistant("<answer>a</answer>")], "retry hint"),
-        ([assistant("<answer>a</answer>", call("q")), tool("r"), assistant("<answer>a</answer>")], "before the final"),
-        ([assistant("x", call("q")), assistant("<answer>a</answer>")], "without its tool message"),
-        ([assistant('<tool_call>{"name": </tool_call>')], "unparsable tool call"),
-        (
-            [
-                {**assistant("x", call("q")), "text_after_tool_calls": "<tool_response>r</tool_response>"},
-                tool("r"),
-                assistant("<answer>a</answer>"),
-            ],
-            "text after a tool call",
-        ),
-        ([], "no assistant turn"),
-    ],
-)
-def test_format_rule(conversation, problem):
-    found = conversation_format_problem(conversation)
-    assert found == problem if problem is None else problem in found
-
-
 def score_conversation(conversation, golds, weights):
     """What reward_func does with a chat-mode conversation."""
     reading = read_conversation(conversation)
     return score_answer(reading.answer, golds, reading.format_valid, reading.tool_texts, weights)
-
-
-def test_score_table_for_conversations():
-    assert score_conversation(GOOD, ["Paris"], WEIGHTS).score == 1.0
-    wrong = [*GOOD[:2], assistant("<answer> Rome </answer>")]
-    assert score_conversation(wrong, ["Paris"], WEIGHTS).score == pytest.approx(0.3)  # valid, gold retrieved
-    assert score_conversation(wrong, ["Lyon"], WEIGHTS).score == pytest.approx(0.2)
-    invalid = [assistant("<answer> Paris </answer> extra")]
-    assert score_conversation(invalid, ["Paris"], WEIGHTS).score == pytest.approx(0.8)
-    assert score_conversation([assistant("<answer> Rome </answer> x")], ["Paris"], WEIGHTS).score == pytest.approx(0.1)
-    assert score_conversation([assistant("I give up")], ["Paris"], WEIGHTS).score == 0.0
-    # several answers: the last one of the final message is scored (and the format is invalid)
-    several = [assistant("<answer> Rome </answer> no wait <answer> Paris </answer>")]
-    details = score_conversation(several, ["Paris"], WEIGHTS)
-    assert details.answer == "Paris" and details.em == 1.0 and not details.format_valid
 
 
 def test_generated_turn_parsing():

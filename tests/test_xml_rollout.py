@@ -59,30 +59,6 @@ async def test_search_then_right_answer(make_args, tokenizer, engine, policy, re
     assert await reward_func(args, sample) == 1.0
 
 
-async def test_wrong_answer_gets_the_format_bonus_in_training_and_zero_in_evaluation(
-    make_args, tokenizer, engine, policy, search_config
-):
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, WRONG_TURN]
-    args, sample, _ = await rollout(make_args, tokenizer)
-    assert sample.status == Sample.Status.COMPLETED
-    assert await reward_func(args, sample) == pytest.approx(0.2)
-
-    args, sample, _ = await rollout(make_args, tokenizer, evaluation=True)
-    assert info(sample)["evaluation"] is True
-    assert await reward_func(args, sample) == 0.0
-
-
-async def test_format_score_setting_changes_the_reward(
-    make_args, tokenizer, engine, policy, search_config, monkeypatch
-):
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, WRONG_TURN]
-    monkeypatch.setitem(search_config, "format_score", 0.3)
-    args, sample, _ = await rollout(make_args, tokenizer)
-    assert await reward_func(args, sample) == pytest.approx(0.3)
-    monkeypatch.setitem(search_config, "format_score", 0.0)
-    assert await reward_func(args, sample) == 0.0
-
-
 async def test_text_after_the_closing_tag_in_the_same_token_is_kept_and_costs_format(
     make_args, tokenizer, engine, policy, search_config
 ):
@@ -329,23 +305,6 @@ async def test_many_concurrent_samples(make_args, tokenizer, engine, policy, ret
         assert await reward_func(args, sample) == (1.0 if i % 2 else pytest.approx(0.1))
 
 
-async def test_reward_key_returns_details(make_args, tokenizer, engine, policy, search_config):
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
-    args, sample, _ = await rollout(make_args, tokenizer, reward_key="score")
-    reward = await reward_func(args, sample)
-    assert reward == {"score": 1.0, "em": 1.0, "format_valid": 1.0, "retrieval_hit": 1.0}
-
-
-async def test_the_reward_key_also_keys_evaluation_rewards_as_slime_copies_it(
-    make_args, tokenizer, engine, policy, search_config
-):
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, WRONG_TURN]
-    args, sample, _ = await rollout(make_args, tokenizer, reward_key="score", evaluation=True)
-    assert args.eval_reward_key == "score"  # slime's argument parsing copies --reward-key into it
-    reward = await reward_func(args, sample)
-    assert reward[args.eval_reward_key] == 0.0  # what slime's evaluation logs: pure EM, no format bonus
-
-
 async def test_messages_prompt_is_rendered_with_the_chat_template(make_args, tokenizer, engine, policy, search_config):
     policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
     from slime_search_r1.data import search_r1_prompt
@@ -417,36 +376,6 @@ async def test_a_proxy_that_rewrites_input_ids_is_caught(make_args, tokenizer, e
     with serve_in_thread(proxy) as url:
         with pytest.raises(EngineProtocolError, match="rewrote or truncated input_ids"):
             await rollout(lambda **kw: make_args(**router_address(url), **kw), tokenizer)
-
-
-async def test_group_reward_returns_one_reward_per_sample(make_args, tokenizer, engine, policy, search_config):
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
-    args, right, _ = await rollout(make_args, tokenizer)
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, WRONG_TURN]
-    _, wrong, _ = await rollout(make_args, tokenizer)
-    assert await reward_func(args, [right, wrong]) == [1.0, pytest.approx(0.2)]
-
-
-async def test_eval_reward_key_alone_keeps_training_rewards_scalar(
-    make_args, tokenizer, engine, policy, search_config
-):
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
-    args, sample, _ = await rollout(make_args, tokenizer, eval_reward_key="em")
-    assert await reward_func(args, sample) == 1.0
-    args, sample, _ = await rollout(make_args, tokenizer, eval_reward_key="em", evaluation=True)
-    assert (await reward_func(args, sample))["em"] == 1.0
-
-
-async def test_an_invalid_action_does_not_pay_better_than_searching(
-    make_args, tokenizer, engine, policy, search_config
-):
-    search_config["max_turns"] = 2
-    policy.scripts[QUESTION + "?"] = ["no tags at all", SEARCH_TURN]
-    args, invalid, _ = await rollout(make_args, tokenizer)
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, SEARCH_TURN]
-    _, searching, _ = await rollout(make_args, tokenizer)
-    assert await reward_func(args, invalid) == 0.0
-    assert await reward_func(args, searching) == 0.0
 
 
 async def test_min_new_tokens_never_exceeds_what_a_turn_is_offered(
