@@ -99,33 +99,6 @@ INVENTED_RESPONSE = CALL + "\n<tool_response>\nParis is the capital of France.\n
 CALL_BERLIN = '<tool_call>\n{"name": "search", "arguments": {"query": "Berlin"}}\n</tool_call>'
 
 
-async def test_chat_malformed_tool_call_gets_a_hint(make_args, tokenizer, engine, policy, retriever, search_config):
-    policy.scripts[QUESTION + "?"] = [MALFORMED, CALL, ANSWER]
-    args = make_args()
-    sample = await run_chat(args, search_config, "chat")
-    turns = conversation(sample)
-    assert [m["role"] for m in turns] == ["assistant", "user", "assistant", "tool", "assistant"]
-    assert "neither a search tool call nor a final answer" in turns[1]["content"]
-    prompt_ids = prompt_ids_of(tokenizer, sample.prompt)
-    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
-    assert await reward_func(args, sample) == pytest.approx(0.8)  # right answer, format broken by the hint
-
-
-async def test_chat_wrong_tool_gets_an_error_message(make_args, tokenizer, engine, policy, retriever, search_config):
-    policy.scripts[QUESTION + "?"] = [WRONG_TOOL, ANSWER]
-    sample = await run_chat(make_args(), search_config, "chat")
-    turns = conversation(sample)
-    assert turns[1]["role"] == "tool" and turns[1]["content"].startswith("Error: unknown tool 'lookup'")
-    assert retriever.queries == []
-
-
-async def test_chat_query_list_searches_each(make_args, tokenizer, engine, policy, retriever, search_config):
-    policy.scripts[QUESTION + "?"] = [CALL_TWO, ANSWER]
-    sample = await run_chat(make_args(), search_config, "chat")
-    assert sorted(retriever.queries) == ["Berlin", "capital of France"]
-    assert "Doc 4(Title:" in conversation(sample)[1]["content"]  # one numbering across both queries
-
-
 async def test_chat_max_turns_and_budget(make_args, tokenizer, engine, policy, retriever, search_config):
     search_config["max_turns"] = 2
     policy.scripts[QUESTION + "?"] = [CALL]

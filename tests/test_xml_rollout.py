@@ -17,7 +17,6 @@ from slime_search_r1.tokens.engine import EngineProtocolError, EngineUnavailable
 from slime.utils.types import Sample
 from support.fidelity import assert_faithful
 from support.slime_rollout import router_address
-from slime_search_r1.protocols.xml import INVALID_ACTION_MESSAGE
 
 QUESTION = "What is the capital of France"
 SEARCH_TURN = "<think>I need to look this up.</think>\n<search> capital of France </search>"
@@ -86,24 +85,6 @@ async def test_tokens_sampled_past_a_stop_string_are_cut(make_args, tokenizer, e
     assert kept < len(calls[0].output_ids)
 
 
-async def test_invalid_action_gets_the_retry_message(make_args, tokenizer, engine, policy, search_config):
-    policy.scripts[QUESTION + "?"] = ["I think it is Paris.", ANSWER_TURN]
-    args, sample, prompt_ids = await rollout(make_args, tokenizer)
-    assert INVALID_ACTION_MESSAGE in sample.response
-    assert sample.status == Sample.Status.COMPLETED
-    assert info(sample)["searches"] == 0 and info(sample)["turns"] == 2
-    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
-    # the model's first turn ended with EOS, which makes the format invalid: correct answer, 1 - 0.2
-    assert await reward_func(args, sample) == pytest.approx(0.8)
-
-
-async def test_empty_search_query_is_an_invalid_action(make_args, tokenizer, engine, policy, retriever, search_config):
-    policy.scripts[QUESTION + "?"] = ["<think>hmm</think>\n<search>  </search>", ANSWER_TURN]
-    _, sample, _ = await rollout(make_args, tokenizer)
-    assert retriever.queries == []
-    assert INVALID_ACTION_MESSAGE in sample.response
-
-
 async def test_max_turns_stops_without_executing_the_last_search(
     make_args, tokenizer, engine, policy, retriever, search_config, monkeypatch
 ):
@@ -160,21 +141,6 @@ async def test_prompt_longer_than_the_context_is_truncated_without_calling_the_e
     assert sample.response == "" and sample.response_length == 0
     assert sample.loss_mask == [] and sample.rollout_log_probs == []
     assert engine.calls_for(prompt_ids) == []
-
-
-async def test_long_search_results_are_cut_to_max_obs_tokens(
-    make_args, tokenizer, engine, policy, retriever, search_config, monkeypatch
-):
-    retriever.docs = [{"id": str(i), "contents": f'"Doc {i}"\n' + "France capital Paris " * 80} for i in range(3)]
-    monkeypatch.setitem(search_config, "max_obs_tokens", 100)
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
-    _, sample, prompt_ids = await rollout(make_args, tokenizer)
-    calls = engine.calls_for(prompt_ids)
-    observation_length = len(calls[1].input_ids) - len(calls[0].input_ids) - len(calls[0].output_ids)
-    assert observation_length == 100
-    assert "</information>\n\n<think>" in sample.response
-    assert info(sample)["truncated_observations"] == 1
-    assert_faithful(sample, calls, tokenizer, prompt_ids)
 
 
 async def test_abort_flag_before_a_turn(make_args, tokenizer, engine, policy, search_config):
