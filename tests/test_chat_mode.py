@@ -54,33 +54,6 @@ async def run_chat(args, config, mode, *, tracking="manual", sample=None, evalua
     return await generate(args, sample, slime_sampling_params(budget), evaluation=evaluation)
 
 
-async def test_chat_manual_search_then_answer(make_args, tokenizer, engine, policy, retriever, search_config):
-    policy.scripts[QUESTION + "?"] = [CALL, ANSWER]
-    args = make_args()
-    sample = chat_sample()
-    prompt_before = copy.deepcopy(sample.prompt)
-    sample = await run_chat(args, search_config, "chat", sample=sample)
-
-    assert sample.prompt == prompt_before  # the caller's messages are untouched
-    assert sample.status == Sample.Status.COMPLETED
-    assert retriever.queries == ["capital of France"]
-    turns = conversation(sample)
-    assert [m["role"] for m in turns] == ["assistant", "tool", "assistant"]
-    assert json.loads(turns[0]["tool_calls"][0]["function"]["arguments"]) == {"query": "capital of France"}
-    assert turns[1]["content"].startswith('Doc 1(Title: "Paris")')
-    prompt_ids = prompt_ids_of(tokenizer, sample.prompt)
-    calls = engine.calls_for(prompt_ids)
-    assert len(calls) == 2
-    assert_faithful(sample, calls, tokenizer, prompt_ids)
-    # the tool-call tokens the model sampled are in the trajectory as sampled, with mask 1
-    assert "<tool_call>" in tokenizer.decode(calls[0].output_ids) and calls[0].output_ids[-1] == 151645
-    # the follow-up is the template's: end of turn, tool response, next generation prompt
-    followup = tokenizer.decode(calls[1].input_ids[len(calls[0].input_ids) + len(calls[0].output_ids) :])
-    assert followup.startswith("\n<|im_start|>user\n<tool_response>\nDoc 1(Title:")
-    assert followup.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")
-    assert await reward_func(args, sample) == 1.0
-
-
 async def test_chat_manual_matches_a_full_template_render(make_args, tokenizer, engine, policy, search_config):
     # With a canonical tool call, the exact trajectory equals the template's own render of the conversation.
     policy.scripts[QUESTION + "?"] = [CALL, ANSWER]
@@ -97,15 +70,6 @@ async def test_chat_manual_matches_a_full_template_render(make_args, tokenizer, 
 
 INVENTED_RESPONSE = CALL + "\n<tool_response>\nParis is the capital of France.\n</tool_response>"
 CALL_BERLIN = '<tool_call>\n{"name": "search", "arguments": {"query": "Berlin"}}\n</tool_call>'
-
-
-async def test_chat_max_turns_and_budget(make_args, tokenizer, engine, policy, retriever, search_config):
-    search_config["max_turns"] = 2
-    policy.scripts[QUESTION + "?"] = [CALL]
-    sample = await run_chat(make_args(), search_config, "chat")
-    assert sample.status == Sample.Status.TRUNCATED and sample.metadata["search_r1"]["finish_reason"] == "max_turns"
-    sample = await run_chat(make_args(), search_config, "chat", budget=40)
-    assert sample.status == Sample.Status.TRUNCATED and sample.response_length <= 40
 
 
 @pytest.mark.parametrize(
@@ -244,34 +208,6 @@ async def test_chat_with_router_radix_warns_once(router_args, engine, policy, se
 
 
 @pytest.mark.parametrize(("mode", "tracking"), [("generate", "router_radix"), ("chat", "router_handler")])
-async def test_router_modes_keep_failed_samples_out_of_the_loss(
-    router_args, tokenizer, engine, policy, retriever, search_config, mode, tracking
-):
-    retriever.down = True
-    policy.scripts[QUESTION + "?"] = (
-        [CALL, ANSWER]
-        if mode == "chat"
-        else [
-            "<think>x</think>\n<search> capital of France </search>",
-            ANSWER,
-        ]
-    )
-    sample = chat_sample() if mode == "chat" else Sample(prompt=chat_prompt(tokenizer, QUESTION), label=LABEL)
-    sample = await run_chat(router_args(), search_config, mode, tracking=tracking, sample=sample)
-    assert sample.status == Sample.Status.FAILED and sample.remove_sample is True
-    assert sample.response_length > 0
-
-
-async def test_a_chat_turn_cut_by_length_after_its_answer_is_truncated(make_args, engine, policy, search_config):
-    policy.scripts[QUESTION + "?"] = ["<answer> Paris </answer> and then I kept on writing " + "more " * 100]
-    sample = await run_chat(make_args(), search_config, "chat", budget=30)
-    assert sample.status == Sample.Status.TRUNCATED and sample.response_length == 30
-    policy.scripts[QUESTION + "?"] = ["<answer> Paris </answer>"]
-    sample = await run_chat(make_args(), search_config, "chat", budget=30)
-    assert sample.status == Sample.Status.COMPLETED
-
-
-@pytest.mark.parametrize(("mode", "tracking"), [("generate", "router_radix"), ("chat", "router_handler")])
 async def test_router_errors_are_retried_like_the_engine(
     router, router_args, tokenizer, engine, policy, retriever, search_config, monkeypatch, mode, tracking
 ):
@@ -283,14 +219,3 @@ async def test_router_errors_are_retried_like_the_engine(
     sample = chat_sample() if mode == "chat" else Sample(prompt=chat_prompt(tokenizer, QUESTION), label=LABEL)
     sample = await run_chat(router_args(), search_config, mode, tracking=tracking, sample=sample)
     assert sample.status == Sample.Status.COMPLETED and router.failures_left == 0
-
-
-async def test_a_search_answer_nested_too_deeply_fails_the_chat_sample_not_the_batch(
-    make_args, engine, policy, retriever, search_config
-):
-    retriever.raw_answer = (b'{"result": [' + b"[" * 5000 + b"]" * 5000 + b"]}", 200)
-    policy.scripts[QUESTION + "?"] = [CALL, ANSWER]
-    sample = await run_chat(make_args(), search_config, "chat")
-    assert sample.status == Sample.Status.FAILED
-    assert sample.remove_sample is True
-    assert "nested too deeply" in sample.metadata["search_r1"]["search_error"]

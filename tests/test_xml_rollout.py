@@ -43,21 +43,6 @@ def info(sample):
     return sample.metadata["search_r1"]
 
 
-async def test_search_then_right_answer(make_args, tokenizer, engine, policy, retriever, search_config):
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
-    args, sample, prompt_ids = await rollout(make_args, tokenizer)
-
-    assert sample.status == Sample.Status.COMPLETED
-    assert retriever.queries == ["capital of France"]
-    assert '<information>Doc 1(Title: "Paris") Paris is the capital' in sample.response
-    assert sample.response.endswith("<answer> Paris </answer>")
-    assert info(sample)["turns"] == 2 and info(sample)["searches"] == 1 and info(sample)["finish_reason"] == "answer"
-    calls = engine.calls_for(prompt_ids)
-    assert len(calls) == 2 and all(c.return_logprob for c in calls)
-    assert_faithful(sample, calls, tokenizer, prompt_ids)
-    assert await reward_func(args, sample) == 1.0
-
-
 async def test_text_after_the_closing_tag_in_the_same_token_is_kept_and_costs_format(
     make_args, tokenizer, engine, policy, search_config
 ):
@@ -85,84 +70,6 @@ async def test_tokens_sampled_past_a_stop_string_are_cut(make_args, tokenizer, e
     assert kept < len(calls[0].output_ids)
 
 
-async def test_max_turns_stops_without_executing_the_last_search(
-    make_args, tokenizer, engine, policy, retriever, search_config, monkeypatch
-):
-    monkeypatch.setitem(search_config, "max_turns", 3)
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN]
-    args, sample, prompt_ids = await rollout(make_args, tokenizer)
-    assert len(engine.calls_for(prompt_ids)) == 3
-    assert len(retriever.queries) == 2
-    assert sample.status == Sample.Status.TRUNCATED and info(sample)["finish_reason"] == "max_turns"
-    assert sample.response.endswith("</search>")
-    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
-    assert await reward_func(args, sample) == 0.0
-
-
-async def test_length_limit_truncates_and_budget_spans_turns(make_args, tokenizer, engine, policy, search_config):
-    long_thought = "<think>" + " ".join(f"step {i} of my reasoning." for i in range(200)) + "</think>"
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, long_thought + "<answer> Paris </answer>"]
-    budget = 160
-    _, sample, prompt_ids = await rollout(make_args, tokenizer, max_new_tokens=budget)
-    calls = engine.calls_for(prompt_ids)
-    assert sample.status == Sample.Status.TRUNCATED and info(sample)["finish_reason"] == "token_budget"
-    assert sample.response_length == budget
-    # each turn is offered exactly what is left of the response budget
-    for call in calls:
-        assert call.sampling_params["max_new_tokens"] == budget - (len(call.input_ids) - len(prompt_ids))
-    assert_faithful(sample, calls, tokenizer, prompt_ids)
-
-
-async def test_observation_that_does_not_fit_ends_the_episode(make_args, tokenizer, engine, policy, search_config):
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
-    first_turn = len(tokenizer.encode(SEARCH_TURN)) + 1  # the token holding "</search>" may merge; +1 is slack
-    _, sample, prompt_ids = await rollout(make_args, tokenizer, max_new_tokens=first_turn + 20)
-    assert sample.status == Sample.Status.TRUNCATED
-    assert "<information>" not in sample.response
-    assert sample.response_length <= first_turn + 20
-    assert len(engine.calls_for(prompt_ids)) == 1
-
-
-async def test_context_limit_caps_each_turn(make_args, tokenizer, engine, policy, search_config):
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
-    prompt_length = len(tokenizer.encode(chat_prompt(tokenizer, QUESTION)))
-    limit = prompt_length + 120
-    _, sample, prompt_ids = await rollout(make_args, tokenizer, rollout_max_context_len=limit)
-    assert len(sample.tokens) <= limit
-    for call in engine.calls_for(prompt_ids):
-        assert len(call.input_ids) + call.sampling_params["max_new_tokens"] <= limit
-
-
-async def test_prompt_longer_than_the_context_is_truncated_without_calling_the_engine(
-    make_args, tokenizer, engine, search_config
-):
-    _, sample, prompt_ids = await rollout(make_args, tokenizer, rollout_max_context_len=10)
-    assert sample.status == Sample.Status.TRUNCATED
-    assert sample.response == "" and sample.response_length == 0
-    assert sample.loss_mask == [] and sample.rollout_log_probs == []
-    assert engine.calls_for(prompt_ids) == []
-
-
-async def test_abort_flag_before_a_turn(make_args, tokenizer, engine, policy, search_config):
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
-    args = make_args()
-    GenerateState(args).aborted = True
-    _, sample, prompt_ids = await rollout(lambda **_: args, tokenizer)
-    assert sample.status == Sample.Status.ABORTED
-    assert engine.calls_for(prompt_ids) == []
-
-
-async def test_engine_abort_mid_generation(make_args, tokenizer, engine, policy, search_config):
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
-    engine.latency_s = 0.5
-    task = asyncio.create_task(rollout(make_args, tokenizer))
-    await asyncio.sleep(0.2)
-    engine.aborted = True  # what slime's abort() does to every engine through /abort_request
-    _, sample, _ = await task
-    assert sample.status == Sample.Status.ABORTED
-    assert info(sample)["finish_reason"] == "engine_abort"
-
-
 async def test_engine_5xx_is_retried_until_it_recovers(make_args, tokenizer, engine, policy, search_config):
     policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
     engine.fail_next(2, status=503)
@@ -170,28 +77,6 @@ async def test_engine_5xx_is_retried_until_it_recovers(make_args, tokenizer, eng
     assert engine.failures_left == 0
     assert sample.status == Sample.Status.COMPLETED
     assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
-
-
-async def test_search_down_marks_the_sample_failed_with_a_reward(
-    make_args, tokenizer, engine, policy, retriever, search_config
-):
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
-    retriever.down = True
-    args, sample, prompt_ids = await rollout(make_args, tokenizer)
-    assert sample.status == Sample.Status.FAILED
-    assert sample.remove_sample is True
-    assert info(sample)["search_failures"] == 1 and "503" in info(sample)["search_error"]
-    assert len(engine.calls_for(prompt_ids)) == 1
-    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
-    assert await reward_func(args, sample) == 0.0
-
-
-async def test_transient_search_errors_are_retried(make_args, tokenizer, engine, policy, retriever, search_config):
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
-    retriever.fail_next(2, status=503)
-    _, sample, _ = await rollout(make_args, tokenizer)
-    assert sample.status == Sample.Status.COMPLETED
-    assert retriever.failures_left == 0
 
 
 async def test_a_retried_sample_starts_clean(make_args, tokenizer, engine, policy, retriever, search_config):
@@ -378,64 +263,6 @@ async def test_top_p_replay_spans_follow_the_tokens_even_when_cut(
             assert kept[0] == token  # the sampled token leads its own nucleus
         else:
             assert kept == []  # observation tokens have empty spans
-
-
-async def test_abort_is_not_held_up_by_a_retrying_search(
-    make_args, tokenizer, engine, policy, retriever, search_config
-):
-    import time
-
-    search_config.update(search_attempts=20, search_timeout=0.5)
-    retriever.down = True
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
-    args = make_args()
-    task = asyncio.create_task(rollout(lambda **_: args, tokenizer))
-    await asyncio.sleep(0.5)
-    GenerateState(args).aborted = True
-    started = time.perf_counter()
-    _, sample, _ = await task
-    assert sample.status == Sample.Status.ABORTED
-    assert time.perf_counter() - started < 6  # at most the backoff sleep in progress, not 20 attempts
-    assert retriever.requests < 20
-
-
-async def test_searches_queued_behind_the_concurrency_bound_are_skipped_on_abort(
-    make_args, tokenizer, engine, policy, retriever, search_config
-):
-    search_config["search_concurrency"] = 1
-    retriever.latency_s = 0.5
-    questions = [f"Question number {i}" for i in range(6)]
-    for question in questions:
-        policy.scripts[question + "?"] = [SEARCH_TURN, ANSWER_TURN]
-    args = make_args()
-    samples = [Sample(prompt=chat_prompt(tokenizer, q), label=label("Paris")) for q in questions]
-    tasks = [asyncio.create_task(generate(args, s, slime_sampling_params(512))) for s in samples]
-    await asyncio.sleep(0.3)
-    GenerateState(args).aborted = True
-    done = await asyncio.gather(*tasks)
-    assert {s.status for s in done} == {Sample.Status.ABORTED}
-    assert retriever.requests <= 2
-
-
-async def test_a_search_server_answering_nonsense_fails_the_sample_not_the_batch(
-    make_args, tokenizer, engine, policy, retriever, search_config
-):
-    retriever.docs = ["a bare string instead of a document"]
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
-    _, sample, _ = await rollout(make_args, tokenizer)
-    assert sample.status == Sample.Status.FAILED
-    assert "retrieval hit must be an object" in sample.metadata["search_r1"]["search_error"]
-
-
-async def test_a_search_answer_nested_too_deeply_fails_the_sample_not_the_batch(
-    make_args, tokenizer, engine, policy, retriever, search_config
-):
-    retriever.raw_answer = (b'{"result": [' + b"[" * 5000 + b"]" * 5000 + b"]}", 200)
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
-    _, sample, _ = await rollout(make_args, tokenizer)
-    assert sample.status == Sample.Status.FAILED
-    assert sample.remove_sample is True
-    assert "nested too deeply" in info(sample)["search_error"]
 
 
 # ---- slime's own settings reach the rollout ---------------------------------------------------------------------
