@@ -54,20 +54,6 @@ async def run_chat(args, config, mode, *, tracking="manual", sample=None, evalua
     return await generate(args, sample, slime_sampling_params(budget), evaluation=evaluation)
 
 
-async def test_chat_manual_matches_a_full_template_render(make_args, tokenizer, engine, policy, search_config):
-    # With a canonical tool call, the exact trajectory equals the template's own render of the conversation.
-    policy.scripts[QUESTION + "?"] = [CALL, ANSWER]
-    sample = await run_chat(make_args(), search_config, "chat")
-    messages = sample.prompt + conversation(sample)
-    from support.fake_sglang import render_openai_messages
-
-    rendered = render_openai_messages(tokenizer, messages, [SEARCH_SCHEMA], False)
-    assert tokenizer.decode(sample.tokens) + "\n" == rendered
-    # token for token too: the tool message is tokenized as a chat server tokenizes the rendered conversation
-    # (the result's last "." and the template's "\n" merge into one token, as they do when served)
-    assert sample.tokens + tokenizer.encode("\n") == tokenizer.encode(rendered, add_special_tokens=False)
-
-
 INVENTED_RESPONSE = CALL + "\n<tool_response>\nParis is the capital of France.\n</tool_response>"
 CALL_BERLIN = '<tool_call>\n{"name": "search", "arguments": {"query": "Berlin"}}\n</tool_call>'
 

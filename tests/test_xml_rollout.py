@@ -1,10 +1,8 @@
 """End-to-end XML-mode rollouts: generate() against the loopback engine and retriever."""
 
-import asyncio
 import copy
 
 import pytest
-import torch
 
 import generate_with_search
 from slime_search_r1.tokens import engine as sglang_engine
@@ -43,33 +41,6 @@ def info(sample):
     return sample.metadata["search_r1"]
 
 
-async def test_text_after_the_closing_tag_in_the_same_token_is_kept_and_costs_format(
-    make_args, tokenizer, engine, policy, search_config
-):
-    # "</answer>." ends in the token ">." : the engine stops there and that token is what was sampled.
-    policy.scripts[QUESTION + "?"] = ["<think>Easy.</think>\n<answer> Paris </answer>. And then I kept writing."]
-    args, sample, prompt_ids = await rollout(make_args, tokenizer)
-    assert sample.status == Sample.Status.COMPLETED
-    assert sample.response.endswith("</answer>.")
-    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
-    assert await reward_func(args, sample) == pytest.approx(0.8)  # correct, format invalid
-
-
-async def test_tokens_sampled_past_a_stop_string_are_cut(make_args, tokenizer, engine, policy, search_config):
-    engine.honor_stop_strings = False  # an engine that runs on after </search>
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN + " and then <answer> Rome </answer> junk", ANSWER_TURN]
-    _, sample, prompt_ids = await rollout(make_args, tokenizer)
-    calls = engine.calls_for(prompt_ids)
-    assert "junk" in tokenizer.decode(calls[0].output_ids)
-    assert "Rome" not in sample.response and "junk" not in sample.response
-    assert sample.response.startswith(SEARCH_TURN + "\n\n<information>")
-    assert sample.status == Sample.Status.COMPLETED
-    assert_faithful(sample, calls, tokenizer, prompt_ids, allow_cut=True)
-    kept = len(tokenizer.encode(SEARCH_TURN))  # the turn ends in "</search>": its own tokenization is the cut
-    assert sample.tokens[len(prompt_ids) : len(prompt_ids) + kept] == calls[0].output_ids[:kept]
-    assert kept < len(calls[0].output_ids)
-
-
 async def test_engine_5xx_is_retried_until_it_recovers(make_args, tokenizer, engine, policy, search_config):
     policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
     engine.fail_next(2, status=503)
@@ -77,52 +48,6 @@ async def test_engine_5xx_is_retried_until_it_recovers(make_args, tokenizer, eng
     assert engine.failures_left == 0
     assert sample.status == Sample.Status.COMPLETED
     assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
-
-
-async def test_a_retried_sample_starts_clean(make_args, tokenizer, engine, policy, retriever, search_config):
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
-    retriever.down = True
-    args, sample, prompt_ids = await rollout(make_args, tokenizer)
-    assert sample.status == Sample.Status.FAILED
-    sample.reward = 0.0
-    sample.metadata["user_key"] = "kept"
-
-    retriever.down = False
-    engine.calls.clear()
-    _, again, _ = await rollout(make_args, tokenizer, sample=sample)
-    assert again is sample
-    assert sample.status == Sample.Status.COMPLETED and sample.remove_sample is False and sample.reward is None
-    assert info(sample)["search_failures"] == 0 and info(sample)["searches"] == 1
-    assert sample.metadata["user_key"] == "kept"
-    calls = engine.calls_for(prompt_ids)  # slime's per-sample prefix-cache counters count this run only
-    assert sample.prefix_cache_info.total_prompt_tokens == sum(len(c.input_ids) for c in calls)
-    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
-
-
-async def test_simple_loss_mask_trains_observations(make_args, tokenizer, engine, policy, search_config, monkeypatch):
-    monkeypatch.setitem(search_config, "loss_mask_mode", "simple")
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
-    _, sample, prompt_ids = await rollout(make_args, tokenizer)
-    assert set(sample.loss_mask) == {1}
-    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids, train_observations=True)
-
-
-async def test_strict_loss_mask_masks_observations(make_args, tokenizer, engine, policy, search_config):
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
-    _, sample, _ = await rollout(make_args, tokenizer)
-    assert 0 in sample.loss_mask and 1 in sample.loss_mask
-    assert sum(sample.loss_mask) < sample.response_length
-
-
-async def test_without_log_probs(make_args, tokenizer, engine, policy, search_config, monkeypatch):
-    monkeypatch.setitem(search_config, "return_logprob", False)
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
-    args, sample, prompt_ids = await rollout(make_args, tokenizer)
-    calls = engine.calls_for(prompt_ids)
-    assert not any(c.return_logprob for c in calls)
-    assert sample.rollout_log_probs is None
-    assert_faithful(sample, calls, tokenizer, prompt_ids, track_log_probs=False)
-    assert await reward_func(args, sample) == 1.0
 
 
 async def test_sampling_params_are_not_mutated(make_args, tokenizer, engine, policy, search_config):
@@ -138,22 +63,6 @@ async def test_sampling_params_are_not_mutated(make_args, tokenizer, engine, pol
     for call in engine.calls_for(prompt_ids):
         assert call.sampling_params["stop"] == ["<|endoftext|>", "</search>", "</answer>"]
         assert call.sampling_params["temperature"] == 1.0 and call.sampling_params["no_stop_trim"] is True
-
-
-async def test_many_concurrent_samples(make_args, tokenizer, engine, policy, retriever, search_config):
-    questions = [f"Which city is number {i}" for i in range(64)]
-    for i, question in enumerate(questions):
-        turns = [SEARCH_TURN, ANSWER_TURN] if i % 2 else ["no tags here", SEARCH_TURN, WRONG_TURN]
-        policy.scripts[question + "?"] = turns
-    args = make_args()
-    prompts = [chat_prompt(tokenizer, q) for q in questions]
-    samples = [Sample(prompt=p, label=label("Paris")) for p in prompts]
-    results = await asyncio.gather(*(generate(args, s, slime_sampling_params(1024)) for s in samples))
-    for i, (prompt, sample) in enumerate(zip(prompts, results, strict=True)):
-        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-        assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
-        # odd: right answer, valid format; even: wrong answer after an invalid turn (EOS breaks the format)
-        assert await reward_func(args, sample) == (1.0 if i % 2 else pytest.approx(0.1))
 
 
 async def test_messages_prompt_is_rendered_with_the_chat_template(make_args, tokenizer, engine, policy, search_config):
@@ -209,26 +118,6 @@ async def test_engine_that_never_recovers_raises_after_its_attempts(
     assert engine.failures_left == 7
 
 
-async def test_a_proxy_that_rewrites_input_ids_is_caught(make_args, tokenizer, engine, search_config):
-    import httpx
-    from fastapi import FastAPI, Request
-
-    from support.loopback import serve_in_thread
-
-    proxy = FastAPI()
-
-    @proxy.post("/generate")
-    async def rewrite(request: Request):
-        body = await request.json()
-        body["input_ids"] = body["input_ids"][:-1]  # e.g. a middleware that re-tokenizes the decoded text
-        async with httpx.AsyncClient() as client:
-            return (await client.post(engine.url + "/generate", json=body)).json()
-
-    with serve_in_thread(proxy) as url:
-        with pytest.raises(EngineProtocolError, match="rewrote or truncated input_ids"):
-            await rollout(lambda **kw: make_args(**router_address(url), **kw), tokenizer)
-
-
 async def test_min_new_tokens_never_exceeds_what_a_turn_is_offered(
     make_args, tokenizer, engine, policy, search_config
 ):
@@ -242,27 +131,6 @@ async def test_min_new_tokens_never_exceeds_what_a_turn_is_offered(
     for call in calls:
         assert call.sampling_params["min_new_tokens"] <= call.sampling_params["max_new_tokens"]
     assert params["min_new_tokens"] == 100
-
-
-@pytest.mark.parametrize("encoding", ["list", "base64"])
-async def test_top_p_replay_spans_follow_the_tokens_even_when_cut(
-    make_args, tokenizer, engine, policy, search_config, encoding
-):
-    engine.top_p_replay = encoding
-    engine.honor_stop_strings = False  # the first turn is cut after </search>: its spans are cut with it
-    policy.scripts[QUESTION + "?"] = [SEARCH_TURN + " and more text after the tag", ANSWER_TURN]
-    _, sample, prompt_ids = await rollout(make_args, tokenizer, rollout_top_p=0.9)
-    # slime keeps the replay arrays as torch int32 tensors
-    assert sample.rollout_top_p_token_ids.dtype == sample.rollout_top_p_token_offsets.dtype == torch.int32
-    offsets, ids = sample.rollout_top_p_token_offsets.tolist(), sample.rollout_top_p_token_ids.tolist()
-    assert len(offsets) == sample.response_length + 1 and offsets[-1] == len(ids)
-    response = sample.tokens[len(prompt_ids) :]
-    for position, token in enumerate(response):
-        kept = ids[offsets[position] : offsets[position + 1]]
-        if sample.loss_mask[position]:
-            assert kept[0] == token  # the sampled token leads its own nucleus
-        else:
-            assert kept == []  # observation tokens have empty spans
 
 
 # ---- slime's own settings reach the rollout ---------------------------------------------------------------------
