@@ -49,6 +49,13 @@ def test_seed_variables_override_the_dict():
     assert config.max_turns == 4 and config.format_score == 0.0 and config.final_format_score == 0.0
 
 
+@pytest.mark.parametrize(
+    "key", ["max_turns", "topk", "search_concurrency", "search_backend", "return_logprob", "format_score"]
+)
+def test_the_settings_a_slime_user_edits_are_in_search_r1_configs(key):
+    assert key in generate_with_search.SEARCH_R1_CONFIGS
+
+
 def test_defaults():
     config = resolve_config(DEFAULTS)
     assert config.llm_api_mode == "generate" and config.search_backend == "local" and config.return_logprob
