@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import evaluate
-from conftest import chat_prompt
 from support.loopback import free_port
 from support.slime_compat import subprocess_pythonpath
 from support.search_r1_data import write_search_r1_parquet
+from support.slime_rollout import chat_prompt
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ import pytest
 
 from slime_search_r1.data import CHAT_SYSTEM_PROMPT
 from slime_search_r1.protocols.tools import SEARCH_SCHEMA
-from conftest import slime_sampling_params
+from support.slime_rollout import slime_sampling_params
 from generate_with_search import generate, reward_func
 from oai_format_data_preprocess import main
 from slime_search_r1.training.metrics import eval_search_metrics
