@@ -170,7 +170,8 @@ async def test_rollout_metrics_of_a_mixed_batch_reach_slimes_tracking_call(mixed
     assert [call["backend"] for call in logged] == ["wandb", "tensorboard", "wandb", "tensorboard"]
     ours, tensorboard = logged[0]["metrics"], logged[1]
     assert "rollout/response_len/mean" in logged[2]["metrics"]
-    assert ours.pop("rollout/step") == 7 and tensorboard["step"] == 7
+    assert ours.pop("rollout/step") == 7
+    assert tensorboard["step"] == 7
     assert tensorboard["metrics"] == ours
     assert all(key.startswith(TRAIN) for key in ours)
     metrics = {key.removeprefix(TRAIN): value for key, value in ours.items()}
@@ -282,7 +283,8 @@ async def test_eval_metrics_per_dataset_with_em_per_data_source_at_the_train_ste
 
     assert [call["backend"] for call in logged] == ["tensorboard", "tensorboard"]  # ours, then slime's
     ours, slimes = logged
-    assert ours["step"] == slimes["step"] == 3 * 32 * 8 // 128  # --wandb-always-use-train-step
+    assert ours["step"] == 3 * 32 * 8 // 128  # --wandb-always-use-train-step
+    assert slimes["step"] == 3 * 32 * 8 // 128
     assert slimes["metrics"]["eval/search_r1_test"] == pytest.approx(2 / 3)
     metrics = ours["metrics"]
     test = "eval/search_r1/search_r1_test/"
