@@ -14,12 +14,7 @@ from support.fake_router import FakeSlimeRouter
 from support.fake_sglang import FakeSGLangEngine, ScriptedPolicy
 from support.loopback import serve_in_thread
 from support.qwen_tokenizer import qwen25_tokenizer_dir
-from support.slime_rollout import (  # noqa: F401 (chat_prompt, slime_sampling_params: tests import them from here)
-    chat_prompt,
-    router_address,
-    slime_args,
-    slime_sampling_params,
-)
+from support.slime_rollout import router_address, slime_args
 
 
 @pytest.fixture(scope="session")

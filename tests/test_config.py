@@ -43,16 +43,31 @@ def test_seed_variables_override_the_dict():
         "google",
         "router_handler",
     )
-    assert config.return_logprob is False and config.train_observations
+    assert config.return_logprob is False
+    assert config.train_observations
     assert config.local.urls == ("http://10.0.0.5:9000/retrieve",)
-    assert config.google.api_key == "secret-key" and "secret-key" not in repr(config)
-    assert config.max_turns == 4 and config.format_score == 0.0 and config.final_format_score == 0.0
+    assert config.google.api_key == "secret-key"
+    assert "secret-key" not in repr(config)
+    assert config.max_turns == 4
+    assert config.format_score == 0.0
+    assert config.final_format_score == 0.0
+
+
+@pytest.mark.parametrize(
+    "key", ["max_turns", "topk", "search_concurrency", "search_backend", "return_logprob", "format_score"]
+)
+def test_the_settings_a_slime_user_edits_are_in_search_r1_configs(key):
+    assert key in generate_with_search.SEARCH_R1_CONFIGS
 
 
 def test_defaults():
     config = resolve_config(DEFAULTS)
-    assert config.llm_api_mode == "generate" and config.search_backend == "local" and config.return_logprob
-    assert config.format_score == 0.2 and config.final_format_score == 0.1 and config.retrieval_score == 0.0
+    assert config.llm_api_mode == "generate"
+    assert config.search_backend == "local"
+    assert config.return_logprob
+    assert config.format_score == 0.2
+    assert config.final_format_score == 0.1
+    assert config.retrieval_score == 0.0
     assert config.local.urls == ("http://127.0.0.1:8000/retrieve",)
 
 

@@ -73,7 +73,9 @@ def test_compare_writes_a_table_and_a_line_chart_in_checkpoint_order(checkpoints
     assert not any("Warning" in line for line in table)
 
     image = matplotlib.image.imread(out / "comparison.png")
-    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100
+    assert image.ndim == 3
+    assert image.shape[0] > 100
+    assert image.shape[1] > 100
 
 
 def test_the_line_chart_has_one_line_per_source_and_the_average(checkpoints):
@@ -96,7 +98,8 @@ def test_labels_name_the_runs_and_different_settings_are_flagged(tmp_path):
     out = tmp_path / "cmp"
     assert evaluate.main(["compare", *map(str, runs), "--output", str(out), "--labels", "base, tuned"]) == 0
     table = (out / "comparison.md").read_text()
-    assert "| base | 1.000 |" in table and "| tuned | 0.000 |" in table
+    assert "| base | 1.000 |" in table
+    assert "| tuned | 0.000 |" in table
     assert "different settings: temperature (0.0, 0.7)" in table
 
 
@@ -138,13 +141,17 @@ def test_without_matplotlib_the_table_is_still_written(checkpoints, tmp_path, mo
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib...` now raises ImportError
     out = tmp_path / "cmp"
     assert evaluate.main(["compare", *map(str, checkpoints), "--output", str(out)]) == 0
-    assert (out / "comparison.md").exists() and not (out / "comparison.png").exists()
+    assert (out / "comparison.md").exists()
+    assert not (out / "comparison.png").exists()
     err = capsys.readouterr().err
-    assert "no chart" in err and "pip install matplotlib" in err
+    assert "no chart" in err
+    assert "pip install matplotlib" in err
 
 
 def test_compare_help_runs_as_a_script():
     result = subprocess.run(
         [sys.executable, str(REPO / "evaluate.py"), "compare", "--help"], capture_output=True, text=True
     )
-    assert result.returncode == 0 and "--labels" in result.stdout and "comparison.png" in result.stdout
+    assert result.returncode == 0
+    assert "--labels" in result.stdout
+    assert "comparison.png" in result.stdout

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import evaluate
-from conftest import chat_prompt
 from support.loopback import free_port
 from support.slime_compat import subprocess_pythonpath
 from support.search_r1_data import write_search_r1_parquet
+from support.slime_rollout import chat_prompt
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -95,15 +95,19 @@ def test_em_per_data_source_reports_and_trajectories(
     assert list(results["data_sources"]) == ["nq", "hotpotqa", "bamboogle"]  # Search-R1's table order
     assert results["average_em"] == pytest.approx(1 / 3)  # mean over data sources, not over rows
     assert results["micro_em"] == pytest.approx(0.5)
-    assert results["complete"] and results["n"] == 4
+    assert results["complete"]
+    assert results["n"] == 4
     markdown = (out / "results.md").read_text()
-    assert "| nq | 2 | 1.000 |" in markdown and "**0.333**" in markdown
+    assert "| nq | 2 | 1.000 |" in markdown
+    assert "**0.333**" in markdown
     assert (out / "em_by_source.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the bar chart beside them
 
     records = {r["question"]: r for r in trajectories(out)}
     assert len(records) == 4
     france = records["What is the capital of France"]
-    assert france["status"] == "completed" and france["searches"] == 1 and france["em"] == 1.0
+    assert france["status"] == "completed"
+    assert france["searches"] == 1
+    assert france["em"] == 1.0
     assert '<information>Doc 1(Title: "Paris")' in france["response"]
     # evaluation rewards are pure EM: a wrong but well-formed answer gets 0, not the 0.2 format bonus
     assert records["Which physicist won two Nobel Prizes"]["score"] == 0.0
@@ -133,10 +137,12 @@ def test_subset_limit_and_resume_run_only_missing_rows(
 
     assert evaluate.main(cli(data_file, engine, tokenizer_dir, out, "--data-sources", "nq,hotpotqa")) == 0
     records = trajectories(out)
-    assert len(records) == 3 and len({r["key"] for r in records}) == 3  # the first row was not run again
+    assert len(records) == 3
+    assert len({r["key"] for r in records}) == 3  # the first row was not run again
     assert len(engine.calls) - calls_before == 4  # two rows, two turns each
     results = json.loads((out / "results.json").read_text())
-    assert set(results["data_sources"]) == {"nq", "hotpotqa"} and results["data_sources"]["nq"]["n"] == 2
+    assert set(results["data_sources"]) == {"nq", "hotpotqa"}
+    assert results["data_sources"]["nq"]["n"] == 2
 
     calls_before = len(engine.calls)
     assert evaluate.main(cli(data_file, engine, tokenizer_dir, out, "--data-sources", "nq,hotpotqa")) == 0
@@ -156,7 +162,8 @@ def test_samples_whose_search_failed_are_run_again_on_resume(
     retriever.down = False
     assert evaluate.main(cli(data_file, engine, tokenizer_dir, out, "--data-sources", "nq")) == 0
     results = json.loads((out / "results.json").read_text())
-    assert results["data_sources"]["nq"]["em"] == 1.0 and results["n"] == 2  # latest record per row wins
+    assert results["data_sources"]["nq"]["em"] == 1.0
+    assert results["n"] == 2  # latest record per row wins
 
 
 def test_changed_settings_refuse_to_resume_unless_overwrite(
@@ -250,7 +257,9 @@ def test_interrupted_run_keeps_finished_trajectories_and_resumes(
 
 def test_help_runs_as_a_script():
     result = subprocess.run([sys.executable, str(REPO / "evaluate.py"), "--help"], capture_output=True, text=True)
-    assert result.returncode == 0 and "--data-sources" in result.stdout and "--concurrency" in result.stdout
+    assert result.returncode == 0
+    assert "--data-sources" in result.stdout
+    assert "--concurrency" in result.stdout
 
 
 def test_missing_slime_exits_2_with_a_message(monkeypatch, capsys):
@@ -279,6 +288,8 @@ def test_chat_mode_keeps_the_messages_and_reads_tools_from_the_file(
     out = tmp_path / "out"
     assert evaluate.main(cli(chat_file, engine, tokenizer_dir, out, "--llm-api-mode", "chat", "--limit", "1")) == 0
     record = trajectories(out)[0]
-    assert record["status"] == "completed" and record["searches"] == 1 and record["em"] == 1.0
+    assert record["status"] == "completed"
+    assert record["searches"] == 1
+    assert record["em"] == 1.0
     assert retriever.queries == ["capital of France"]
     assert json.loads((out / "run_config.json").read_text())["llm_api_mode"] == "chat"

@@ -8,10 +8,10 @@ from argparse import Namespace
 
 import pytest
 
-from conftest import chat_prompt, slime_sampling_params
 from generate_with_search import generate, post_process_rewards, reward_func
 from slime.utils.types import Sample
 from support.slime_group_math import slime_post_process_rewards
+from support.slime_rollout import chat_prompt, slime_sampling_params
 
 
 def grpo_args(n=4, batch=2, **overrides) -> Namespace:

@@ -110,14 +110,19 @@ def test_default_command_has_the_seed_argument_groups():
     assert run.value("--hf-checkpoint") == "/root/Qwen2.5-3B"
     assert run.value("--ref-load") == "/root/Qwen2.5-3B_torch_dist"
     assert run.value("--prompt-data") == "/root/Search-R1/data/nq_hotpotqa_train/train.parquet"
-    assert run.value("--input-key") == "prompt" and run.value("--label-key") == "reward_model"
-    assert run.has("--apply-chat-template") and not run.has("--tool-key")
+    assert run.value("--input-key") == "prompt"
+    assert run.value("--label-key") == "reward_model"
+    assert run.has("--apply-chat-template")
+    assert not run.has("--tool-key")
     assert run.value("--rollout-max-response-len") == "2048"  # the whole multi-turn budget
-    assert run.value("--advantage-estimator") == "grpo" and run.has("--use-kl-loss")
-    assert run.value("--kl-loss-coef") == "0.001" and run.value("--kl-loss-type") == "low_var_kl"
+    assert run.value("--advantage-estimator") == "grpo"
+    assert run.has("--use-kl-loss")
+    assert run.value("--kl-loss-coef") == "0.001"
+    assert run.value("--kl-loss-type") == "low_var_kl"
     assert run.value("--custom-generate-function-path") == "generate_with_search.generate"
     assert run.value("--custom-rm-path") == "generate_with_search.reward_func"
-    assert run.value("--sglang-mem-fraction-static") == "0.7" and run.has("--colocate")
+    assert run.value("--sglang-mem-fraction-static") == "0.7"
+    assert run.has("--colocate")
     for absent in ("--use-tis", "--custom-config-path", "--use-wandb", "--eval-prompt-data", "--load", "--save"):
         assert not run.has(absent)
     assert run.head[:4] == ["ray", "start", "--head", "--block"]
@@ -149,7 +154,8 @@ def test_search_metrics_are_logged_by_default_and_evaluation_reads_the_metadata_
     # the functions the stand-in training (and so the wrapper test) logs through, and slime can import them
     assert run.value("--custom-rollout-log-function-path") == ROLLOUT_LOG_FUNCTION
     assert run.value("--custom-eval-rollout-log-function-path") == EVAL_ROLLOUT_LOG_FUNCTION
-    assert callable(load_function(ROLLOUT_LOG_FUNCTION)) and callable(load_function(EVAL_ROLLOUT_LOG_FUNCTION))
+    assert callable(load_function(ROLLOUT_LOG_FUNCTION))
+    assert callable(load_function(EVAL_ROLLOUT_LOG_FUNCTION))
     assert run.value("--metadata-key") == "metadata"
     assert dry_run(METADATA_KEY="extra").value("--metadata-key") == "extra"
     quiet = dry_run(ROLLOUT_LOG_FUNCTION_PATH="", EVAL_ROLLOUT_LOG_FUNCTION_PATH="")
@@ -240,7 +246,8 @@ def test_the_check_reads_the_dict_as_edited_in_generate_with_search(tmp_path):
     assert "SEARCH_R1_CONFIGS['max_turns']=0 is out of range; accepted: between 1 and 64" in result.stderr
     edited.write_text(source.replace('"max_turns": 3,', '"max_turns": compute_turns(),'))
     result = subprocess.run(check, env=clean_env(), capture_output=True, text=True)
-    assert result.returncode == 2 and "is not a literal dict" in result.stderr
+    assert result.returncode == 2
+    assert "is not a literal dict" in result.stderr
 
 
 def test_the_check_can_be_skipped():
@@ -257,7 +264,8 @@ def test_a_replaced_reward_post_process_is_warned_about():
 def test_chat_mode_keeps_messages_and_reads_tools(tmp_path):
     run = dry_run(LLM_API_MODE="chat", EVAL_PROMPT_DATA=str(tmp_path / "test.parquet"))
     assert not run.has("--apply-chat-template")
-    assert run.value("--tool-key") == "tools" and run.value("--eval-tool-key") == "tools"
+    assert run.value("--tool-key") == "tools"
+    assert run.value("--eval-tool-key") == "tools"
     assert run.runtime_env["env_vars"]["LLM_API_MODE"] == "chat"
     assert dry_run().runtime_env["env_vars"]["LLM_API_MODE"] == "generate"
 
@@ -280,17 +288,21 @@ def test_paths_and_settings_come_from_the_environment(tmp_path):
         EXTRA_TRAIN_ARGS="--rollout-top-p 0.99",
     )
     assert run.submit[run.submit.index("--") + 1 :][:2] == ["/usr/bin/python3.11", "/opt/slime/train.py"]
-    assert run.value("--hf-checkpoint") == "/models/qwen" and run.value("--ref-load") == "/models/qwen_dist"
-    assert run.value("--load") == "/ckpt/run1" and run.value("--save") == "/ckpt/run1"
+    assert run.value("--hf-checkpoint") == "/models/qwen"
+    assert run.value("--ref-load") == "/models/qwen_dist"
+    assert run.value("--load") == "/ckpt/run1"
+    assert run.value("--save") == "/ckpt/run1"
     assert run.value("--save-interval") == "20"
     assert run.value("--prompt-data") == "/data/train.parquet"
     eval_data = run.train_args[
         run.train_args.index("--eval-prompt-data") + 1 : run.train_args.index("--eval-prompt-data") + 3
     ]
     assert eval_data == ["search_r1_test", "/data/test.parquet@[0:3000]"]
-    assert run.value("--eval-temperature") == "0" and run.value("--eval-max-response-len") == "1536"
+    assert run.value("--eval-temperature") == "0"
+    assert run.value("--eval-max-response-len") == "1536"
     assert run.value("--rollout-max-response-len") == "1536"
-    assert run.value("--actor-num-gpus-per-node") == "4" and run.head[run.head.index("--num-gpus") + 1] == "4"
+    assert run.value("--actor-num-gpus-per-node") == "4"
+    assert run.head[run.head.index("--num-gpus") + 1] == "4"
     assert run.train_args[-4:] == ["--rollout-top-p", "0.99", "--num-rollout", "5"]  # extra flags come last
     assert run.runtime_env["env_vars"]["PYTHONPATH"].split(":")[0] == "/opt/Megatron-LM"
     # the path checks look at the file behind slime's @[start:end] slice
@@ -307,8 +319,10 @@ def test_plugin_variables_are_forwarded_and_secrets_never_shown():
         USE_WANDB="1",
     )
     env_vars = run.runtime_env["env_vars"]
-    assert env_vars["RETRIEVAL_SERVER_URL"] == "http://10.0.0.5:8000" and env_vars["SEARCH_R1_MAX_TURNS"] == "4"
-    assert env_vars["GOOGLE_API_KEY"] == "<hidden>" and env_vars["WANDB_API_KEY"] == "<hidden>"
+    assert env_vars["RETRIEVAL_SERVER_URL"] == "http://10.0.0.5:8000"
+    assert env_vars["SEARCH_R1_MAX_TURNS"] == "4"
+    assert env_vars["GOOGLE_API_KEY"] == "<hidden>"
+    assert env_vars["WANDB_API_KEY"] == "<hidden>"
     assert "very-secret" not in run.result.stdout + run.result.stderr
     assert not any("secret" in arg for arg in run.submit)  # the key is not on any command line
     assert run.value("--wandb-project") == "slime-search-r1"
@@ -414,7 +428,8 @@ def test_sigterm_stops_the_job_it_submitted_and_the_head_it_started(slime_tree):
     stops = [c for c in ray_calls(env) if c["event"] == "job-stop"]
     assert [c["job_id"] for c in stops] == [submitted["job_id"]]
     assert any(c["event"] == "head-stopped" for c in ray_calls(env))
-    assert not alive(submitted["job_pid"]) and not alive(head["pid"])
+    assert not alive(submitted["job_pid"])
+    assert not alive(head["pid"])
 
 
 def test_a_running_cluster_is_used_and_left_running(slime_tree):

@@ -11,7 +11,7 @@ import pytest
 
 from slime_search_r1.data import CHAT_SYSTEM_PROMPT
 from slime_search_r1.protocols.tools import SEARCH_SCHEMA
-from conftest import slime_sampling_params
+from support.slime_rollout import slime_sampling_params
 from generate_with_search import generate, reward_func
 from oai_format_data_preprocess import main
 from slime_search_r1.training.metrics import eval_search_metrics
@@ -69,9 +69,9 @@ def test_converts_to_chat_format(search_r1_parquet, tmp_path):
     ]
     assert json.loads(first["tools"]) == [SEARCH_SCHEMA]
     assert first["reward_model"] == {"style": "rule", "ground_truth": {"target": ["Paris"]}}
-    assert (
-        first["data_source"] == "nq" and first["id"] == "nq_0" and first["extra_info"] == {"split": "test", "index": 0}
-    )
+    assert first["data_source"] == "nq"
+    assert first["id"] == "nq_0"
+    assert first["extra_info"] == {"split": "test", "index": 0}
     assert rows[2]["prompt"][1]["content"] == "Question: Which river is longer, the Amazon or the Nile?"
     assert [row["metadata"] for row in rows] == [{"data_source": s} for s in ("nq", "nq", "hotpotqa")]
 
@@ -105,7 +105,9 @@ def test_data_source_filter_limit_and_system_prompt(search_r1_parquet, tmp_path)
     args = ["--input", str(search_r1_parquet), "--output", str(out), "--data-sources", "nq", "--limit", "1"]
     assert main([*args, "--system-prompt-file", str(prompt_file)]) == 0
     rows = read_like_slime(out)
-    assert len(rows) == 1 and rows[0]["data_source"] == "nq" and rows[0]["prompt"][0]["content"] == "Be brief."
+    assert len(rows) == 1
+    assert rows[0]["data_source"] == "nq"
+    assert rows[0]["prompt"][0]["content"] == "Be brief."
 
 
 def test_golden_answers_are_used_without_reward_model(tmp_path):

@@ -46,7 +46,8 @@ async def test_load_is_spread_over_servers(two_retrievers):
     first, second = two_retrievers
     client = client_for(first.url, second.url)
     await asyncio.gather(*(client.search(f"query {i}", 3) for i in range(40)))
-    assert first.requests == 20 and second.requests == 20
+    assert first.requests == 20
+    assert second.requests == 20
 
 
 async def test_a_retry_moves_to_the_next_server(two_retrievers):
@@ -103,7 +104,8 @@ async def test_one_session_per_event_loop():
     made = []
     first = loop_session("probe", lambda: made.append(1) or __import__("aiohttp").ClientSession())
     second = loop_session("probe", lambda: made.append(1) or __import__("aiohttp").ClientSession())
-    assert first is second and len(made) == 1
+    assert first is second
+    assert len(made) == 1
     await close_loop_sessions()
 
 
@@ -112,7 +114,8 @@ async def test_search_concurrency_bounds_requests_in_flight(retriever):
     env = {"RETRIEVAL_SERVER_URL": retriever.url, "SEARCH_R1_SEARCH_CONCURRENCY": "4"}
     config = resolve_config(apply_env_overrides(generate_with_search.SEARCH_R1_CONFIGS, env))
     results = await asyncio.gather(*(search(config, f"Paris {i}") for i in range(40)))
-    assert len(results) == 40 and retriever.max_in_flight == 4
+    assert len(results) == 40
+    assert retriever.max_in_flight == 4
 
 
 # ---- Google (serper.dev) -----------------------------------------------------------------------------------
@@ -165,14 +168,16 @@ async def test_google_fetched_pages_are_decoded_and_cut_to_the_snippet_paragraph
     assert "flore" in serper.pages_served  # decoded from the fetched page, not the snippet fallback
     flore = hits[0]["document"]["contents"]
     assert flore.startswith('"Café de Flore"\nLe café de Flore est un café parisien')
-    assert "Intro paragraph" not in flore and "not text" not in flore
+    assert "Intro paragraph" not in flore
+    assert "not text" not in flore
     assert hits[1]["document"]["contents"] == '"Missing page"\nThis snippet has more than five words in it.'
 
 
 async def test_google_errors_never_show_the_key(serper):
     with pytest.raises(RequestFailed) as info:
         await google_search("wrong-key-999", "x", 3, search_url=serper.url + "/search")
-    assert "403" in str(info.value) and "wrong-key-999" not in str(info.value)
+    assert "403" in str(info.value)
+    assert "wrong-key-999" not in str(info.value)
     serper.failures_left = 2
     assert await google_search("test-key-123", "x", 3, search_url=serper.url + "/search")
 
@@ -317,5 +322,6 @@ async def test_a_serper_error_that_echoes_the_key_does_not_show_it(serper):
     serper.raw_answer = (b'{"message": "bad key test-key-123 for this plan"}', 402)
     with pytest.raises(SearchError) as info:
         await search(google_config(serper.url + "/search"), "cafe")
-    assert "HTTP 402" in str(info.value) and "bad key" in str(info.value)
+    assert "HTTP 402" in str(info.value)
+    assert "bad key" in str(info.value)
     assert "test-key-123" not in str(info.value)

@@ -5,7 +5,6 @@ reward_func as slime does (aborted samples are not scored); slime's side of the 
 log_rollout_data / log_eval_rollout_data in support/slime_rollout.py, its tracking call recorded by support.tracking.
 """
 
-import copy
 import os
 import subprocess
 import sys
@@ -16,25 +15,25 @@ import pytest
 
 import generate_with_search
 from slime_search_r1.training import metrics as search_metrics
-from slime_search_r1.data import CHAT_SYSTEM_PROMPT, chat_question
-from slime_search_r1.protocols.tools import SEARCH_SCHEMA
-from conftest import chat_prompt, slime_sampling_params
+from support.episodes import (
+    ANSWER_TURN,
+    BARE_CALL,
+    LONG_THOUGHT,
+    MALFORMED,
+    NO_ACTION_TURN,
+    SEARCH_TURN,
+    WRONG_TURN,
+    chat_sample,
+    xml_sample,
+)
 from generate_with_search import generate, reward_func
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
 from support.slime_compat import subprocess_pythonpath
-from support.slime_rollout import eval_data, log_eval_rollout_data, log_rollout_data
+from support.slime_rollout import eval_data, log_eval_rollout_data, log_rollout_data, slime_sampling_params
 from support.tracking import record_tracking
 
 REPO = Path(__file__).resolve().parents[1]
-SEARCH = "<think>I need to look this up.</think>\n<search> capital of France </search>"
-ANSWER = "<think>The documents say Paris.</think>\n<answer> Paris </answer>"
-WRONG = "<think>The documents say Berlin.</think>\n<answer> Berlin </answer>"
-NO_ACTION = "I think it is Paris."
-LONG_THOUGHT = "<think>" + " ".join(f"step {i} of my reasoning." for i in range(200)) + "</think>"
-CHAT_CALL = '<tool_call>\n{"name": "search", "arguments": {"query": "capital of France"}}\n</tool_call>'
-CHAT_MALFORMED = '<tool_call>\n{"name": "search", "arguments": {"query": \n</tool_call>'
-LABEL = {"style": "rule", "ground_truth": {"target": ["Paris"]}}
 TRAIN = "rollout/search_r1/"
 
 
@@ -46,17 +45,13 @@ def logged():
 
 async def xml_rollout(args, tokenizer, policy, question, script, *, budget=1024, evaluation=False, metadata=None):
     policy.scripts[question + "?"] = script
-    sample = Sample(prompt=chat_prompt(tokenizer, question), label=LABEL, metadata=dict(metadata or {}))
+    sample = xml_sample(tokenizer, question, metadata=dict(metadata or {}))
     return await generate(args, sample, slime_sampling_params(budget), evaluation=evaluation)
 
 
 async def chat_rollout(args, config, policy, question, script):
     policy.scripts[question + "?"] = script
-    messages = [
-        {"role": "system", "content": CHAT_SYSTEM_PROMPT},
-        {"role": "user", "content": chat_question(question)},
-    ]
-    sample = Sample(prompt=messages, label=LABEL, metadata={"tools": [copy.deepcopy(SEARCH_SCHEMA)]})
+    sample = chat_sample(question)
     config["llm_api_mode"] = "chat"
     try:
         return await generate(args, sample, slime_sampling_params(1024))
@@ -70,20 +65,20 @@ async def mixed_batch(make_args, tokenizer, policy, engine, retriever, search_co
     retriever.latency_s = 0.02
     args = make_args()
     batch = {
-        "right": await xml_rollout(args, tokenizer, policy, "Right", [SEARCH, ANSWER]),
-        "wrong": await xml_rollout(args, tokenizer, policy, "Wrong", [SEARCH, WRONG]),
-        "invalid_then_right": await xml_rollout(args, tokenizer, policy, "Invalid", [NO_ACTION, ANSWER]),
-        "max_turns": await xml_rollout(args, tokenizer, policy, "Searcher", [SEARCH]),
+        "right": await xml_rollout(args, tokenizer, policy, "Right", [SEARCH_TURN, ANSWER_TURN]),
+        "wrong": await xml_rollout(args, tokenizer, policy, "Wrong", [SEARCH_TURN, WRONG_TURN]),
+        "invalid_then_right": await xml_rollout(args, tokenizer, policy, "Invalid", [NO_ACTION_TURN, ANSWER_TURN]),
+        "max_turns": await xml_rollout(args, tokenizer, policy, "Searcher", [SEARCH_TURN]),
         "token_budget": await xml_rollout(args, tokenizer, policy, "Thinker", [LONG_THOUGHT], budget=60),
         "chat_malformed_then_right": await chat_rollout(
-            args, search_config, policy, "Chat", [CHAT_MALFORMED, CHAT_CALL, ANSWER]
+            args, search_config, policy, "Chat", [MALFORMED, BARE_CALL, ANSWER_TURN]
         ),
     }
     retriever.down = True
-    batch["failed"] = await xml_rollout(args, tokenizer, policy, "Failed", [SEARCH, ANSWER])
+    batch["failed"] = await xml_rollout(args, tokenizer, policy, "Failed", [SEARCH_TURN, ANSWER_TURN])
     retriever.down = False
     GenerateState(args).aborted = True
-    batch["aborted"] = await xml_rollout(args, tokenizer, policy, "Aborted", [SEARCH, ANSWER])
+    batch["aborted"] = await xml_rollout(args, tokenizer, policy, "Aborted", [SEARCH_TURN, ANSWER_TURN])
     GenerateState(args).aborted = False
     for sample in batch.values():
         if sample.status != Sample.Status.ABORTED:
@@ -175,7 +170,8 @@ async def test_rollout_metrics_of_a_mixed_batch_reach_slimes_tracking_call(mixed
     assert [call["backend"] for call in logged] == ["wandb", "tensorboard", "wandb", "tensorboard"]
     ours, tensorboard = logged[0]["metrics"], logged[1]
     assert "rollout/response_len/mean" in logged[2]["metrics"]
-    assert ours.pop("rollout/step") == 7 and tensorboard["step"] == 7
+    assert ours.pop("rollout/step") == 7
+    assert tensorboard["step"] == 7
     assert tensorboard["metrics"] == ours
     assert all(key.startswith(TRAIN) for key in ours)
     metrics = {key.removeprefix(TRAIN): value for key, value in ours.items()}
@@ -276,18 +272,19 @@ async def test_eval_metrics_per_dataset_with_em_per_data_source_at_the_train_ste
         return sample
 
     tagged = [
-        await evaluated("Nq right", [SEARCH, ANSWER], "nq"),
-        await evaluated("Nq wrong", [SEARCH, WRONG], "nq"),
-        await evaluated("Hotpot right", [ANSWER], "hotpotqa"),
+        await evaluated("Nq right", [SEARCH_TURN, ANSWER_TURN], "nq"),
+        await evaluated("Nq wrong", [SEARCH_TURN, WRONG_TURN], "nq"),
+        await evaluated("Hotpot right", [ANSWER_TURN], "hotpotqa"),
     ]
-    untagged = [await evaluated("Plain wrong", [SEARCH, WRONG])]
+    untagged = [await evaluated("Plain wrong", [SEARCH_TURN, WRONG_TURN])]
     data = eval_data("search_r1_test", tagged, "em") | eval_data("plain", untagged, "em")
 
     log_eval_rollout_data(3, args, data)
 
     assert [call["backend"] for call in logged] == ["tensorboard", "tensorboard"]  # ours, then slime's
     ours, slimes = logged
-    assert ours["step"] == slimes["step"] == 3 * 32 * 8 // 128  # --wandb-always-use-train-step
+    assert ours["step"] == 3 * 32 * 8 // 128  # --wandb-always-use-train-step
+    assert slimes["step"] == 3 * 32 * 8 // 128
     assert slimes["metrics"]["eval/search_r1_test"] == pytest.approx(2 / 3)
     metrics = ours["metrics"]
     test = "eval/search_r1/search_r1_test/"

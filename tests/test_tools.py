@@ -2,18 +2,16 @@
 
 import pytest
 
-from conftest import chat_prompt, slime_sampling_params
 from generate_with_search import generate, reward_func
 from qa_em_format import format_problem
 from slime.utils.types import Sample
-from slime_search_r1.data import CHAT_SYSTEM_PROMPT, chat_question
 from slime_search_r1.protocols import tools
 from slime_search_r1.protocols.chat_reward import conversation_format_problem
 from slime_search_r1.protocols.tools import SEARCH_SCHEMA, Tool, check_call
 from slime_search_r1.protocols.xml import stop_strings
+from support.episodes import CHAT_LABEL, QUESTION, chat_messages
+from support.slime_rollout import chat_prompt, slime_sampling_params
 
-QUESTION = "What is the capital of France"
-LABEL = {"ground_truth": {"target": ["Paris"]}}
 CALENDAR_SCHEMA = {
     "type": "function",
     "function": {
@@ -70,7 +68,7 @@ async def test_xml_mode_runs_a_registered_tool_and_shows_its_result(
     ]
     args = make_args()
     sample = await generate(
-        args, Sample(prompt=chat_prompt(tokenizer, QUESTION), label=LABEL), slime_sampling_params(512)
+        args, Sample(prompt=chat_prompt(tokenizer, QUESTION), label=CHAT_LABEL), slime_sampling_params(512)
     )
     assert calendar == ["storming of the Bastille"]
     assert "<information>storming of the Bastille was on 14 July 1789.</information>" in sample.response
@@ -86,11 +84,7 @@ async def test_chat_mode_runs_a_registered_tool_and_the_chat_reward_accepts_it(
         '<tool_call>\n{"name": "calendar", "arguments": {"event": "Bastille Day"}}\n</tool_call>',
         "<think>Found it.</think>\n<answer> Paris </answer>",
     ]
-    messages = [
-        {"role": "system", "content": CHAT_SYSTEM_PROMPT},
-        {"role": "user", "content": chat_question(QUESTION)},
-    ]
-    sample = Sample(prompt=messages, label=LABEL, metadata={"tools": [SEARCH_SCHEMA, CALENDAR_SCHEMA]})
+    sample = Sample(prompt=chat_messages(), label=CHAT_LABEL, metadata={"tools": [SEARCH_SCHEMA, CALENDAR_SCHEMA]})
     args = make_args()
     sample = await generate(args, sample, slime_sampling_params(512))
     conversation = sample.metadata["search_r1"]["conversation"]

@@ -126,8 +126,10 @@ def test_rollouts_use_the_retriever_it_started_then_everything_stops(wrapper_env
     env, result, report = run_standin_training(wrapper_env, small_wiki, tmp_path, questions=6)
     # the plugin read RETRIEVAL_SERVER_URL from the wrapper and every rollout searched the real index
     assert report["retrieval_urls"] == [env["RETRIEVAL_SERVER_URL"] + "/retrieve"]
-    assert report["rollouts"] == 12 and set(report["statuses"]) == {"completed"}
-    assert report["searches"] == [1] * 12 and report["search_failures"] == 0
+    assert report["rollouts"] == 12
+    assert set(report["statuses"]) == {"completed"}
+    assert report["searches"] == [1] * 12
+    assert report["search_failures"] == 0
     titles = set(small_wiki.titles)
     assert all(answer and answer[0] in titles for answer in report["answers"])  # real Wikipedia documents
     assert sum(r == 1.0 for r in report["rewards"]) >= 8  # MiniLM puts the evidence page first for most
@@ -135,17 +137,23 @@ def test_rollouts_use_the_retriever_it_started_then_everything_stops(wrapper_env
     # slime's rollout logging called the plugin's log functions, and its own logging still ran after each
     assert [call["backend"] for call in report["logged"]] == ["wandb"] * 4
     train, slime_train, evaluation, slime_eval = (call["metrics"] for call in report["logged"])
-    assert train["rollout/step"] == slime_train["rollout/step"] == 0
+    assert train["rollout/step"] == 0
+    assert slime_train["rollout/step"] == 0
     assert "rollout/response_len/mean" in slime_train
     metric = "rollout/search_r1/"
-    assert train[metric + "searches/mean"] == 1.0 and train[metric + "searched_share"] == 1.0
-    assert train[metric + "turns/mean"] == 2.0 and train[metric + "finish/answer"] == 1.0
-    assert train[metric + "failed_share"] == 0.0 and train[metric + "invalid_actions/mean"] == 0.0
-    assert train[metric + "search_latency/p99"] >= train[metric + "search_latency/p50"] > 0  # real HTTP searches
+    assert train[metric + "searches/mean"] == 1.0
+    assert train[metric + "searched_share"] == 1.0
+    assert train[metric + "turns/mean"] == 2.0
+    assert train[metric + "finish/answer"] == 1.0
+    assert train[metric + "failed_share"] == 0.0
+    assert train[metric + "invalid_actions/mean"] == 0.0
+    assert train[metric + "search_latency/p50"] > 0  # real HTTP searches
+    assert train[metric + "search_latency/p99"] >= train[metric + "search_latency/p50"]
     assert train[metric + "observation_tokens/mean"] > 0
     assert train[metric + "em"] == sum(r == 1.0 for r in report["rewards"]) / 12  # the format is always valid
     assert train[metric + "format_valid"] == 1.0
-    assert evaluation["eval/step"] == slime_eval["eval/step"] == 0
+    assert evaluation["eval/step"] == 0
+    assert slime_eval["eval/step"] == 0
     assert evaluation["eval/search_r1/standin_eval/em_by_source/mini_wiki"] == slime_eval["eval/standin_eval"]
     assert evaluation["eval/search_r1/standin_eval/searches/mean"] == 1.0
 
@@ -187,10 +195,13 @@ def test_embedded_preset_serves_the_index_that_embedded_default_prepared(wrapper
         "RETRIEVER_MODEL": "intfloat/e5-base-v2",
     }
     env, _, report = run_standin_training(preset_env, small_wiki, tmp_path, questions=2)
-    assert report["rollouts"] == 4 and report["search_failures"] == 0
+    assert report["rollouts"] == 4
+    assert report["search_failures"] == 0
     assert all(answer and answer[0] in set(small_wiki.titles) for answer in report["answers"])
     server_log = logs(env, "retrieval_server")  # begins with the command the wrapper ran
-    assert str(small_wiki.index_path) in server_log and "minilm" in server_log and "e5_Flat" not in server_log
+    assert str(small_wiki.index_path) in server_log
+    assert "minilm" in server_log
+    assert "e5_Flat" not in server_log
     assert_all_stopped(env)
 
 
@@ -245,7 +256,8 @@ def test_a_given_server_is_used_as_it_is_and_the_exit_code_propagates(wrapper_en
         assert not tmux_server_running(env)
         server_thread = f"uvicorn-{url.rsplit(':', 1)[1]}"
         still_serving = any(t.name == server_thread and t.is_alive() for t in threading.enumerate())
-        assert retriever.requests == 1 and still_serving  # left running, untouched
+        assert retriever.requests == 1
+        assert still_serving  # left running, untouched
 
 
 @pytest.mark.parametrize(
@@ -282,7 +294,8 @@ def test_existing_session_is_left_alone(wrapper_env):
     session = wrapper_env["TMUX_SESSION"]
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "sleep 120"], env=wrapper_env, check=True)
     result = run_wrapper({**wrapper_env, "TRAIN_CMD": "exit 0"}, timeout=60)
-    assert result.returncode == 1 and f"tmux session '{session}' already exists" in result.stderr
+    assert result.returncode == 1
+    assert f"tmux session '{session}' already exists" in result.stderr
     assert subprocess.run(["tmux", "has-session", "-t", session], env=wrapper_env).returncode == 0
 
 
@@ -291,8 +304,10 @@ def test_server_never_healthy_fails_with_its_log_and_is_stopped(wrapper_env):
     env = {**wrapper_env, "RETRIEVER_STARTUP_TIMEOUT": "1", "TRAIN_CMD": "touch training-ran"}
     result = run_wrapper(env)
     assert result.returncode == 1
-    assert "was not healthy after 1 s" in result.stderr and "RETRIEVER_STARTUP_TIMEOUT" in result.stderr
-    assert "---- last lines of" in result.stderr and "starting:" in result.stderr  # the log's tail
+    assert "was not healthy after 1 s" in result.stderr
+    assert "RETRIEVER_STARTUP_TIMEOUT" in result.stderr
+    assert "---- last lines of" in result.stderr
+    assert "starting:" in result.stderr  # the log's tail
     assert not list(Path(env["LOG_DIR"]).glob("training_*.log"))  # training never started
     assert_all_stopped(env)
 

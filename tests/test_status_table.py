@@ -1,0 +1,287 @@
+"""The status table (README, "How it works"; slime_search_r1/loop.py): how an episode ends. One section per row,
+each row proven in XML and chat mode where it applies to both.
+
+| what happened                                                    | sample.status |
+| the model answered                                               | COMPLETED     |
+| the engine aborted, or slime's abort flag was set before a turn  | ABORTED       |
+| the response or context budget ran out                           | TRUNCATED     |
+| max_turns model turns without an answer                          | TRUNCATED     |
+| a search still failing after its retries                         | FAILED        |
+"""
+
+import asyncio
+import time
+
+import pytest
+
+from generate_with_search import generate, reward_func
+from slime.rollout.sglang_rollout import GenerateState
+from slime.utils.types import Sample
+from support.episodes import (
+    ANSWER,
+    ANSWER_TURN,
+    CALL,
+    LONG_THOUGHT,
+    MODE_IDS,
+    MODES,
+    QUESTION,
+    SEARCH,
+    SEARCH_TURN,
+    info,
+    run_chat,
+    run_episode,
+    sample_for,
+    xml_sample,
+)
+from support.fidelity import assert_faithful
+from support.slime_rollout import slime_sampling_params
+
+# What opens the environment's reply to a search in each protocol.
+OBSERVATION_OPEN = {"generate": "<information>", "chat": "<tool_response>"}
+# How a turn that calls a tool ends: the XML stop string, or the chat call and its end-of-turn token.
+LAST_CALL_END = {"generate": "</search>", "chat": "</tool_call><|im_end|>"}
+by_mode = pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+
+
+# ---- COMPLETED: the model answered -------------------------------------------------------------------------------
+
+
+@by_mode
+async def test_an_answer_completes_the_episode(mode, make_args, tokenizer, engine, policy, search_config):
+    policy.scripts[QUESTION + "?"] = [SEARCH[mode], ANSWER[mode]]
+    sample = (await run_episode(mode, make_args, tokenizer, search_config)).sample
+    assert sample.status == Sample.Status.COMPLETED
+    assert info(sample)["finish_reason"] == "answer"
+    assert info(sample)["turns"] == 2
+    assert info(sample)["searches"] == 1
+
+
+# ---- ABORTED: the engine aborted, or slime's abort flag was set before a turn -----------------------------------
+
+
+@by_mode
+async def test_slime_s_abort_flag_before_a_turn_aborts_without_calling_the_engine(
+    mode, make_args, tokenizer, engine, policy, search_config
+):
+    policy.scripts[QUESTION + "?"] = [SEARCH[mode], ANSWER[mode]]
+    args = make_args()
+    GenerateState(args).aborted = True
+    episode = await run_episode(mode, lambda **_: args, tokenizer, search_config)
+    assert episode.sample.status == Sample.Status.ABORTED
+    assert engine.calls_for(episode.prompt_ids) == []
+
+
+@by_mode
+async def test_an_engine_abort_mid_generation_aborts_the_episode(
+    mode, make_args, tokenizer, engine, policy, search_config
+):
+    policy.scripts[QUESTION + "?"] = [SEARCH[mode], ANSWER[mode]]
+    engine.latency_s = 0.5
+    task = asyncio.create_task(run_episode(mode, make_args, tokenizer, search_config))
+    await asyncio.sleep(0.2)
+    engine.aborted = True  # what slime's abort() does to every engine through /abort_request
+    sample = (await task).sample
+    assert sample.status == Sample.Status.ABORTED
+    assert info(sample)["finish_reason"] == "engine_abort"
+
+
+async def test_an_abort_is_not_held_up_by_a_retrying_search(
+    make_args, tokenizer, engine, policy, retriever, search_config
+):
+    search_config.update(search_attempts=20, search_timeout=0.5)
+    retriever.down = True
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    args = make_args()
+    task = asyncio.create_task(run_episode("generate", lambda **_: args, tokenizer, search_config))
+    await asyncio.sleep(0.5)
+    GenerateState(args).aborted = True
+    started = time.perf_counter()
+    sample = (await task).sample
+    assert sample.status == Sample.Status.ABORTED
+    assert time.perf_counter() - started < 6  # at most the backoff sleep in progress, not 20 attempts
+    assert retriever.requests < 20
+
+
+async def test_searches_queued_behind_the_concurrency_bound_are_skipped_on_abort(
+    make_args, tokenizer, engine, policy, retriever, search_config
+):
+    search_config["search_concurrency"] = 1
+    retriever.latency_s = 0.5
+    questions = [f"Question number {i}" for i in range(6)]
+    for question in questions:
+        policy.scripts[question + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    args = make_args()
+    samples = [xml_sample(tokenizer, q) for q in questions]
+    tasks = [asyncio.create_task(generate(args, s, slime_sampling_params(512))) for s in samples]
+    await asyncio.sleep(0.3)
+    GenerateState(args).aborted = True
+    done = await asyncio.gather(*tasks)
+    assert {s.status for s in done} == {Sample.Status.ABORTED}
+    assert retriever.requests <= 2
+
+
+# ---- TRUNCATED: the response or context budget ran out (each turn is offered exactly what is left) --------------
+
+
+@by_mode
+async def test_running_out_of_the_response_budget_truncates_and_each_turn_is_offered_what_is_left(
+    mode, make_args, tokenizer, engine, policy, search_config
+):
+    policy.scripts[QUESTION + "?"] = [SEARCH[mode], LONG_THOUGHT + "<answer> Paris </answer>"]
+    budget = 160
+    episode = await run_episode(mode, make_args, tokenizer, search_config, budget=budget)
+    sample, prompt_ids = episode.sample, episode.prompt_ids
+    calls = engine.calls_for(prompt_ids)
+    assert sample.status == Sample.Status.TRUNCATED
+    assert info(sample)["finish_reason"] == "token_budget"
+    assert sample.response_length == budget
+    for call in calls:
+        assert call.sampling_params["max_new_tokens"] == budget - (len(call.input_ids) - len(prompt_ids))
+    assert_faithful(sample, calls, tokenizer, prompt_ids)
+
+
+@by_mode
+async def test_an_observation_that_does_not_fit_the_budget_ends_the_episode(
+    mode, make_args, tokenizer, engine, policy, search_config
+):
+    policy.scripts[QUESTION + "?"] = [SEARCH[mode], ANSWER[mode]]
+    first_turn = len(tokenizer.encode(SEARCH[mode])) + 1  # the token holding the call's end may merge; +1 is slack
+    budget = first_turn + 20
+    episode = await run_episode(mode, make_args, tokenizer, search_config, budget=budget)
+    sample = episode.sample
+    assert sample.status == Sample.Status.TRUNCATED
+    assert OBSERVATION_OPEN[mode] not in sample.response
+    assert sample.response_length <= budget
+    assert len(engine.calls_for(episode.prompt_ids)) == 1
+
+
+async def test_a_chat_episode_out_of_budget_after_a_call_is_truncated(
+    make_args, tokenizer, engine, policy, search_config
+):
+    search_config["max_turns"] = 2
+    policy.scripts[QUESTION + "?"] = [CALL]
+    sample = await run_chat(make_args(), search_config, "chat", budget=40)
+    assert sample.status == Sample.Status.TRUNCATED
+    assert sample.response_length <= 40
+
+
+@by_mode
+async def test_the_context_limit_caps_each_turn(mode, make_args, tokenizer, engine, policy, search_config):
+    policy.scripts[QUESTION + "?"] = [SEARCH[mode], ANSWER[mode]]
+    _, prompt_ids = sample_for(mode, tokenizer)
+    limit = len(prompt_ids) + 120
+    episode = await run_episode(mode, make_args, tokenizer, search_config, rollout_max_context_len=limit)
+    assert len(episode.sample.tokens) <= limit
+    for call in engine.calls_for(episode.prompt_ids):
+        assert len(call.input_ids) + call.sampling_params["max_new_tokens"] <= limit
+
+
+@by_mode
+async def test_a_prompt_longer_than_the_context_is_truncated_without_calling_the_engine(
+    mode, make_args, tokenizer, engine, search_config
+):
+    episode = await run_episode(mode, make_args, tokenizer, search_config, rollout_max_context_len=10)
+    sample = episode.sample
+    assert sample.status == Sample.Status.TRUNCATED
+    assert sample.response == ""
+    assert sample.response_length == 0
+    assert sample.loss_mask == []
+    assert sample.rollout_log_probs == []
+    assert engine.calls_for(episode.prompt_ids) == []
+
+
+async def test_a_chat_turn_cut_by_length_after_its_answer_is_truncated(make_args, engine, policy, search_config):
+    policy.scripts[QUESTION + "?"] = ["<answer> Paris </answer> and then I kept on writing " + "more " * 100]
+    sample = await run_chat(make_args(), search_config, "chat", budget=30)
+    assert sample.status == Sample.Status.TRUNCATED
+    assert sample.response_length == 30
+    policy.scripts[QUESTION + "?"] = ["<answer> Paris </answer>"]
+    sample = await run_chat(make_args(), search_config, "chat", budget=30)
+    assert sample.status == Sample.Status.COMPLETED, "the same answer ending within the budget is not completed"
+
+
+# ---- TRUNCATED: max_turns model turns without an answer (a search on the last turn is not run) -----------------
+
+
+@pytest.mark.parametrize(("mode", "max_turns"), [("generate", 3), ("chat", 2)], ids=MODE_IDS)
+async def test_max_turns_without_an_answer_truncates_without_running_the_last_search(
+    mode, max_turns, make_args, tokenizer, engine, policy, retriever, search_config, monkeypatch
+):
+    monkeypatch.setitem(search_config, "max_turns", max_turns)
+    policy.scripts[QUESTION + "?"] = [SEARCH[mode]]
+    episode = await run_episode(mode, make_args, tokenizer, search_config)
+    sample, prompt_ids = episode.sample, episode.prompt_ids
+    assert sample.status == Sample.Status.TRUNCATED
+    assert info(sample)["finish_reason"] == "max_turns"
+    assert len(engine.calls_for(prompt_ids)) == max_turns
+    assert len(retriever.queries) == max_turns - 1
+    assert sample.response.endswith(LAST_CALL_END[mode]), "the last turn's call is not where the response ends"
+    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
+    assert await reward_func(episode.args, sample) == 0.0
+
+
+# ---- FAILED: a search still failing after its retries (rewarded normally; remove_sample keeps it out) -----------
+
+
+@by_mode
+async def test_a_search_that_stays_down_fails_the_sample_which_is_still_rewarded(
+    mode, make_args, tokenizer, engine, policy, retriever, search_config
+):
+    policy.scripts[QUESTION + "?"] = [SEARCH[mode], ANSWER[mode]]
+    retriever.down = True
+    episode = await run_episode(mode, make_args, tokenizer, search_config)
+    sample, prompt_ids = episode.sample, episode.prompt_ids
+    assert sample.status == Sample.Status.FAILED
+    assert sample.remove_sample is True
+    assert info(sample)["search_failures"] == 1
+    assert "503" in info(sample)["search_error"]
+    assert len(engine.calls_for(prompt_ids)) == 1
+    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
+    assert await reward_func(episode.args, sample) == 0.0
+
+
+async def test_transient_search_errors_are_retried_and_the_episode_completes(
+    make_args, tokenizer, engine, policy, retriever, search_config
+):
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
+    retriever.fail_next(2, status=503)
+    sample = (await run_episode("generate", make_args, tokenizer, search_config)).sample
+    assert sample.status == Sample.Status.COMPLETED
+    assert retriever.failures_left == 0
+
+
+@by_mode
+async def test_a_search_server_answering_nonsense_fails_the_sample_not_the_batch(
+    mode, make_args, tokenizer, engine, policy, retriever, search_config
+):
+    retriever.docs = ["a bare string instead of a document"]
+    policy.scripts[QUESTION + "?"] = [SEARCH[mode], ANSWER[mode]]
+    sample = (await run_episode(mode, make_args, tokenizer, search_config)).sample
+    assert sample.status == Sample.Status.FAILED
+    assert "retrieval hit must be an object" in info(sample)["search_error"]
+
+
+@by_mode
+async def test_a_search_answer_nested_too_deeply_fails_the_sample_not_the_batch(
+    mode, make_args, tokenizer, engine, policy, retriever, search_config
+):
+    retriever.raw_answer = (b'{"result": [' + b"[" * 5000 + b"]" * 5000 + b"]}", 200)
+    policy.scripts[QUESTION + "?"] = [SEARCH[mode], ANSWER[mode]]
+    sample = (await run_episode(mode, make_args, tokenizer, search_config)).sample
+    assert sample.status == Sample.Status.FAILED
+    assert sample.remove_sample is True
+    assert "nested too deeply" in info(sample)["search_error"]
+
+
+@pytest.mark.parametrize(("mode", "tracking"), [("generate", "router_radix"), ("chat", "router_handler")])
+async def test_the_router_modes_keep_failed_samples_out_of_the_loss(
+    router_args, tokenizer, engine, policy, retriever, search_config, mode, tracking
+):
+    retriever.down = True
+    search_turn = CALL if mode == "chat" else "<think>x</think>\n<search> capital of France </search>"
+    policy.scripts[QUESTION + "?"] = [search_turn, ANSWER["chat"]]
+    sample, _ = sample_for(mode, tokenizer)
+    sample = await run_chat(router_args(), search_config, mode, tracking=tracking, sample=sample)
+    assert sample.status == Sample.Status.FAILED
+    assert sample.remove_sample is True
+    assert sample.response_length > 0
