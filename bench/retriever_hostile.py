@@ -41,11 +41,13 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "tests"))
 
 from local_dense_retriever import embedded_default  # noqa: E402
 from local_dense_retriever.launcher import ServerProcess  # noqa: E402
 from results_md import write_section  # noqa: E402
 from retriever_load import load_questions, max_size_request, measure_max_size_case  # noqa: E402
+from support.rankings import same_ranking  # noqa: E402
 
 CACHE_DIR = REPO / ".cache" / "bench"
 HALF_HEADERS = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Ty"
@@ -55,20 +57,6 @@ HALF_BODY = (
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-
-
-def same_ranking(a: list[dict], b: list[dict], tolerance: float = 1e-4) -> bool:
-    """Equal hits, allowing two documents whose scores tie within `tolerance` to swap places."""
-    if len(a) != len(b):
-        return False
-    for hit_a, hit_b in zip(a, b, strict=True):
-        if abs(hit_a["score"] - hit_b["score"]) > tolerance:
-            return False
-        if hit_a["document"] != hit_b["document"]:
-            tied = [h["document"] for h in b if abs(h["score"] - hit_a["score"]) <= tolerance]
-            if hit_a["document"] not in tied:
-                return False
-    return True
 
 
 def healthy(url: str) -> bool:

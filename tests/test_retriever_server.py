@@ -18,6 +18,7 @@ import pytest
 from local_dense_retriever.mini_wiki import title_of
 from local_dense_retriever.retrieval_server import Resources, ServerConfig, create_app, load_resources
 from support.loopback import serve_in_thread
+from support.rankings import same_ranking
 from support.retriever_fixtures import (  # noqa: F401
     dense_config,
     dense_server_fixture,
@@ -232,20 +233,6 @@ def test_a_failed_load_is_reported_by_health(small_wiki, tmp_path):
         assert body["status"] == "failed" and "missing.jsonl" in body["detail"]
 
 
-def _same_ranking(a: list[dict], b: list[dict], tolerance: float = 1e-4) -> bool:
-    """Equal hits, allowing two documents whose scores tie within `tolerance` to swap places."""
-    if len(a) != len(b):
-        return False
-    for hit_a, hit_b in zip(a, b, strict=True):
-        if abs(hit_a["score"] - hit_b["score"]) > tolerance:
-            return False
-        if hit_a["document"] != hit_b["document"]:
-            tied = [h["document"] for h in b if abs(h["score"] - hit_a["score"]) <= tolerance]
-            if hit_a["document"] not in tied:
-                return False
-    return True
-
-
 def test_hundreds_of_concurrent_single_query_requests_match_the_sequential_answers(small_wiki):
     queries = [q.question for q in small_wiki.questions] + small_wiki.titles
     queries = (queries * 2)[:320]
@@ -268,7 +255,7 @@ def test_hundreds_of_concurrent_single_query_requests_match_the_sequential_answe
         stats = httpx.get(f"{url}/health").json()["batches"]
     assert [r.status_code for r in responses] == [200] * len(queries)
     mismatches = [
-        q for q, r in zip(queries, responses, strict=True) if not _same_ranking(r.json()["result"][0], expected[q])
+        q for q, r in zip(queries, responses, strict=True) if not same_ranking(r.json()["result"][0], expected[q])
     ]
     assert mismatches == []
     concurrent_batches = stats["batches"] - batches_before
