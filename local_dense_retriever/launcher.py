@@ -1,5 +1,6 @@
 """Start the retrieval server CLI as a child process on loopback and wait until `/health` says it is ready."""
 
+import os
 import socket
 import subprocess
 import sys
@@ -34,7 +35,8 @@ SERVER_SCRIPT = [str(Path(__file__).with_name("retrieval_server.py"))]  # how th
 class ServerProcess:
     """`with ServerProcess([...flags]) as server:` runs `python -m local_dense_retriever.retrieval_server`.
 
-    `program` replaces what follows `python` (e.g. SERVER_SCRIPT, or another server speaking the same API).
+    `program` replaces what follows `python` (e.g. SERVER_SCRIPT, or another server speaking the same API);
+    `env` is added to this process's environment for the child.
     """
 
     def __init__(
@@ -44,12 +46,14 @@ class ServerProcess:
         port: int | None = None,
         startup_timeout: float = 600.0,
         program: list[str] = SERVER_MODULE,
+        env: dict[str, str] | None = None,
     ):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = [sys.executable, *program, *flags, "--host", "127.0.0.1", "--port", str(self.port)]
         self.log_path = log_path
         self.startup_timeout = startup_timeout
+        self.env = {**os.environ, **env} if env else None
         self.process: subprocess.Popen | None = None
         self.startup_seconds: float | None = None
 
@@ -64,7 +68,9 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "wb")
         started = time.perf_counter()
-        self.process = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, cwd=PACKAGE_ROOT)
+        self.process = subprocess.Popen(
+            self.command, stdout=log, stderr=subprocess.STDOUT, cwd=PACKAGE_ROOT, env=self.env
+        )
         log.close()
         deadline = started + self.startup_timeout
         while health_status(self.url) != 200:

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated
 
@@ -31,6 +31,7 @@ from fastapi.exceptions import RequestValidationError  # noqa: E402
 from fastapi.responses import Response  # noqa: E402
 from pydantic import AfterValidator, BaseModel, Field, StrictStr  # noqa: E402
 
+from local_dense_retriever import cpu_threads  # noqa: E402
 from local_dense_retriever.batcher import DynamicBatcher  # noqa: E402
 from local_dense_retriever.corpus import Corpus  # noqa: E402
 
@@ -77,6 +78,7 @@ class Resources:
     corpus: Corpus
     batcher: DynamicBatcher
     description: str
+    cpu_threads: dict = field(default_factory=dict)
 
     def close(self) -> None:
         self.batcher.close()
@@ -99,8 +101,7 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
 
         report("loading the encoder")
         encoder = encoder_from_config(config)
-        if encoder.device.type == "cpu":
-            configure_cpu_threads(config.num_threads)
+        configure_cpu_threads(config.num_threads)  # on GPU too: tokenizing, copies and pooling stay on the CPU
         report("loading the index")
         if config.backend == "qdrant":
             index = backends.QdrantIndex(config.qdrant_collection, url=config.qdrant_url, path=config.qdrant_path)
@@ -128,7 +129,9 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
     searcher.search(["warm-up query"], min(config.topk, len(corpus)))
     batcher = DynamicBatcher(searcher.search, max_batch_size=max_batch_size, max_wait_ms=config.max_wait_ms)
     description = f"{searcher.description}; corpus {corpus.path} ({len(corpus)} documents)"
-    return Resources(searcher=searcher, corpus=corpus, batcher=batcher, description=description)
+    threads = cpu_threads.report()
+    logger.info("CPU threads: %s", threads)
+    return Resources(searcher=searcher, corpus=corpus, batcher=batcher, description=description, cpu_threads=threads)
 
 
 class Runtime:
@@ -248,6 +251,7 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
                 "max_wait_ms": resources.batcher.max_wait * 1000.0,
                 "batches": resources.batcher.stats.as_dict(),
                 "load_seconds": runtime.load_seconds,
+                "cpu_threads": resources.cpu_threads,
                 "config": asdict(config),
             }
         )
@@ -312,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--dtype", choices=["auto", "fp32", "fp16", "bf16"], default="auto", help="auto: fp16 on GPU")
     model.add_argument("--pooling_method", choices=["auto", "mean", "cls", "pooler"], default="auto")
     model.add_argument("--max_length", type=int, default=256, help="query tokens kept by the encoder")
-    model.add_argument("--num_threads", type=int, default=None, help="CPU threads for torch and FAISS (all cores)")
+    model.add_argument("--num_threads", type=int, default=None, help="CPU threads for torch and FAISS (usable CPUs)")
     serving = parser.add_argument_group("serving")
     serving.add_argument("--host", default="127.0.0.1", help="bind address; 0.0.0.0 exposes the server")
     serving.add_argument("--port", type=int, default=8000)
@@ -392,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     config, args = parse_config(argv)
+    cpu_threads.calm_openmp()  # before torch and faiss load (in the loader thread): OpenMP reads it only then
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # it logs every SIMD variant it tries
     app = create_app(config)
