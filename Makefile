@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The CPU wheel of torch 2.13.0 is preinstalled on the project's machines; elsewhere pick your build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install test lint demo bench bench-rollout bench-retriever clean shellcheck
+.PHONY: install test lint demo bench bench-rollout bench-retriever bench-retriever-busy clean shellcheck
 
 $(STAMP): pyproject.toml requirements-assets.txt
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,13 @@ bench-rollout: $(STAMP)
 SIZES ?= 10k,100k
 bench-retriever: $(STAMP)
 	$(BIN)/python bench/retriever_load.py --sizes $(SIZES)
+
+# The retriever beside BUSY_CORES spinning processes (idle vs busy, 1 and 256 clients; checks issue 13's targets),
+# then through the tmux wrapper with a CPU-busy stand-in training; each writes its own section of bench/RESULTS.md.
+BUSY_CORES ?= 1
+bench-retriever-busy: $(STAMP)
+	-$(BIN)/python bench/retriever_load.py --busy_cores $(BUSY_CORES)  # exits 1 when a target is missed
+	$(BIN)/python bench/retriever_load.py --busy_cores $(BUSY_CORES) --wrapper
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache

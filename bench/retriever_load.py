@@ -15,6 +15,18 @@ MiniLM embedding plus Gaussian noise (sigma 0.04 per dimension, then re-normalis
 rows below 10,033 are the real ones. Queries are real FanOutQA sub-questions encoded by the real MiniLM.
 Each point is measured --repeats times and the best window is kept for every server alike (shared, drifting VM).
 Results go to the `## Retriever load` section of bench/RESULTS.md (other sections are left alone).
+
+    python bench/retriever_load.py --busy_cores 1            # beside 1 busy core, 100k (about 15 minutes here)
+    python bench/retriever_load.py --busy_cores 1 --wrapper  # the same through run_qwen2.5_3B_with_retrieval.sh
+
+Busy neighbours (--busy_cores K): K child processes spin (`while True: pass`, bounded in time, stopped by PID),
+each pinned to one of the last K CPUs; each server is measured idle and beside them, in turns, at 1 and 256
+clients: our server (`on`), the same server with libgomp's default spin-wait as before cpu_threads.py (`spin`),
+and the public request path (`public`). It prints and records the issue's targets as PASS/FAIL and exits 1 if
+one fails. With --wrapper the wrapper starts the server as for training, and its TRAIN_CMD is a stand-in
+training (this script, --standin_training) that searches like rollouts, idle and then beside K busy processes;
+rows compare the wrapper's default with RETRIEVER_NUM_THREADS=1 and RETRIEVER_CPUS=<the free CPUs>. Each writes
+its own section of bench/RESULTS.md.
 """
 
 import argparse
