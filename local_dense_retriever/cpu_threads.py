@@ -1,25 +1,36 @@
-"""CPU threads for the encoder (torch) and FAISS: as many as this process may really use, and none spinning.
+"""CPU threads for the encoder (torch) and FAISS: as many as this process may use, fewer while that is faster,
+and none spinning.
 
 Why: torch and faiss-cpu each bring their own libgomp, so a batch runs through two OpenMP pools one after the
-other, and by default every pool thread spins (GOMP_SPINCOUNT 300000) after each parallel region. An encoder
-forward pass is hundreds of small regions, each ending in a barrier; when another process holds one of the
-cores, the thread that shares it must wait for its time slice at every barrier, and spinning burns the slices
-it gets. Sizing from os.cpu_count() also ignored taskset, cpusets and container CPU quotas.
+other, and by default every pool thread spins (GOMP_SPINCOUNT 300000, ~3 ms) after each parallel region. An
+encoder pass is hundreds of small regions, each ending in a barrier: when another process holds a core, the
+thread sharing it makes every region wait, and the spinning burns the time slices it gets. Sizing from
+os.cpu_count() also ignored taskset, cpusets and container CPU quotas.
 
-What: `calm_openmp()` sets OMP_WAIT_POLICY=PASSIVE (idle pool threads sleep at once) before torch or faiss is
-loaded, since OpenMP reads it only then; the CLIs call it first thing. `thread_count()` sizes both pools to the
-CPUs in this process's affinity mask, capped by its cgroup's CPU quota; --num_threads overrides it.
+What:
+- `calm_openmp()` sets OMP_WAIT_POLICY=PASSIVE before torch or faiss loads (OpenMP reads it only then): idle pool
+  threads sleep at once. The CLIs call it first thing.
+- `thread_count()`: the CPUs in this process's affinity mask, capped by its cgroup CPU quota; --num_threads
+  overrides it.
+- `ThreadTuner` then picks, per batch size, the thread count whose batches run fastest: all usable CPUs on a
+  quiet machine, fewer while other processes hold some cores (with static OpenMP scheduling, a thread that
+  shares its core with a busy process paces every region).
 
-Measured on the 2-core machine, 100k passages, MiniLM, Flat, 256 single-query clients, one core taken by a
-busy process (same run, before this module): defaults 38.5 QPS, PASSIVE 290 QPS, --num_threads 1 354 QPS,
-against 529 QPS idle. bench/retriever_load.py --busy-cores 1 measures it again (bench/RESULTS.md).
+Measured on the 2-core machine, 100k passages, MiniLM, Flat, one core taken by a pinned busy process
+(bench/retriever_load.py --busy_cores 1 and its --wrapper case; bench/RESULTS.md has the current tables):
+- 256 clients, QPS idle -> busy: libgomp's default spinning 294 -> 98; PASSIVE with 2 threads 289 -> 174;
+  PASSIVE with 1 thread 204 -> 200. Spinning with short spin counts (GOMP_SPINCOUNT 3000-30000) was slower under
+  contention than PASSIVE in every run (in-process, batch of 1: 35-84 ms against 24 ms).
+- one batch of 64 in-process: 2 threads 212 ms idle / 364 ms busy, 1 thread 308 / 309 ms. Hence the tuner.
 """
 
 import logging
 import math
 import os
 import sys
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -172,3 +183,142 @@ def report() -> dict:
     if "faiss" in sys.modules:
         settings["faiss_threads"] = sys.modules["faiss"].omp_get_max_threads()
     return settings
+
+
+def set_pool_threads(threads: int) -> None:
+    """Resize torch's and FAISS's OpenMP pools (whichever is loaded); cheap, the pools keep their threads."""
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+    if "faiss" in sys.modules:
+        sys.modules["faiss"].omp_set_num_threads(threads)
+
+
+def thread_ladder(max_threads: int) -> list[int]:
+    """Counts the tuner may use, largest first, each about 2/3 of the previous: 8 -> [8, 6, 4, 3, 2, 1]."""
+    ladder = [max(1, max_threads)]
+    while ladder[-1] > 1:
+        ladder.append(ladder[-1] - max(1, ladder[-1] // 3))
+    return ladder
+
+
+def batch_size_class(bits: int) -> str:
+    return "1" if bits <= 1 else f"{1 << (bits - 1)}-{(1 << bits) - 1}"
+
+
+@dataclass
+class _SizeClass:
+    """Tuning state of one batch-size class (1, 2-3, 4-7, ...): batches of different sizes scale differently."""
+
+    label: str
+    rung: int = 0  # index into the ladder: the count in use
+    batches: int = 0
+    seconds: dict[int, float] = field(default_factory=dict)  # rung -> smoothed seconds per batch
+    baseline: float | None = None  # the current count's smoothed time when a probe last confirmed it
+    last_probe_up: bool = True
+
+
+class ThreadTuner:
+    """Runs each batch with the thread count measured fastest for batches of its size, and keeps measuring.
+
+    A probe runs one batch one rung away from the current count (alternately fewer and more threads): every
+    `probe_every`-th batch of a size class, and at once when the current count's smoothed batch time has grown by
+    `slowdown` since a probe last confirmed it (another process took a core). When the probed rung's smoothed
+    time beats the current one by `margin`, it becomes the current one. So the count follows other processes as
+    they come and go, at the price of about one batch in `probe_every` run with a worse count (1-2% of throughput
+    on an idle machine). Not thread-safe: the server's single batch worker is its only caller. `adaptive=False`
+    (--num_threads given, or nothing runs on the CPU) keeps `max_threads`.
+    """
+
+    def __init__(
+        self,
+        max_threads: int,
+        adaptive: bool = True,
+        set_threads: Callable[[int], None] = set_pool_threads,
+        probe_every: int = 32,
+        smoothing: float = 0.5,
+        margin: float = 0.05,
+        slowdown: float = 0.2,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.ladder = thread_ladder(max_threads) if adaptive else [max_threads]
+        self.adaptive = adaptive and len(self.ladder) > 1
+        self._set_threads = set_threads
+        self.probe_every, self.smoothing, self.margin, self.slowdown = probe_every, smoothing, margin, slowdown
+        self._clock = clock
+        self._classes: dict[int, _SizeClass] = {}
+        self._applied: int | None = None
+
+    def wrap(self, search: Callable) -> Callable:
+        """`search(queries, k)` run with the tuned thread count for `len(queries)`."""
+        if not self.adaptive:
+            return search
+
+        def tuned_search(queries: list[str], k: int):
+            bits = len(queries).bit_length()
+            size_class = self._classes.get(bits)
+            if size_class is None:
+                size_class = self._classes[bits] = _SizeClass(batch_size_class(bits))
+            rung = self._next_rung(size_class)
+            self._apply(self.ladder[rung])
+            started = self._clock()
+            result = search(queries, k)
+            self._record(size_class, rung, self._clock() - started)
+            return result
+
+        return tuned_search
+
+    def _apply(self, threads: int) -> None:
+        if threads != self._applied:
+            self._set_threads(threads)
+            self._applied = threads
+
+    def _next_rung(self, size_class: _SizeClass) -> int:
+        size_class.batches += 1
+        current = size_class.seconds.get(size_class.rung)
+        slowed = size_class.baseline is not None and current > size_class.baseline * (1 + self.slowdown)
+        if size_class.batches % self.probe_every and not slowed:
+            return size_class.rung
+        if slowed:  # most likely another process took a core: try one thread fewer first
+            size_class.last_probe_up = False
+        else:
+            size_class.last_probe_up = not size_class.last_probe_up
+        step = -1 if size_class.last_probe_up else 1  # rung - 1 = more threads
+        if not 0 <= size_class.rung + step < len(self.ladder):
+            step = -step
+        return size_class.rung + step
+
+    def _record(self, size_class: _SizeClass, rung: int, seconds: float) -> None:
+        before = size_class.seconds.get(rung)
+        smoothed = seconds if before is None else before + self.smoothing * (seconds - before)
+        size_class.seconds[rung] = smoothed
+        current = size_class.seconds.get(size_class.rung)
+        if rung == size_class.rung:
+            if size_class.baseline is None or smoothed < size_class.baseline:
+                size_class.baseline = smoothed
+            return
+        if current is None or smoothed >= current * (1 - self.margin):
+            size_class.baseline = current  # the current count stays: its time now is the one to compare with
+        else:
+            logger.info(
+                "batches of %s queries: %d threads (%.1f ms) instead of %d (%.1f ms)",
+                size_class.label,
+                self.ladder[rung],
+                smoothed * 1000,
+                self.ladder[size_class.rung],
+                current * 1000,
+            )
+            size_class.rung, size_class.baseline = rung, smoothed
+
+    def report(self) -> dict:
+        """Live state for /health: the count in use and the smoothed batch times per batch-size class."""
+        classes = {}
+        for _, size_class in sorted(list(self._classes.items())):  # a snapshot: the batch worker may be adding
+            classes[size_class.label] = {
+                "threads": self.ladder[size_class.rung],
+                "batches": size_class.batches,
+                "ms_per_batch_by_threads": {
+                    str(self.ladder[rung]): round(seconds * 1000, 1)
+                    for rung, seconds in sorted(list(size_class.seconds.items()))
+                },
+            }
+        return {"adaptive_threads": self.adaptive, "thread_ladder": self.ladder, "by_batch_size": classes}

@@ -78,7 +78,8 @@ class Resources:
     corpus: Corpus
     batcher: DynamicBatcher
     description: str
-    cpu_threads: dict = field(default_factory=dict)
+    thread_settings: dict = field(default_factory=dict)  # what the process was given (usable CPUs, wait policy)
+    thread_tuner: cpu_threads.ThreadTuner | None = None  # the thread count it uses now, per batch size
 
     def close(self) -> None:
         self.batcher.close()
@@ -92,6 +93,7 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
     report("importing torch and faiss")
     from local_dense_retriever import backends
 
+    tuner = None
     if config.is_bm25:
         report("loading the BM25 index")
         searcher = backends.BM25Searcher(config.index_path)
@@ -115,6 +117,11 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
                 num_threads=config.num_threads,
             )
         searcher = backends.DenseSearcher(encoder, index)
+        # Fewer threads while other processes hold cores (--num_threads fixes the count; GPUs need no tuning).
+        on_cpu = encoder.device.type == "cpu" or (config.backend == "faiss" and not config.faiss_gpu)
+        tuner = cpu_threads.ThreadTuner(
+            cpu_threads.thread_count(config.num_threads), adaptive=on_cpu and config.num_threads is None
+        )
         max_batch_size = config.max_batch_size or (
             GPU_MAX_BATCH_SIZE if encoder.device.type == "cuda" else CPU_MAX_BATCH_SIZE
         )
@@ -127,11 +134,12 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
         )
     report("warming up")
     searcher.search(["warm-up query"], min(config.topk, len(corpus)))
-    batcher = DynamicBatcher(searcher.search, max_batch_size=max_batch_size, max_wait_ms=config.max_wait_ms)
+    search = tuner.wrap(searcher.search) if tuner else searcher.search
+    batcher = DynamicBatcher(search, max_batch_size=max_batch_size, max_wait_ms=config.max_wait_ms)
     description = f"{searcher.description}; corpus {corpus.path} ({len(corpus)} documents)"
     threads = cpu_threads.report()
     logger.info("CPU threads: %s", threads)
-    return Resources(searcher=searcher, corpus=corpus, batcher=batcher, description=description, cpu_threads=threads)
+    return Resources(searcher, corpus, batcher, description, thread_settings=threads, thread_tuner=tuner)
 
 
 class Runtime:
@@ -251,7 +259,10 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
                 "max_wait_ms": resources.batcher.max_wait * 1000.0,
                 "batches": resources.batcher.stats.as_dict(),
                 "load_seconds": runtime.load_seconds,
-                "cpu_threads": resources.cpu_threads,
+                "cpu_threads": {
+                    **resources.thread_settings,
+                    **(resources.thread_tuner.report() if resources.thread_tuner else {}),
+                },
                 "config": asdict(config),
             }
         )

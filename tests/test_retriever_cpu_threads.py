@@ -197,3 +197,96 @@ def test_index_builder_num_threads_overrides_the_detected_count(small_wiki, tmp_
     )  # fmt: skip
     assert built.returncode == 0, built.stderr
     assert "'torch_threads': 3" in built.stderr, built.stderr[-3000:]
+
+
+class FakeCpu:
+    """A search whose batches take `seconds[threads]` on a fake clock: the thread counts' speed, set by the test."""
+
+    def __init__(self, seconds: dict[int, float]):
+        self.seconds = seconds
+        self.now = 0.0
+        self.threads: int | None = None
+        self.changes: list[int] = []
+
+    def set_threads(self, threads: int) -> None:
+        self.threads = threads
+        self.changes.append(threads)
+
+    def clock(self) -> float:
+        return self.now
+
+    def search(self, queries: list[str], k: int) -> str:
+        self.now += self.seconds[self.threads] * len(queries) ** 0.5
+        return f"{len(queries)} queries on {self.threads} threads"
+
+
+def run_batches(search, count: int, size: int = 64) -> None:
+    for _ in range(count):
+        search(["q"] * size, 3)
+
+
+def test_thread_ladder_steps_down_by_about_a_third():
+    assert cpu_threads.thread_ladder(8) == [8, 6, 4, 3, 2, 1]
+    assert cpu_threads.thread_ladder(2) == [2, 1]
+    assert cpu_threads.thread_ladder(1) == [1]
+
+
+def test_tuner_keeps_every_usable_cpu_while_that_is_fastest():
+    cpu = FakeCpu({2: 0.212, 1: 0.308})  # one batch of 64 on the idle 2-core machine
+    tuner = cpu_threads.ThreadTuner(2, set_threads=cpu.set_threads, clock=cpu.clock)
+    search = tuner.wrap(cpu.search)
+    assert search(["q"] * 64, 3) == "64 queries on 2 threads"
+    run_batches(search, 200)
+    assert cpu.threads == 2
+    assert tuner.report()["by_batch_size"]["64-127"]["threads"] == 2
+
+
+def test_tuner_drops_a_thread_while_a_busy_process_holds_a_core_and_takes_it_back_after():
+    cpu = FakeCpu({2: 0.212, 1: 0.308})
+    tuner = cpu_threads.ThreadTuner(2, set_threads=cpu.set_threads, clock=cpu.clock, probe_every=32)
+    search = tuner.wrap(cpu.search)
+    run_batches(search, 100)
+    cpu.seconds = {2: 0.364, 1: 0.309}  # the same batch beside a process spinning on one core
+    run_batches(search, 8)  # the slowdown triggers probes at once, not after 32 batches
+    assert tuner.report()["by_batch_size"]["64-127"]["threads"] == 1
+    cpu.seconds = {2: 0.212, 1: 0.308}  # one thread is no slower now, so only the periodic probes notice
+    run_batches(search, 2 * 32)
+    assert tuner.report()["by_batch_size"]["64-127"]["threads"] == 2
+
+
+def test_tuner_tunes_each_batch_size_on_its_own():
+    cpu = FakeCpu({2: 0.2, 1: 0.3})
+    tuner = cpu_threads.ThreadTuner(2, set_threads=cpu.set_threads, clock=cpu.clock)
+    search = tuner.wrap(cpu.search)
+    run_batches(search, 100, size=64)
+    cpu.seconds = {2: 0.3, 1: 0.2}
+    run_batches(search, 100, size=1)
+    by_size = tuner.report()["by_batch_size"]
+    assert by_size["1"]["threads"] == 1
+    assert by_size["64-127"]["threads"] == 2  # untouched: no batch of that size ran meanwhile
+
+
+def test_tuner_accepts_a_slower_machine_when_no_other_count_is_faster():
+    cpu = FakeCpu({2: 0.2, 1: 0.3})
+    tuner = cpu_threads.ThreadTuner(2, set_threads=cpu.set_threads, clock=cpu.clock, probe_every=32)
+    search = tuner.wrap(cpu.search)
+    run_batches(search, 10)
+    cpu.seconds = {2: 0.4, 1: 0.6}  # everything slower, two threads still best
+    cpu.changes.clear()
+    run_batches(search, 20)  # batches 11-30: the next periodic probe would be batch 32
+    assert cpu.changes.count(1) <= 2  # a probe or two while its time settles, not one per batch
+    assert tuner.report()["by_batch_size"]["64-127"]["threads"] == 2
+
+
+def test_tuner_resizes_the_pools_only_when_the_count_changes():
+    cpu = FakeCpu({2: 0.2, 1: 0.3})
+    search = cpu_threads.ThreadTuner(2, set_threads=cpu.set_threads, clock=cpu.clock, probe_every=32).wrap(cpu.search)
+    run_batches(search, 65)
+    assert cpu.changes == [2, 1, 2, 1, 2]  # the first batch, then batches 32 and 64 probe one thread, and back
+
+
+def test_num_threads_fixes_the_count_and_leaves_search_unwrapped():
+    cpu = FakeCpu({3: 0.2})
+    tuner = cpu_threads.ThreadTuner(3, adaptive=False, set_threads=cpu.set_threads, clock=cpu.clock)
+    assert tuner.wrap(cpu.search) == cpu.search
+    assert tuner.report()["adaptive_threads"] is False
