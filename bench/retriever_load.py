@@ -21,7 +21,7 @@ Results go to the `## Retriever load` section of bench/RESULTS.md (other section
 
 Busy neighbours (--busy_cores K): K child processes spin (`while True: pass`, bounded in time, stopped by PID),
 each pinned to one of the last K CPUs; each server is measured idle and beside them, in turns, at 1 and 256
-clients: our server (`on`), the same server with libgomp's default spin-wait as before cpu_threads.py (`spin`),
+clients: our server (`on`), the server as before cpu_threads.py (libgomp spin-wait, fixed threads: `spin`),
 and the public request path (`public`). It prints and records the issue's targets as PASS/FAIL and exits 1 if
 one fails. With --wrapper the wrapper starts the server as for training, and its TRAIN_CMD is a stand-in
 training (this script, --standin_training) that searches like rollouts, idle and then beside K busy processes;
@@ -453,12 +453,17 @@ BUSY_SECTION = "Retriever beside busy processes"
 WRAPPER_SECTION = "Retriever in the wrapper beside a busy training"
 BUSY_CONCURRENCY = (1, 256)
 # `spin`: our server as it ran before local_dense_retriever/cpu_threads.py. torch and faiss load before the server
-# calls calm_openmp(), so libgomp keeps its default spin-wait; the thread count (usable CPUs) is the same.
+# calls calm_openmp(), so libgomp keeps its default spin-wait, and --num_threads fixes os.cpu_count() threads as
+# before (which also turns the thread tuner off).
 SPIN_PROGRAM = [
     "-c",
     "import sys, faiss, torch; from local_dense_retriever.retrieval_server import main; sys.exit(main())",
 ]
-BUSY_MODES = {"on": SERVER_MODULE, "spin": SPIN_PROGRAM, "public": MODES["public"][0]}
+BUSY_MODES = {  # program, extra flags
+    "on": (SERVER_MODULE, []),
+    "spin": (SPIN_PROGRAM, ["--num_threads", str(os.cpu_count() or 1)]),
+    "public": (MODES["public"][0], []),
+}
 BUSY_LOOP = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
 WRAPPER = REPO / "run_qwen2.5_3B_with_retrieval.sh"
 TARGET_BUSY_SHARE = 0.6  # busy QPS over idle QPS at 256 clients
@@ -551,7 +556,8 @@ def run_busy_server(size: str, mode: str, flags: list[str], questions: list[str]
     import httpx
 
     log_path = CACHE_DIR / f"server_{size}_{mode}_busy.log"
-    server = ServerProcess(flags, log_path=log_path, startup_timeout=900, program=BUSY_MODES[mode])
+    program, mode_flags = BUSY_MODES[mode]
+    server = ServerProcess(flags + mode_flags, log_path=log_path, startup_timeout=900, program=program)
     server.start()
     try:
         run = BusyRun(mode, httpx.get(f"{server.url}/health", timeout=30).json().get("cpu_threads", {}))
@@ -645,8 +651,8 @@ def render_busy(size: str, runs: dict[str, BusyRun], busy_cpus: list[int], start
         "stopped by the benchmark around the `busy` windows. Same encoder, index, queries and load generator as "
         "the load tables: MiniLM-L6 on CPU, FAISS Flat, top-3, one query per request, closed-loop clients. "
         f"`on` = our server's defaults ({describe_threads(runs['on'].cpu_threads) if 'on' in runs else ''}); "
-        "`spin` = the same server with torch and faiss loaded before it sets the wait policy, i.e. libgomp's "
-        "default spin-wait, as before local_dense_retriever/cpu_threads.py "
+        "`spin` = the server as before local_dense_retriever/cpu_threads.py: torch and faiss loaded before it sets "
+        "the wait policy (libgomp's default spin-wait) and `--num_threads` = the machine's core count (no tuning) "
         f"({describe_threads(runs['spin'].cpu_threads) if 'spin' in runs else ''}); `public` = the public "
         "servers' request path (bench/public_pattern_server.py). Each cell is the best of `--repeats` windows, "
         "idle and busy taken in turns; `threads` is the count the server ran batches of that size with at the end "
