@@ -9,7 +9,8 @@ os.cpu_count() also ignored taskset, cpusets and container CPU quotas.
 
 What:
 - `calm_openmp()` sets OMP_WAIT_POLICY=PASSIVE before torch or faiss loads (OpenMP reads it only then): idle pool
-  threads sleep at once. The CLIs call it first thing.
+  threads sleep at once, so the pool that is not working leaves the cores to the one that is (one pool shared by
+  both would need torch and faiss built against one libgomp; the wheels bundle their own). The CLIs call it first.
 - `thread_count()`: the CPUs in this process's affinity mask, capped by its cgroup CPU quota; --num_threads
   overrides it.
 - `ThreadTuner` then picks, per batch size, the thread count whose batches run fastest: all usable CPUs on a
@@ -214,6 +215,7 @@ class _SizeClass:
     batches: int = 0
     seconds: dict[int, float] = field(default_factory=dict)  # rung -> smoothed seconds per batch
     baseline: float | None = None  # the current count's smoothed time when a probe last confirmed it
+    probes: int = 0
     last_probe_up: bool = True
 
 
@@ -293,9 +295,12 @@ class ThreadTuner:
         size_class.seconds[rung] = smoothed
         current = size_class.seconds.get(size_class.rung)
         if rung == size_class.rung:
-            if size_class.baseline is None or smoothed < size_class.baseline:
+            # Not the running minimum: batch times vary by 10-15% here, and the minimum of a noisy series sits so
+            # low that ordinary batches would keep triggering probes.
+            if size_class.baseline is None:
                 size_class.baseline = smoothed
             return
+        size_class.probes += 1
         if current is None or smoothed >= current * (1 - self.margin):
             size_class.baseline = current  # the current count stays: its time now is the one to compare with
         else:
@@ -316,6 +321,7 @@ class ThreadTuner:
             classes[size_class.label] = {
                 "threads": self.ladder[size_class.rung],
                 "batches": size_class.batches,
+                "probes": size_class.probes,
                 "ms_per_batch_by_threads": {
                     str(self.ladder[rung]): round(seconds * 1000, 1)
                     for rung, seconds in sorted(list(size_class.seconds.items()))

@@ -278,6 +278,16 @@ def test_tuner_accepts_a_slower_machine_when_no_other_count_is_faster():
     assert tuner.report()["by_batch_size"]["64-127"]["threads"] == 2
 
 
+def test_ordinary_batch_time_noise_triggers_a_probe_at_most_while_settling():
+    cpu = FakeCpu({2: 0.2, 1: 0.3})
+    tuner = cpu_threads.ThreadTuner(2, set_threads=cpu.set_threads, clock=cpu.clock, probe_every=32)
+    search = tuner.wrap(cpu.search)
+    for seconds in [0.16, 0.24, 0.24, 0.16, 0.2, 0.2] * 5:  # +-20% around 0.2 s, no trend
+        cpu.seconds[2] = seconds
+        search(["q"] * 64, 3)
+    assert tuner.report()["by_batch_size"]["64-127"]["probes"] <= 1
+
+
 def test_tuner_resizes_the_pools_only_when_the_count_changes():
     cpu = FakeCpu({2: 0.2, 1: 0.3})
     search = cpu_threads.ThreadTuner(2, set_threads=cpu.set_threads, clock=cpu.clock, probe_every=32).wrap(cpu.search)
