@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The CPU wheel of torch 2.13.0 is preinstalled on the project's machines; elsewhere pick your build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install test lint demo bench bench-rollout bench-retriever bench-retriever-hostile clean shellcheck
+.PHONY: install test lint demo bench bench-rollout bench-retriever bench-retriever-hostile bench-retriever-busy clean shellcheck
 
 $(STAMP): pyproject.toml requirements-assets.txt
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,13 @@ bench-retriever: $(STAMP)
 # Hostile-client reliability checks of the retriever (counts of errors, mismatches, 5xx, crashes); writes RESULTS.md.
 bench-retriever-hostile: $(STAMP)
 	$(BIN)/python bench/retriever_hostile.py --write-results
+
+# The retriever beside BUSY_CORES spinning processes (idle vs busy, 1 and 256 clients; checks issue 13's targets),
+# then through the tmux wrapper with a CPU-busy stand-in training; each writes its own section of bench/RESULTS.md.
+BUSY_CORES ?= 1
+bench-retriever-busy: $(STAMP)
+	-$(BIN)/python bench/retriever_load.py --busy_cores $(BUSY_CORES)  # exits 1 when a target is missed
+	$(BIN)/python bench/retriever_load.py --busy_cores $(BUSY_CORES) --wrapper
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache

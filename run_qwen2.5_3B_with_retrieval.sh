@@ -46,6 +46,9 @@ load_settings() {
   RETRIEVER_TOPK=${RETRIEVER_TOPK:-3}
   RETRIEVER_FAISS_GPU=${RETRIEVER_FAISS_GPU:-auto} # auto: --faiss_gpu when nvidia-smi lists a GPU
   RETRIEVER_HOST=${RETRIEVER_HOST:-127.0.0.1}
+  # CPU share (see README): the server sizes its threads to the CPUs it may use and never spins idle threads.
+  RETRIEVER_NUM_THREADS=${RETRIEVER_NUM_THREADS:-} # --num_threads; empty: the CPUs the server may use
+  RETRIEVER_CPUS=${RETRIEVER_CPUS:-}               # e.g. 0-7: run the server under taskset -c on these CPUs only
   RETRIEVER_EXTRA_ARGS=${RETRIEVER_EXTRA_ARGS:-}
   RETRIEVER_STARTUP_TIMEOUT=${RETRIEVER_STARTUP_TIMEOUT:-120}
   SHUTDOWN_TIMEOUT=${SHUTDOWN_TIMEOUT:-60} # seconds training gets to stop after Ctrl-C before SIGTERM
@@ -55,6 +58,10 @@ load_settings() {
   [[ "$RETRIEVER_STARTUP_TIMEOUT" =~ ^[0-9]+$ ]] || die "RETRIEVER_STARTUP_TIMEOUT must be whole seconds"
   [[ "$SHUTDOWN_TIMEOUT" =~ ^[0-9]+$ ]] || die "SHUTDOWN_TIMEOUT must be whole seconds"
   case "$START_RETRIEVER" in auto | 0) ;; *) die "START_RETRIEVER=$START_RETRIEVER is invalid; accepted: auto | 0" ;; esac
+  [[ -z "$RETRIEVER_NUM_THREADS" || "$RETRIEVER_NUM_THREADS" =~ ^[1-9][0-9]*$ ]] ||
+    die "RETRIEVER_NUM_THREADS=$RETRIEVER_NUM_THREADS is invalid; accepted: a whole number from 1, or empty (usable CPUs)"
+  [[ -z "$RETRIEVER_CPUS" || "$RETRIEVER_CPUS" =~ ^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$ ]] ||
+    die "RETRIEVER_CPUS=$RETRIEVER_CPUS is invalid; accepted: a CPU list for taskset -c like 0-7 or 0,2,4-6, or empty"
   case "$RETRIEVER_PRESET" in "" | embedded) ;; *) die "RETRIEVER_PRESET=$RETRIEVER_PRESET is invalid; accepted: embedded" ;; esac
   case "${SEARCH_BACKEND:-local}" in
     local) ;;
@@ -178,6 +185,11 @@ print(" ".join(m for m in mods if importlib.util.find_spec(m) is None))' 2>&1) |
 (pip install -e '${SCRIPT_DIR}[retriever]') or point RETRIEVER_PYTHON at the right environment"
   [[ -f "${SCRIPT_DIR}/local_dense_retriever/retrieval_server.py" ]] ||
     die "local_dense_retriever/retrieval_server.py is missing next to this script"
+  if [[ -n "$RETRIEVER_CPUS" ]]; then
+    command -v taskset >/dev/null || die "RETRIEVER_CPUS needs taskset (apt-get install util-linux)"
+    taskset -c "$RETRIEVER_CPUS" true 2>/dev/null ||
+      die "RETRIEVER_CPUS=$RETRIEVER_CPUS names no CPU this script may use (allowed: $(taskset -cp $$ | sed 's/.*: //'))"
+  fi
 
   apply_preset
   [[ -e "$RETRIEVER_CORPUS_PATH" ]] ||
@@ -191,7 +203,9 @@ server with START_RETRIEVER=0"
 
 retriever_command() {
   local -a cmd extra
-  cmd=(
+  cmd=()
+  [[ -z "$RETRIEVER_CPUS" ]] || cmd+=(taskset -c "$RETRIEVER_CPUS") # exec keeps the pid the wrapper stops
+  cmd+=(
     "$RETRIEVER_PYTHON" "${SCRIPT_DIR}/local_dense_retriever/retrieval_server.py"
     --index_path "$RETRIEVER_INDEX_PATH"
     --corpus_path "$RETRIEVER_CORPUS_PATH"
@@ -207,6 +221,7 @@ retriever_command() {
     command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU' && gpu=1
   fi
   [[ "$gpu" == 1 ]] && cmd+=(--faiss_gpu)
+  [[ -z "$RETRIEVER_NUM_THREADS" ]] || cmd+=(--num_threads "$RETRIEVER_NUM_THREADS")
   read -r -a extra <<<"$RETRIEVER_EXTRA_ARGS"
   cmd+=("${extra[@]}")
   printf '%q ' "${cmd[@]}"

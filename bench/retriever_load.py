@@ -16,6 +16,18 @@ MiniLM embedding plus Gaussian noise (sigma 0.04 per dimension, then re-normalis
 rows below 10,033 are the real ones. Queries are real FanOutQA sub-questions encoded by the real MiniLM.
 Each point is measured --repeats times and the best window is kept for every server alike (shared, drifting VM).
 Results go to the `## Retriever load` section of bench/RESULTS.md (other sections are left alone).
+
+    python bench/retriever_load.py --busy_cores 1            # beside 1 busy core, 100k (about 15 minutes here)
+    python bench/retriever_load.py --busy_cores 1 --wrapper  # the same through run_qwen2.5_3B_with_retrieval.sh
+
+Busy neighbours (--busy_cores K): K child processes spin (`while True: pass`, bounded in time, stopped by PID),
+each pinned to one of the last K CPUs; each server is measured idle and beside them, in turns, at 1 and 256
+clients: our server (`on`), the server as before cpu_threads.py (libgomp spin-wait, fixed threads: `spin`),
+and the public request path (`public`). It prints and records the issue's targets as PASS/FAIL and exits 1 if
+one fails. With --wrapper the wrapper starts the server as for training, and its TRAIN_CMD is a stand-in
+training (this script, --standin_training) that searches like rollouts, idle and then beside K busy processes;
+rows compare the wrapper's default with RETRIEVER_NUM_THREADS=1 and RETRIEVER_CPUS=<the free CPUs>. Each writes
+its own section of bench/RESULTS.md.
 """
 
 import argparse
@@ -24,10 +36,12 @@ import json
 import os
 import platform
 import re
+import shlex
+import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +50,7 @@ import orjson
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import results_md  # noqa: E402
 from local_dense_retriever import embedded_default, mini_wiki  # noqa: E402
 from local_dense_retriever.launcher import SERVER_MODULE, ServerProcess  # noqa: E402
 
@@ -114,6 +129,13 @@ def synthetic_corpus(n: int, assets: embedded_default.MiniWikiAssets) -> tuple[P
     manifest_path.write_text(json.dumps(manifest))
     print(f"  generated the {n}-row synthetic corpus and index in {time.perf_counter() - started:.0f} s")
     return corpus_path, index_path
+
+
+def corpus_files(size: str, assets: embedded_default.MiniWikiAssets) -> tuple[Path, Path]:
+    """Corpus jsonl and Flat index for a --sizes entry: the real mini-Wikipedia for 10k, synthetic above."""
+    if size == "10k":
+        return assets.corpus_path, assets.index_path
+    return synthetic_corpus(SIZES[size], assets)
 
 
 def load_questions() -> list[str]:
@@ -236,13 +258,14 @@ class RssMonitor:
 
 
 class ForeignCpu:
-    """Average cores used by processes other than this benchmark and its server over an interval."""
+    """Average cores used by processes other than this benchmark, its server and its busy processes."""
 
-    def __init__(self, server_pid: int | None = None):
+    def __init__(self, server_pid: int | None = None, busy_pids: tuple[int, ...] = ()):
         import psutil
 
         self._psutil = psutil
-        self._ours = [psutil.Process()] + ([psutil.Process(server_pid)] if server_pid else [])
+        pids = ([server_pid] if server_pid else []) + list(busy_pids)
+        self._ours = [psutil.Process()] + [psutil.Process(pid) for pid in pids]
 
     def _busy(self) -> tuple[float, float, float]:
         times = self._psutil.cpu_times()
@@ -259,12 +282,14 @@ class ForeignCpu:
         self.cores = max(0.0, ((busy - self._start[0]) - (ours - self._start[1])) / (now - self._start[2]))
 
 
-def wait_until_quiet(max_wait: float, server_pid: int | None = None, threshold: float = 0.1) -> None:
+def wait_until_quiet(
+    max_wait: float, server_pid: int | None = None, threshold: float = 0.1, busy_pids: tuple[int, ...] = ()
+) -> None:
     """On a shared machine, wait (bounded) until other processes leave the CPU alone for 3 seconds in a row."""
     deadline = time.perf_counter() + max_wait
     quiet_seconds = 0
     while time.perf_counter() < deadline:
-        with ForeignCpu(server_pid) as foreign:
+        with ForeignCpu(server_pid, busy_pids) as foreign:
             time.sleep(1.0)
         quiet_seconds = quiet_seconds + 1 if foreign.cores < threshold else 0
         if quiet_seconds >= 3:
@@ -309,10 +334,12 @@ def run_server(size: str, mode: str, flags: list[str], questions: list[str], arg
     return run
 
 
-def measure_point(server: ServerProcess, size: str, mode: str, concurrency: int, questions: list[str], args) -> Point:
-    wait_until_quiet(args.wait_for_quiet, server.process.pid)
+def measure_point(
+    server: ServerProcess, size: str, mode: str, concurrency: int, questions: list[str], args, busy_pids=()
+) -> Point:
+    wait_until_quiet(args.wait_for_quiet, server.process.pid, busy_pids=busy_pids)
     batches_before, queries_before = batches_seen(server.url)
-    with ForeignCpu(server.process.pid) as foreign:
+    with ForeignCpu(server.process.pid, busy_pids) as foreign:
         latencies, errors, window = asyncio.run(
             closed_loop(server.url, questions, concurrency, args.warmup, args.duration, args.max_seconds)
         )
@@ -523,11 +550,422 @@ def write_section(text: str, key: str, path: Path = RESULTS_PATH) -> None:
     path.write_text(existing)
 
 
+# ---------------------------------------------------------------------------------------------- busy neighbours
+
+BUSY_SECTION = "Retriever beside busy processes"
+WRAPPER_SECTION = "Retriever in the wrapper beside a busy training"
+BUSY_CONCURRENCY = (1, 256)
+# `spin`: our server as it ran before local_dense_retriever/cpu_threads.py. torch and faiss load before the server
+# calls calm_openmp(), so libgomp keeps its default spin-wait, and --num_threads fixes os.cpu_count() threads as
+# before (which also turns the thread tuner off).
+SPIN_PROGRAM = [
+    "-c",
+    "import sys, faiss, torch; from local_dense_retriever.retrieval_server import main; sys.exit(main())",
+]
+BUSY_MODES = {  # program, extra flags
+    "on": (SERVER_MODULE, []),
+    "spin": (SPIN_PROGRAM, ["--num_threads", str(os.cpu_count() or 1)]),
+    "public": (MODES["public"][0], []),
+}
+BUSY_LOOP = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
+WRAPPER = REPO / "run_qwen2.5_3B_with_retrieval.sh"
+TARGET_BUSY_SHARE = 0.6  # busy QPS over idle QPS at 256 clients
+TARGET_P99_OVER_P50 = 1.5  # busy, at 256 clients
+TARGET_IDLE_SHARE = 0.9  # idle QPS over the spinning server's idle QPS: "unchanged within noise"
+# "C=1 latency no worse than the public path's": p50 at one client moved by up to ~5% between windows here.
+TARGET_C1_TOLERANCE = 1.1
+
+
+class BusyCores:
+    """`k` processes spinning `while True: pass`, each pinned to one of the last k CPUs this process may use.
+
+    They stop by themselves after `seconds` and are terminated by PID on exit, whatever happens meanwhile.
+    """
+
+    def __init__(self, k: int, seconds: float):
+        cpus = sorted(os.sched_getaffinity(0))
+        if not 0 <= k < len(cpus):
+            raise ValueError(f"--busy_cores {k}: choose 0 to {len(cpus) - 1}; this process may use {len(cpus)} CPUs")
+        self.cpus = cpus[len(cpus) - k :] if k else []
+        self.free_cpus = cpus[: len(cpus) - k]
+        self.seconds = seconds
+        self.processes: list[subprocess.Popen] = []
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(process.pid for process in self.processes)
+
+    def __enter__(self) -> "BusyCores":
+        try:
+            for cpu in self.cpus:
+                process = subprocess.Popen([sys.executable, "-c", BUSY_LOOP.format(seconds=self.seconds)])
+                self.processes.append(process)
+                os.sched_setaffinity(process.pid, {cpu})
+        except BaseException:
+            self.stop()
+            raise
+        time.sleep(0.5 if self.processes else 0.0)  # let the interpreters start and reach their loops
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        self.processes = []
+
+
+def busy_bound_seconds(args) -> float:
+    """How long busy processes may live: every point of one state at its caps, with margin (they are stopped first)."""
+    return len(BUSY_CONCURRENCY) * (2 * args.max_seconds + args.wait_for_quiet + 30)
+
+
+@dataclass
+class BusyRun:
+    mode: str
+    cpu_threads: dict  # the server's own report (/health), when it has one
+    points: dict[tuple[str, int], Point] = field(default_factory=dict)  # (idle | busy, clients) -> best window
+    # threads the server's tuner ran batches of that size with at the end of each window ("" if it has none)
+    threads: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+
+
+def tuned_threads(health: dict, clients: int) -> str:
+    """The thread count the server's ThreadTuner uses for batches as large as `clients` can make, from /health."""
+    from local_dense_retriever.cpu_threads import batch_size_class
+
+    threads = health.get("cpu_threads", {})
+    if not threads.get("adaptive_threads"):
+        return str(threads.get("torch_threads", ""))
+    label = batch_size_class(min(clients, health.get("max_batch_size", clients)).bit_length())
+    return str(threads["by_batch_size"].get(label, {}).get("threads", ""))
+
+
+def best_of(repeats: list[Point]) -> Point:
+    point = max(repeats, key=lambda p: p.qps)
+    point.qps_range = (min(p.qps for p in repeats), point.qps)
+    return point
+
+
+def run_busy_server(size: str, mode: str, flags: list[str], questions: list[str], args) -> BusyRun:
+    """One server, idle then beside `--busy_cores` busy processes, in turns, `--repeats` times; best window kept."""
+    import httpx
+
+    log_path = CACHE_DIR / f"server_{size}_{mode}_busy.log"
+    program, mode_flags = BUSY_MODES[mode]
+    server = ServerProcess(flags + mode_flags, log_path=log_path, startup_timeout=900, program=program)
+    server.start()
+    try:
+        run = BusyRun(mode, httpx.get(f"{server.url}/health", timeout=30).json().get("cpu_threads", {}))
+        windows: dict[tuple[str, int], list[Point]] = {}
+        for _ in range(args.repeats):
+            for state in ("idle", "busy"):
+                with BusyCores(args.busy_cores if state == "busy" else 0, busy_bound_seconds(args)) as busy:
+                    for clients in BUSY_CONCURRENCY:
+                        point = measure_point(server, size, mode, clients, questions, args, busy_pids=busy.pids)
+                        windows.setdefault((state, clients), []).append(point)
+                        threads = tuned_threads(httpx.get(f"{server.url}/health", timeout=30).json(), clients)
+                        run.threads.setdefault((state, clients), []).append(threads)
+                        print(
+                            f"  {size:>4} {mode:<6} {state:<4} c={clients:<3} {point.qps:7.1f} QPS  p50 "
+                            f"{point.p50_ms:7.0f} ms  p99 {point.p99_ms:7.0f} ms  errors {point.errors}  "
+                            f"threads {threads or '?'}  (others used {point.other_cores:.2f} cores)",
+                            flush=True,
+                        )
+        run.points = {key: best_of(repeats) for key, repeats in windows.items()}
+    finally:
+        server.stop()
+    return run
+
+
+def busy_targets(runs: dict[str, BusyRun]) -> list[tuple[str, str, bool]]:
+    """(target, result, met) for the targets of the busy-neighbour case that this run can check."""
+    targets = []
+    ours = runs.get("on")
+    if ours is None:
+        return targets
+    idle, busy = ours.points[("idle", 256)], ours.points[("busy", 256)]
+    share = busy.qps / idle.qps if idle.qps else 0.0
+    targets.append(
+        (
+            f"busy QPS >= {TARGET_BUSY_SHARE:.0%} of idle QPS at 256 clients",
+            f"{busy.qps:.1f} / {idle.qps:.1f} = {share:.0%}",
+            share >= TARGET_BUSY_SHARE,
+        )
+    )
+    tail = busy.p99_ms / busy.p50_ms
+    targets.append(
+        (
+            f"busy p99 <= {TARGET_P99_OVER_P50}x p50 at 256 clients",
+            f"{busy.p99_ms:.0f} / {busy.p50_ms:.0f} ms = {tail:.2f}",
+            tail <= TARGET_P99_OVER_P50,
+        )
+    )
+    if "public" in runs:
+        public = runs["public"].points[("busy", 1)]
+        ours_1 = ours.points[("busy", 1)]
+        targets.append(
+            (
+                f"busy p50 at 1 client no worse than the public path's (within {TARGET_C1_TOLERANCE - 1:.0%}: noise)",
+                f"{ours_1.p50_ms:.1f} vs {public.p50_ms:.1f} ms (p99 {ours_1.p99_ms:.1f} vs {public.p99_ms:.1f})",
+                ours_1.p50_ms <= public.p50_ms * TARGET_C1_TOLERANCE,
+            )
+        )
+    if "spin" in runs:
+        for clients in BUSY_CONCURRENCY:
+            now, before = ours.points[("idle", clients)], runs["spin"].points[("idle", clients)]
+            share = now.qps / before.qps if before.qps else 0.0
+            targets.append(
+                (
+                    f"idle QPS at {clients} client(s) unchanged (>= {TARGET_IDLE_SHARE:.0%} of `spin`'s)",
+                    f"{now.qps:.1f} vs {before.qps:.1f} = {share:.0%}",
+                    share >= TARGET_IDLE_SHARE,
+                )
+            )
+    return targets
+
+
+def describe_threads(report: dict) -> str:
+    if not report:
+        return "not reported"
+    torch_threads, faiss_threads = report.get("torch_threads", "?"), report.get("faiss_threads", "?")
+    applied = report.get("wait_policy_set_before_openmp_loaded")
+    policy = report.get("omp_wait_policy") if applied else "libgomp default (spin, then sleep)"
+    if report.get("adaptive_threads"):
+        counts = "/".join(map(str, report["thread_ladder"]))
+        return f"torch and FAISS threads tuned per batch size among {counts}, OpenMP wait policy {policy}"
+    return f"torch {torch_threads} / FAISS {faiss_threads} threads, OpenMP wait policy {policy}"
+
+
+def render_busy(size: str, runs: dict[str, BusyRun], busy_cpus: list[int], started: str, targets) -> str:
+    lines = [
+        f"### Corpus {size}, {len(busy_cpus)} busy core(s)",
+        "",
+        f"Measured by `python bench/retriever_load.py {' '.join(sys.argv[1:])}`".rstrip() + f" on {started}; "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, no GPU. Busy = "
+        f"{len(busy_cpus)} process(es) running `while True: pass`, pinned to CPU(s) {busy_cpus}, started and "
+        "stopped by the benchmark around the `busy` windows. Same encoder, index, queries and load generator as "
+        "the load tables: MiniLM-L6 on CPU, FAISS Flat, top-3, one query per request, closed-loop clients. "
+        f"`on` = our server's defaults ({describe_threads(runs['on'].cpu_threads) if 'on' in runs else ''}); "
+        "`spin` = the server as before local_dense_retriever/cpu_threads.py: torch and faiss loaded before it sets "
+        "the wait policy (libgomp's default spin-wait) and `--num_threads` = the machine's core count (no tuning) "
+        f"({describe_threads(runs['spin'].cpu_threads) if 'spin' in runs else ''}); `public` = the public "
+        "servers' request path (bench/public_pattern_server.py). Each cell is the best of `--repeats` windows, "
+        "idle and busy taken in turns; `threads` is the count the server ran batches of that size with at the end "
+        "of each window (its ThreadTuner; `-`: not reported); `other procs` is what processes outside the "
+        "benchmark used meanwhile (cores).",
+        "",
+        "| server | clients | idle QPS | idle p50 / p99 ms | busy QPS | busy p50 / p99 ms | busy / idle QPS "
+        "| busy p99/p50 | threads idle / busy | errors idle / busy | other procs idle / busy |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def threads_seen(run: BusyRun, key: tuple[str, int]) -> str:
+        return ",".join(dict.fromkeys(t for t in run.threads.get(key, []) if t)) or "-"
+
+    for mode, run in runs.items():
+        for clients in BUSY_CONCURRENCY:
+            idle, busy = run.points[("idle", clients)], run.points[("busy", clients)]
+            threads = f"{threads_seen(run, ('idle', clients))} / {threads_seen(run, ('busy', clients))}"
+            lines.append(
+                f"| {mode} | {clients} | {idle.qps:.1f} | {idle.p50_ms:.0f} / {idle.p99_ms:.0f} | {busy.qps:.1f} "
+                f"| {busy.p50_ms:.0f} / {busy.p99_ms:.0f} | {busy.qps / idle.qps:.0%} | "
+                f"{busy.p99_ms / busy.p50_ms:.2f} | {threads} | {idle.errors} / {busy.errors} "
+                f"| {idle.other_cores:.2f} / {busy.other_cores:.2f} |"
+            )
+    lines += ["", "| target (issue 13) | result | met |", "|---|---|---|"]
+    lines += [f"| {target} | {result} | {'PASS' if met else 'FAIL'} |" for target, result, met in targets]
+    return "\n".join(lines) + "\n"
+
+
+def run_busy_neighbour(args, assets, questions: list[str], started: str) -> int:
+    """The busy-neighbour case: idle vs `--busy_cores` busy processes, at 1 and 256 clients; checks the targets."""
+    failed = False
+    busy_cpus = BusyCores(args.busy_cores, 0).cpus  # validates --busy_cores before anything starts
+    for size in args.sizes:
+        corpus_path, index_path = corpus_files(size, assets)
+        flags = embedded_default.server_flags(assets.model_dir, index_path, corpus_path, topk=TOPK)
+        print(f"corpus {size}, {args.busy_cores} busy core(s) on CPU(s) {busy_cpus}:", flush=True)
+        runs = {mode: run_busy_server(size, mode, flags, questions, args) for mode in args.modes}
+        targets = busy_targets(runs)
+        text = render_busy(size, runs, busy_cpus, started, targets)
+        print("\n" + text)
+        for target, result, met in targets:
+            print(f"{'PASS' if met else 'FAIL'}: {target}: {result}")
+        failed |= not all(met for _, _, met in targets)
+        if not args.no_write:
+            results_md.write_section(f"{BUSY_SECTION} ({size}, {args.busy_cores} busy)", text)
+            print(f"wrote {RESULTS_PATH.relative_to(REPO)}")
+    return 1 if failed else 0
+
+
+# The wrapper case: run_qwen2.5_3B_with_retrieval.sh starts the server as it would for training, and its
+# TRAIN_CMD is this script's stand-in training, which burns CPU like training and searches like rollouts.
+
+
+def wrapper_settings(busy: "BusyCores") -> dict[str, dict[str, str]]:
+    return {
+        "default": {},
+        "RETRIEVER_NUM_THREADS=1": {"RETRIEVER_NUM_THREADS": "1"},
+        f"RETRIEVER_CPUS={','.join(map(str, busy.free_cpus))}": {"RETRIEVER_CPUS": ",".join(map(str, busy.free_cpus))},
+    }
+
+
+def run_wrapper_case(label: str, settings: dict[str, str], corpus: tuple[Path, Path], model_dir: Path, args) -> dict:
+    import tempfile
+    import uuid
+
+    from local_dense_retriever.launcher import free_port
+
+    corpus_path, index_path = corpus
+    with tempfile.TemporaryDirectory(prefix="retriever-wrapper-bench-") as tmp:
+        tmp_dir = Path(tmp)
+        (tmp_dir / "tmux").mkdir()
+        out = tmp_dir / "standin.json"
+        standin = [
+            sys.executable, str(Path(__file__).resolve()), "--standin_training", str(out),
+            "--busy_cores", str(args.busy_cores), "--repeats", str(args.repeats), "--warmup", str(args.warmup),
+            "--duration", str(args.duration), "--max_seconds", str(args.max_seconds),
+        ]  # fmt: skip
+        env = {name: value for name, value in os.environ.items() if not name.startswith(("TMUX", "RETRIEVER_"))}
+        env.update(
+            {
+                "TMUX_TMPDIR": str(tmp_dir / "tmux"),  # a private tmux server
+                "TMUX_SESSION": f"retriever-bench-{uuid.uuid4().hex[:8]}",
+                "LOG_DIR": str(tmp_dir / "logs"),
+                "RETRIEVAL_SERVER_URL": f"http://127.0.0.1:{free_port()}",
+                "RETRIEVER_PYTHON": sys.executable,
+                "RETRIEVER_INDEX_PATH": str(index_path),
+                "RETRIEVER_CORPUS_PATH": str(corpus_path),
+                "RETRIEVER_NAME": embedded_default.RETRIEVER_NAME,
+                "RETRIEVER_MODEL": str(model_dir),
+                "RETRIEVER_EXTRA_ARGS": f"--max_length {embedded_default.MAX_LENGTH}",
+                "RETRIEVER_STARTUP_TIMEOUT": "600",
+                "TRAIN_CMD": " ".join(map(shlex.quote, standin)),
+                **settings,
+            }
+        )
+        env.pop("SEARCH_BACKEND", None)
+        wait_until_quiet(args.wait_for_quiet)
+        result = subprocess.run(["bash", str(WRAPPER)], env=env, capture_output=True, text=True)
+        if result.returncode != 0 or not out.exists():
+            logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted((tmp_dir / "logs").glob("*.log")))
+            raise RuntimeError(f"the wrapper ({label}) exited with {result.returncode}:\n{result.stderr}\n{logs}")
+        report = json.loads(out.read_text())
+    for point in report["points"]:
+        print(
+            f"  wrapper {label:<26} {point['state']:<4} c={point['concurrency']:<3} {point['qps']:7.1f} QPS  "
+            f"p50 {point['p50_ms']:7.0f} ms  p99 {point['p99_ms']:7.0f} ms  errors {point['errors']}",
+            flush=True,
+        )
+    return report
+
+
+def standin_training(out: Path, args) -> int:
+    """The wrapper's TRAIN_CMD here: search like rollouts at 1 and 256 clients, idle, then beside busy processes."""
+    import httpx
+
+    url = os.environ["RETRIEVAL_SERVER_URL"]
+    questions = load_questions()
+    cpu_threads = httpx.get(f"{url}/health", timeout=30).json().get("cpu_threads", {})
+    windows: dict[tuple[str, int], list[Point]] = {}
+    threads: dict[tuple[str, int], list[str]] = {}
+    for _ in range(args.repeats):
+        for state in ("idle", "busy"):
+            with BusyCores(args.busy_cores if state == "busy" else 0, busy_bound_seconds(args)):
+                for clients in BUSY_CONCURRENCY:
+                    latencies, errors, window = asyncio.run(
+                        closed_loop(url, questions, clients, args.warmup, args.duration, args.max_seconds)
+                    )
+                    health = httpx.get(f"{url}/health", timeout=30).json()
+                    threads.setdefault((state, clients), []).append(tuned_threads(health, clients))
+                    lat = np.array(latencies) * 1000 if latencies else np.array([np.nan])
+                    point = Point("", state, clients, len(latencies) / window, float(np.percentile(lat, 50)),
+                                  float(np.percentile(lat, 99)), len(latencies), errors, window, float("nan"),
+                                  float("nan"))  # fmt: skip
+                    windows.setdefault((state, clients), []).append(point)
+    points = [
+        {
+            "state": state,
+            "concurrency": clients,
+            "threads": threads[(state, clients)],
+            **{k: v for k, v in asdict(best_of(repeats)).items() if k != "mode"},
+        }
+        for (state, clients), repeats in windows.items()
+    ]
+    out.write_text(json.dumps({"cpu_threads": cpu_threads, "points": points}))
+    return 0
+
+
+def render_wrapper(size: str, reports: dict[str, dict], busy_cpus: list[int], started: str) -> str:
+    lines = [
+        f"### Corpus {size}, {len(busy_cpus)} busy core(s)",
+        "",
+        f"Measured by `python bench/retriever_load.py {' '.join(sys.argv[1:])}`".rstrip() + f" on {started}; "
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores, no GPU. "
+        "run_qwen2.5_3B_with_retrieval.sh starts the retrieval server in its tmux session as for training; its "
+        "TRAIN_CMD is a stand-in training (this script with `--standin_training`) that searches like rollouts "
+        "(closed-loop single-query clients) idle, then while it keeps "
+        f"{len(busy_cpus)} process(es) spinning on CPU(s) {busy_cpus}. Rows: the wrapper's settings. "
+        "Best of `--repeats` windows; `threads idle / busy`: the count batches of that size ran with at the end of "
+        "each window.",
+        "",
+        "| wrapper settings | server threads | clients | idle QPS | idle p50 / p99 ms | busy QPS "
+        "| busy p50 / p99 ms | busy / idle QPS | busy p99/p50 | threads idle / busy |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def seen(point: dict) -> str:
+        return ",".join(dict.fromkeys(t for t in point.get("threads", []) if t)) or "-"
+
+    for label, report in reports.items():
+        points = {(p["state"], p["concurrency"]): p for p in report["points"]}
+        threads = describe_threads(report["cpu_threads"])
+        affinity = report["cpu_threads"].get("affinity_cpus", "?")
+        for clients in BUSY_CONCURRENCY:
+            idle, busy = points[("idle", clients)], points[("busy", clients)]
+            lines.append(
+                f"| {label} | {threads}, {affinity} CPU(s) in its affinity | {clients} | {idle['qps']:.1f} "
+                f"| {idle['p50_ms']:.0f} / {idle['p99_ms']:.0f} | {busy['qps']:.1f} "
+                f"| {busy['p50_ms']:.0f} / {busy['p99_ms']:.0f} | {busy['qps'] / idle['qps']:.0%} "
+                f"| {busy['p99_ms'] / busy['p50_ms']:.2f} | {seen(idle)} / {seen(busy)} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def run_wrapper_cases(args, assets, started: str) -> int:
+    busy = BusyCores(args.busy_cores, 0)
+    for size in args.sizes:
+        corpus = corpus_files(size, assets)
+        print(f"corpus {size}, the wrapper beside {args.busy_cores} busy core(s) on CPU(s) {busy.cpus}:", flush=True)
+        reports = {
+            label: run_wrapper_case(label, settings, corpus, assets.model_dir, args)
+            for label, settings in wrapper_settings(busy).items()
+        }
+        text = render_wrapper(size, reports, busy.cpus, started)
+        print("\n" + text)
+        if not args.no_write:
+            results_md.write_section(f"{WRAPPER_SECTION} ({size}, {args.busy_cores} busy)", text)
+            print(f"wrote {RESULTS_PATH.relative_to(REPO)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="10k,100k", help="comma-separated from 10k, 100k, 1m")
+    parser.add_argument(
+        "--sizes", default=None, help="comma-separated from 10k, 100k, 1m (default: 10k,100k; busy cases: 100k)"
+    )
     parser.add_argument("--concurrency", default="1,16,64,256", help="comma-separated client counts")
-    parser.add_argument("--modes", default="on,off,public", help="servers to run: on, off, public")
+    parser.add_argument(
+        "--modes", default=None, help="servers to run: on, off, public (busy case: on, spin, public; all by default)"
+    )
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds (and at least one full wave) per point")
     parser.add_argument("--duration", type=float, default=15.0, help="measured seconds (and one full wave) per point")
     parser.add_argument("--max_seconds", type=float, default=240.0, help="cap per phase of a point")
@@ -546,28 +984,55 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--max_size_clients", type=int, default=16, help="single-query clients in that case")
     parser.add_argument("--max_size_seconds", type=float, default=60.0, help="seconds per phase of that case")
+    parser.add_argument(
+        "--busy_cores",
+        "--busy-cores",
+        type=int,
+        default=None,
+        help="the busy-neighbour case instead: K processes spinning on K pinned CPUs beside the server; idle and "
+        "busy figures at 1 and 256 clients, the issue's targets checked (exit 1 if one fails)",
+    )
+    parser.add_argument(
+        "--wrapper",
+        action="store_true",
+        help="with --busy_cores: the same through run_qwen2.5_3B_with_retrieval.sh and a CPU-busy stand-in training",
+    )
+    parser.add_argument("--standin_training", type=Path, help=argparse.SUPPRESS)  # the --wrapper case's TRAIN_CMD
     args = parser.parse_args(argv)
+    if args.standin_training:
+        return standin_training(args.standin_training, args)
     if args.max_size_case:
         return run_max_size_case(args)
-    sizes = [s.strip().lower() for s in args.sizes.split(",")]
+    busy_case = args.busy_cores is not None
+    if args.wrapper and not busy_case:
+        parser.error("--wrapper needs --busy_cores K")
+    if busy_case:
+        try:
+            BusyCores(args.busy_cores, 0)
+        except ValueError as err:
+            parser.error(str(err))
+    sizes = [s.strip().lower() for s in (args.sizes or ("100k" if busy_case else "10k,100k")).split(",")]
     unknown = [s for s in sizes if s not in SIZES]
     if unknown:
         parser.error(f"--sizes: unknown {unknown}; choose from {', '.join(SIZES)}")
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
-    modes = [m.strip() for m in args.modes.split(",")]
-    if set(modes) - set(MODES):
-        parser.error(f"--modes: choose from {', '.join(MODES)}")
+    known_modes = BUSY_MODES if busy_case else MODES
+    modes = [m.strip() for m in (args.modes or ",".join(known_modes)).split(",")]
+    if set(modes) - set(known_modes):
+        parser.error(f"--modes: choose from {', '.join(known_modes)}")
+    args.sizes, args.modes = sizes, modes
 
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     assets = embedded_default.prepare()
+    if args.wrapper:
+        return run_wrapper_cases(args, assets, started)
     questions = load_questions()
+    if busy_case:
+        return run_busy_neighbour(args, assets, questions, started)
     ceilings, runs = {}, []
     for size in sizes:
         print(f"corpus {size}:", flush=True)
-        if size == "10k":
-            corpus_path, index_path = assets.corpus_path, assets.index_path
-        else:
-            corpus_path, index_path = synthetic_corpus(SIZES[size], assets)
+        corpus_path, index_path = corpus_files(size, assets)
         candidates = []
         for _ in range(args.repeats):
             wait_until_quiet(args.wait_for_quiet)

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from local_dense_retriever.cpu_threads import thread_count
+
 if TYPE_CHECKING:  # only for annotations: importing encoders loads torch, which BM25 never needs
     from local_dense_retriever.encoders import TextEncoder
 
@@ -39,7 +41,7 @@ class VectorIndex(Protocol):
 def configure_faiss_cpu(num_threads: int | None = None) -> None:
     import faiss
 
-    faiss.omp_set_num_threads(num_threads or os.cpu_count() or 1)
+    faiss.omp_set_num_threads(thread_count(num_threads))
     faiss.cvar.distance_compute_blas_threshold = FAISS_BLAS_THRESHOLD
 
 

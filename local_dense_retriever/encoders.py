@@ -4,12 +4,13 @@ One `TextEncoder` must be used from one thread at a time: a fast (Rust) tokenize
 returned wrong token ids here, and the server runs all inference on a single worker thread anyway.
 """
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from local_dense_retriever.cpu_threads import thread_count
 
 POOLING_METHODS = ("mean", "cls", "pooler")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -56,8 +57,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def configure_cpu_threads(num_threads: int | None = None) -> int:
-    """Use every core for intra-op parallelism and none for inter-op: one batch at a time is the whole workload."""
-    num_threads = num_threads or os.cpu_count() or 1
+    """Every usable CPU for intra-op parallelism, none for inter-op: one batch at a time is the whole workload."""
+    num_threads = thread_count(num_threads)
     torch.set_num_threads(num_threads)
     try:
         torch.set_num_interop_threads(1)

@@ -25,6 +25,7 @@ if __package__ in (None, ""):  # run as a script: make the package importable
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from local_dense_retriever import cpu_threads  # noqa: E402
 from local_dense_retriever.model_source import check_model_source  # noqa: E402
 
 from local_dense_retriever.corpus import (  # noqa: E402
@@ -53,6 +54,7 @@ class BuildConfig:
     max_length: int = 256
     batch_size: int | None = None  # rows per forward pass; the token budget below usually decides
     max_tokens_per_forward: int | None = None
+    num_threads: int | None = None  # CPU threads for encoding and FAISS; None: the CPUs this process may use
     pooling_method: str = "auto"
     device: str = "auto"
     dtype: str = "auto"
@@ -81,8 +83,8 @@ def _load_encoder(config: BuildConfig):
         max_rows_per_forward=config.batch_size,
         multi_gpu=True,
     )
-    if encoder.device.type == "cpu":
-        configure_cpu_threads()
+    configure_cpu_threads(config.num_threads)  # on GPU too: tokenizing and copies stay on the CPU
+    logger.info("encoding on %s; CPU threads: %s", encoder.device, cpu_threads.report())
     return encoder
 
 
@@ -152,6 +154,7 @@ def _saving(chunks: Iterable[np.ndarray], path: str, total: int) -> Iterator[np.
 def write_faiss_index(chunks: Iterable[np.ndarray], config: BuildConfig, index_path: Path) -> int:
     import faiss
 
+    faiss.omp_set_num_threads(cpu_threads.thread_count(config.num_threads))  # IVF/PQ training, adds
     metric = faiss.METRIC_INNER_PRODUCT if config.metric == "ip" else faiss.METRIC_L2
     index, pending, added = None, [], 0
     for chunk in chunks:
@@ -362,6 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max_length", type=int, default=256, help="passage tokens kept by the encoder")
     parser.add_argument("--batch_size", type=int, default=None, help="max passages per forward pass")
     parser.add_argument("--max_tokens_per_forward", type=int, default=None, help="padded tokens per forward pass")
+    parser.add_argument("--num_threads", type=int, default=None, help="CPU threads for encoding (usable CPUs)")
     parser.add_argument("--pooling_method", choices=["auto", "mean", "cls", "pooler"], default="auto")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", choices=["auto", "fp32", "fp16", "bf16"], default="auto", help="auto: fp16 on GPU")
@@ -391,7 +395,7 @@ def parse_config(argv: list[str] | None = None) -> BuildConfig:
         parser.error("give --index_path or --save_dir for the output")
     if args.backend == "qdrant" and not is_bm25 and bool(args.qdrant_url) == bool(args.qdrant_path):
         parser.error("--backend qdrant needs exactly one of --qdrant_url and --qdrant_path")
-    for flag in ("train_size", "chunk_size", "max_length", "batch_size", "max_tokens_per_forward"):
+    for flag in ("train_size", "chunk_size", "max_length", "batch_size", "max_tokens_per_forward", "num_threads"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             parser.error(f"--{flag} must be at least 1, got {value}")
@@ -422,6 +426,7 @@ def parse_config(argv: list[str] | None = None) -> BuildConfig:
         max_length=args.max_length,
         batch_size=args.batch_size,
         max_tokens_per_forward=args.max_tokens_per_forward,
+        num_threads=args.num_threads,
         pooling_method=args.pooling_method,
         device=args.device,
         dtype="fp16" if args.use_fp16 else args.dtype,
@@ -437,6 +442,7 @@ def parse_config(argv: list[str] | None = None) -> BuildConfig:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cpu_threads.calm_openmp()  # before parse_config imports faiss and encoding imports torch
     config = parse_config(argv)
     try:
         summary = build(config)

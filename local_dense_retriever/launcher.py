@@ -1,5 +1,6 @@
 """Start the retrieval server CLI as a child process on loopback and wait until `/health` says it is ready."""
 
+import os
 import resource
 import socket
 import subprocess
@@ -36,7 +37,8 @@ class ServerProcess:
     """`with ServerProcess([...flags]) as server:` runs `python -m local_dense_retriever.retrieval_server`.
 
     `program` replaces what follows `python` (e.g. SERVER_SCRIPT, or another server speaking the same API);
-    `open_file_limit` runs it under that RLIMIT_NOFILE (soft and hard, like `ulimit -n`).
+    `open_file_limit` runs it under that RLIMIT_NOFILE (soft and hard, like `ulimit -n`); `env` is added to this
+    process's environment for the child.
     """
 
     def __init__(
@@ -47,12 +49,14 @@ class ServerProcess:
         startup_timeout: float = 600.0,
         program: list[str] = SERVER_MODULE,
         open_file_limit: int | None = None,
+        env: dict[str, str] | None = None,
     ):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.command = [sys.executable, *program, *flags, "--host", "127.0.0.1", "--port", str(self.port)]
         self.log_path = log_path
         self.startup_timeout = startup_timeout
+        self.env = {**os.environ, **env} if env else None
         self.process: subprocess.Popen | None = None
         self.startup_seconds: float | None = None
         self.open_file_limit = open_file_limit
@@ -75,6 +79,7 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
             cwd=PACKAGE_ROOT,
             preexec_fn=(lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))) if limit else None,
+            env=self.env,
         )
         log.close()
         deadline = started + self.startup_timeout

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -33,6 +33,7 @@ from fastapi.responses import Response  # noqa: E402
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr, ValidationError  # noqa: E402
 from starlette.requests import ClientDisconnect  # noqa: E402
 
+from local_dense_retriever import cpu_threads  # noqa: E402
 from local_dense_retriever.batcher import BatcherClosed, DynamicBatcher  # noqa: E402
 from local_dense_retriever.corpus import Corpus  # noqa: E402
 from local_dense_retriever.model_source import check_model_source  # noqa: E402
@@ -88,6 +89,8 @@ class Resources:
     corpus: Corpus
     batcher: DynamicBatcher
     description: str
+    thread_settings: dict = field(default_factory=dict)  # what the process was given (usable CPUs, wait policy)
+    thread_tuner: cpu_threads.ThreadTuner | None = None  # the thread count it uses now, per batch size
 
     def close(self) -> None:
         self.batcher.close()
@@ -101,6 +104,7 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
     report("importing torch and faiss")
     from local_dense_retriever import backends
 
+    tuner = None
     if config.is_bm25:
         report("loading the BM25 index")
         searcher = backends.BM25Searcher(config.index_path)
@@ -110,8 +114,7 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
 
         report("loading the encoder")
         encoder = encoder_from_config(config)
-        if encoder.device.type == "cpu":
-            configure_cpu_threads(config.num_threads)
+        configure_cpu_threads(config.num_threads)  # on GPU too: tokenizing, copies and pooling stay on the CPU
         report("loading the index")
         if config.backend == "qdrant":
             index = backends.QdrantIndex(config.qdrant_collection, url=config.qdrant_url, path=config.qdrant_path)
@@ -125,6 +128,11 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
                 num_threads=config.num_threads,
             )
         searcher = backends.DenseSearcher(encoder, index)
+        # Fewer threads while other processes hold cores (--num_threads fixes the count; GPUs need no tuning).
+        on_cpu = encoder.device.type == "cpu" or (config.backend == "faiss" and not config.faiss_gpu)
+        tuner = cpu_threads.ThreadTuner(
+            cpu_threads.thread_count(config.num_threads), adaptive=on_cpu and config.num_threads is None
+        )
         max_batch_size = config.max_batch_size or (
             GPU_MAX_BATCH_SIZE if encoder.device.type == "cuda" else CPU_MAX_BATCH_SIZE
         )
@@ -137,9 +145,12 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
         )
     report("warming up")
     searcher.search(["warm-up query"], min(config.topk, len(corpus)))
-    batcher = DynamicBatcher(searcher.search, max_batch_size=max_batch_size, max_wait_ms=config.max_wait_ms)
+    search = tuner.wrap(searcher.search) if tuner else searcher.search
+    batcher = DynamicBatcher(search, max_batch_size=max_batch_size, max_wait_ms=config.max_wait_ms)
     description = f"{searcher.description}; corpus {corpus.path} ({len(corpus)} documents)"
-    return Resources(searcher=searcher, corpus=corpus, batcher=batcher, description=description)
+    threads = cpu_threads.report()
+    logger.info("CPU threads: %s", threads)
+    return Resources(searcher, corpus, batcher, description, thread_settings=threads, thread_tuner=tuner)
 
 
 class Runtime:
@@ -407,6 +418,10 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
                 "max_wait_ms": resources.batcher.max_wait * 1000.0,
                 "batches": resources.batcher.stats.as_dict(),
                 "load_seconds": runtime.load_seconds,
+                "cpu_threads": {
+                    **resources.thread_settings,
+                    **(resources.thread_tuner.report() if resources.thread_tuner else {}),
+                },
                 "config": asdict(config),
             }
         )
@@ -527,7 +542,7 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--dtype", choices=["auto", "fp32", "fp16", "bf16"], default="auto", help="auto: fp16 on GPU")
     model.add_argument("--pooling_method", choices=["auto", "mean", "cls", "pooler"], default="auto")
     model.add_argument("--max_length", type=int, default=256, help="query tokens kept by the encoder")
-    model.add_argument("--num_threads", type=int, default=None, help="CPU threads for torch and FAISS (all cores)")
+    model.add_argument("--num_threads", type=int, default=None, help="CPU threads for torch and FAISS (usable CPUs)")
     serving = parser.add_argument_group("serving")
     serving.add_argument("--host", default="127.0.0.1", help="bind address; 0.0.0.0 exposes the server")
     serving.add_argument("--port", type=int, default=8000)
@@ -673,6 +688,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     config, args = parse_config(argv)
+    cpu_threads.calm_openmp()  # before torch and faiss load (in the loader thread): OpenMP reads it only then
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # it logs every SIMD variant it tries
     app = create_app(config)

@@ -268,6 +268,9 @@ def test_a_given_server_is_used_as_it_is_and_the_exit_code_propagates(wrapper_en
         ({"RETRIEVER_PYTHON": "/nonexistent/python"}, "retriever Python '/nonexistent/python' not found"),
         ({"RETRIEVAL_SERVER_URL": "127.0.0.1:8000"}, "is not a URL like http://127.0.0.1:8000"),
         ({"SEARCH_BACKEND": "google"}, "needs no retrieval server"),
+        ({"RETRIEVER_NUM_THREADS": "0"}, "RETRIEVER_NUM_THREADS=0 is invalid; accepted: a whole number from 1"),
+        ({"RETRIEVER_CPUS": "0-x"}, "RETRIEVER_CPUS=0-x is invalid; accepted: a CPU list for taskset -c"),
+        ({"RETRIEVER_CPUS": "4095"}, "RETRIEVER_CPUS=4095 names no CPU this script may use"),
     ],
 )
 def test_bad_settings_fail_before_anything_starts(wrapper_env, override, message):
@@ -276,6 +279,24 @@ def test_bad_settings_fail_before_anything_starts(wrapper_env, override, message
     assert message in result.stderr
     assert not tmux_server_running(wrapper_env)
     assert not Path(wrapper_env["LOG_DIR"]).exists()
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning to one CPU must differ from the default")
+def test_retriever_cpus_pins_the_server_and_retriever_num_threads_sets_its_threads(wrapper_env, tmp_path):
+    health = tmp_path / "health.json"
+    env = {
+        **wrapper_env,
+        "RETRIEVER_EXTRA_ARGS": "",
+        "RETRIEVER_CPUS": str(min(os.sched_getaffinity(0))),
+        "RETRIEVER_NUM_THREADS": "3",
+        "TRAIN_CMD": f'curl -sf "$RETRIEVAL_SERVER_URL/health" -o {health}',
+    }
+    result = run_wrapper(env)
+    assert result.returncode == 0, result.stderr
+    threads = json.loads(health.read_text())["cpu_threads"]
+    assert threads["affinity_cpus"] == 1  # taskset -c RETRIEVER_CPUS
+    assert threads["torch_threads"] == 3 and threads["faiss_threads"] == 3  # --num_threads RETRIEVER_NUM_THREADS
+    assert_all_stopped(env)
 
 
 def test_port_in_use_is_reported(wrapper_env):
