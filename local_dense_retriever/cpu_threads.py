@@ -291,7 +291,12 @@ class ThreadTuner:
 
     def _record(self, size_class: _SizeClass, rung: int, seconds: float) -> None:
         before = size_class.seconds.get(rung)
-        smoothed = seconds if before is None else before + self.smoothing * (seconds - before)
+        if rung == size_class.rung and before is not None:
+            smoothed = before + self.smoothing * (seconds - before)
+        else:
+            # A probe's count last ran batches many batches ago, maybe beside a process that has gone since:
+            # blending with that time kept a server at 1 thread on an idle machine for two probes (~20 s) here.
+            smoothed = seconds
         size_class.seconds[rung] = smoothed
         current = size_class.seconds.get(size_class.rung)
         if rung == size_class.rung:

@@ -246,11 +246,11 @@ def test_tuner_drops_a_thread_while_a_busy_process_holds_a_core_and_takes_it_bac
     tuner = cpu_threads.ThreadTuner(2, set_threads=cpu.set_threads, clock=cpu.clock, probe_every=32)
     search = tuner.wrap(cpu.search)
     run_batches(search, 100)
-    cpu.seconds = {2: 0.364, 1: 0.309}  # the same batch beside a process spinning on one core
+    cpu.seconds = {2: 0.40, 1: 0.309}  # the same batch beside a process spinning on one core
     run_batches(search, 8)  # the slowdown triggers probes at once, not after 32 batches
     assert tuner.report()["by_batch_size"]["64-127"]["threads"] == 1
     cpu.seconds = {2: 0.212, 1: 0.308}  # one thread is no slower now, so only the periodic probes notice
-    run_batches(search, 2 * 32)
+    run_batches(search, 32)  # the first of them goes back: two threads' busy-time figure is not held against it
     assert tuner.report()["by_batch_size"]["64-127"]["threads"] == 2
 
 
