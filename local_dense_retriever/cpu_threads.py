@@ -20,7 +20,8 @@ What:
 Measured on the 2-core machine, 100k passages, MiniLM, Flat, one core taken by a pinned busy process
 (bench/retriever_load.py --busy_cores 1 and its --wrapper case; bench/RESULTS.md has the current tables):
 - 256 clients, QPS idle -> busy: libgomp's default spinning 294 -> 98; PASSIVE with 2 threads 289 -> 174;
-  PASSIVE with 1 thread 204 -> 200. Spinning with short spin counts (GOMP_SPINCOUNT 3000-30000) was slower under
+  PASSIVE with 1 thread 204 -> 200; PASSIVE with the tuner 281 -> 196 (the spinning server in the same run:
+  307 -> 90). Spinning with short spin counts (GOMP_SPINCOUNT 3000-30000) was slower under
   contention than PASSIVE in every run (in-process, batch of 1: 35-84 ms against 24 ms).
 - one batch of 64 in-process: 2 threads 212 ms idle / 364 ms busy, 1 thread 308 / 309 ms. Hence the tuner.
 """
