@@ -160,7 +160,11 @@ def main() -> None:
         wait_for_port(engine_port)
         wait_for_port(search_port)
         generate_with_search.SEARCH_R1_CONFIGS["local"]["search_url"] = f"http://127.0.0.1:{search_port}"
-        args = slime_args(tokenizer_dir, f"http://127.0.0.1:{engine_port}")
+        args = slime_args(  # as run_qwen2.5_3B.sh launches it, so generate() has no launch warning to give
+            tokenizer_dir,
+            f"http://127.0.0.1:{engine_port}",
+            custom_reward_post_process_path="generate_with_search.post_process_rewards",
+        )
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         messages = [{"role": "user", "content": search_r1_prompt("What is the capital of France")}]
         prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
