@@ -48,6 +48,7 @@ from local_dense_retriever.launcher import ServerProcess  # noqa: E402
 from results_md import write_section  # noqa: E402
 from retriever_load import load_questions, max_size_request, measure_max_size_case  # noqa: E402
 from support.rankings import same_ranking  # noqa: E402
+from support.sockets import still_open  # noqa: E402
 
 CACHE_DIR = REPO / ".cache" / "bench"
 HALF_HEADERS = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Ty"
@@ -64,17 +65,6 @@ def healthy(url: str) -> bool:
         return httpx.get(f"{url}/health", timeout=30).status_code == 200
     except httpx.HTTPError:
         return False
-
-
-def still_open(sock: socket.socket) -> bool:
-    sock.setblocking(False)
-    try:
-        sock.recv(1, socket.MSG_PEEK)
-    except BlockingIOError:
-        return True
-    except OSError:
-        pass
-    return False
 
 
 class ResponseSchemas:

@@ -9,6 +9,7 @@ import pytest
 
 from local_dense_retriever.launcher import ServerProcess
 from support.retriever_fixtures import RETRIEVER_NAME, small_wiki_fixture  # noqa: F401
+from support.sockets import still_open
 
 HALF_HEADERS = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Ty"
 HALF_BODY = (
@@ -43,21 +44,6 @@ def read_until_closed(sock: socket.socket, timeout: float) -> bytes | None:
 
 
 GET_HEALTH = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
-
-
-def still_open(sock: socket.socket) -> bool:
-    """True while the server has neither answered nor closed the connection."""
-    timeout = sock.gettimeout()
-    sock.setblocking(False)
-    try:
-        sock.recv(1, socket.MSG_PEEK)
-    except BlockingIOError:
-        return True
-    except ConnectionResetError:
-        pass
-    finally:
-        sock.settimeout(timeout)
-    return False
 
 
 def test_connections_that_send_no_complete_request_are_closed_after_the_request_timeout(small_wiki, tmp_path):
