@@ -29,7 +29,6 @@ import json
 import os
 import random
 import signal
-import socket
 import sys
 import threading
 import time
@@ -44,27 +43,16 @@ sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests"))
 
 from local_dense_retriever import embedded_default  # noqa: E402
-from local_dense_retriever.launcher import ServerProcess  # noqa: E402
+from local_dense_retriever.launcher import ServerProcess, health_status  # noqa: E402
 from results_md import write_section  # noqa: E402
 from retriever_load import load_questions, max_size_request, measure_max_size_case  # noqa: E402
 from support.rankings import same_ranking  # noqa: E402
-from support.sockets import still_open  # noqa: E402
+from support.sockets import HALF_BODY, HALF_HEADERS, open_connection, still_open  # noqa: E402
 
 CACHE_DIR = REPO / ".cache" / "bench"
-HALF_HEADERS = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Ty"
-HALF_BODY = (
-    b'POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{"queries": ['
-)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-
-
-def healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=30).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 class ResponseSchemas:
@@ -305,10 +293,7 @@ def check_connections(server: ServerProcess, args) -> dict:
     sockets = {kind: [] for kind in kinds}
     for kind, first_bytes in kinds.items():
         for _ in range(args.connections):
-            sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-            if first_bytes:
-                sock.sendall(first_bytes)
-            sockets[kind].append(sock)
+            sockets[kind].append(open_connection(server.port, first_bytes))
     served = errors = 0
     deadline = time.monotonic() + args.timeout_request + 5
     with httpx.Client(timeout=60) as client:
@@ -338,7 +323,7 @@ def check_connections(server: ServerProcess, args) -> dict:
 def check_descriptors(flags: list[str], args) -> dict:
     log_path = CACHE_DIR / "hostile_descriptors.log"
     with ServerProcess(flags, log_path=log_path, startup_timeout=900, open_file_limit=256) as server:
-        idle = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(400)]
+        idle = [open_connection(server.port) for _ in range(400)]
         while_full = {"503": 0, "reset": 0, "other": 0}
         with httpx.Client(timeout=30) as client:
             for _ in range(20):
@@ -352,7 +337,7 @@ def check_descriptors(flags: list[str], args) -> dict:
                 client.post(f"{server.url}/retrieve", json={"queries": ["q"]}).status_code == 200 for _ in range(20)
             )
         logged = "refusing connections" in server.log_tail(100_000)
-        crashed = not healthy(server.url)
+        crashed = health_status(server.url, timeout=30) != 200
         for sock in idle:
             sock.close()
     return {
@@ -387,7 +372,7 @@ def check_max_size(url: str, questions: list[str], args) -> dict:
 
 
 def check_shutdown(server: ServerProcess, questions: list[str], args) -> dict:
-    stalled = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    stalled = open_connection(server.port)
     stalled.sendall(HALF_BODY)
     payload = max_size_request(questions)
     threading.Thread(
@@ -468,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         ]:
             print(f"{name} ...", flush=True)
             row = check()
-            row["crashes"] = int(server.process.poll() is not None or not healthy(server.url))
+            row["crashes"] = int(server.process.poll() is not None or health_status(server.url, timeout=30) != 200)
             rows.append(row)
             print(f"  {row}", flush=True)
         print("shutdown ...", flush=True)

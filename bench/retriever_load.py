@@ -318,8 +318,7 @@ def run_server(size: str, mode: str, flags: list[str], questions: list[str], arg
         run = ServerRun(size, mode, server.startup_seconds, load_seconds, 0.0)
         for concurrency in args.concurrency:
             repeats = [measure_point(server, size, mode, concurrency, questions, args) for _ in range(args.repeats)]
-            point = max(repeats, key=lambda p: p.qps)
-            point.qps_range = (min(p.qps for p in repeats), point.qps)
+            point = best_of(repeats)
             run.points.append(point)
             print(
                 f"  {size:>4} {mode:<6} c={concurrency:<3} {point.qps:7.1f} QPS  p50 {point.p50_ms:8.0f} ms"
@@ -563,9 +562,9 @@ SPIN_PROGRAM = [
     "import sys, faiss, torch; from local_dense_retriever.retrieval_server import main; sys.exit(main())",
 ]
 BUSY_MODES = {  # program, extra flags
-    "on": (SERVER_MODULE, []),
+    "on": MODES["on"],
     "spin": (SPIN_PROGRAM, ["--num_threads", str(os.cpu_count() or 1)]),
-    "public": (MODES["public"][0], []),
+    "public": MODES["public"],
 }
 BUSY_LOOP = "import time\nend = time.monotonic() + {seconds}\nwhile time.monotonic() < end:\n    pass\n"
 WRAPPER = REPO / "run_qwen2.5_3B_with_retrieval.sh"

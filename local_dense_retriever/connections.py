@@ -65,8 +65,11 @@ class ThrottledWarning:
         self._last, self._held_back = now, 0
 
 
-def guarded_http_protocol(header_timeout: float, max_connections: int) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol class with a header deadline and a connection cap (pass it as `Config(http=...)`)."""
+def guarded_http_protocol(header_timeout: float, max_connections: int, open_file_limit: int) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class with a header deadline and a connection cap (pass it as `Config(http=...)`).
+
+    `open_file_limit` is only named in the refusal message (raise_open_file_limit() set it before serving).
+    """
     refused = ThrottledWarning()
     timed_out = ThrottledWarning()
 
@@ -82,7 +85,7 @@ def guarded_http_protocol(header_timeout: float, max_connections: int) -> type[a
                     "a client is holding many connections, or the limit is too low for the load",
                     len(self.connections) - 1,
                     max_connections,
-                    resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+                    open_file_limit,
                 )
                 transport.write(OVER_CAPACITY_RESPONSE)
                 transport.close()

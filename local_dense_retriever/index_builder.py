@@ -66,6 +66,10 @@ class BuildConfig:
     overwrite: bool = False
     progress: bool = True
 
+    @property
+    def is_bm25(self) -> bool:
+        return self.retriever_name.lower() == "bm25"
+
 
 @dataclass
 class BuildSummary:
@@ -257,7 +261,7 @@ def _output_locations(config: BuildConfig) -> list[tuple[str, Path, str]]:
     outputs = [("the corpus's offset sidecar", offsets_path_for(decompressed), "file")]
     if corpus.suffix == ".gz":
         outputs.append(("the decompressed corpus", decompressed, "file"))
-    if config.retriever_name.lower() == "bm25":
+    if config.is_bm25:
         outputs.append(("the BM25 index (--index_path / --save_dir)", Path(config.index_path), "directory"))
         return outputs
     if config.backend == "qdrant":
@@ -290,7 +294,7 @@ def check_free_space(config: BuildConfig, total: int, dim: int) -> None:
     """Vectors are written through a memory map: a full disk there kills the process (SIGBUS), so check first."""
     needed: dict[int, tuple[int, Path]] = {}
     files = [Path(config.save_embeddings)] if config.save_embeddings else []
-    if config.backend == "faiss" and config.faiss_type == "Flat" and config.retriever_name.lower() != "bm25":
+    if config.backend == "faiss" and config.faiss_type == "Flat":  # BM25 builds never get here
         files.append(Path(config.index_path))  # a Flat index holds every vector too; others are smaller
     for path in files:
         device = path.parent.stat().st_dev
@@ -319,7 +323,7 @@ def build(config: BuildConfig) -> BuildSummary:
     check_output_locations(config)
     corpus_path = ensure_decompressed(Path(config.corpus_path), progress=config.progress)
     total = count_documents(corpus_path, progress=config.progress)  # also leaves the sidecar for the server
-    if config.retriever_name.lower() == "bm25":
+    if config.is_bm25:
         added = write_bm25_index(corpus_path, Path(config.index_path), progress=config.progress)
         output = config.index_path
     else:

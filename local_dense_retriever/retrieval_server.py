@@ -114,7 +114,8 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
 
         report("loading the encoder")
         encoder = encoder_from_config(config)
-        configure_cpu_threads(config.num_threads)  # on GPU too: tokenizing, copies and pooling stay on the CPU
+        threads = cpu_threads.thread_count(config.num_threads)
+        configure_cpu_threads(threads)  # on GPU too: tokenizing, copies and pooling stay on the CPU
         report("loading the index")
         if config.backend == "qdrant":
             index = backends.QdrantIndex(config.qdrant_collection, url=config.qdrant_url, path=config.qdrant_path)
@@ -125,14 +126,12 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
                 gpu_fp16=config.faiss_fp16,
                 search_params=config.faiss_search_params,
                 mmap=config.faiss_mmap,
-                num_threads=config.num_threads,
+                num_threads=threads,
             )
         searcher = backends.DenseSearcher(encoder, index)
         # Fewer threads while other processes hold cores (--num_threads fixes the count; GPUs need no tuning).
         on_cpu = encoder.device.type == "cpu" or (config.backend == "faiss" and not config.faiss_gpu)
-        tuner = cpu_threads.ThreadTuner(
-            cpu_threads.thread_count(config.num_threads), adaptive=on_cpu and config.num_threads is None
-        )
+        tuner = cpu_threads.ThreadTuner(threads, adaptive=on_cpu and config.num_threads is None)
         max_batch_size = config.max_batch_size or (
             GPU_MAX_BATCH_SIZE if encoder.device.type == "cuda" else CPU_MAX_BATCH_SIZE
         )
@@ -203,9 +202,6 @@ def _non_blank(query: str) -> str:
     if not query.strip():
         raise ValueError("a query must contain at least one non-whitespace character")
     return query
-
-
-REQUEST_FIELDS = ("queries", "topk", "return_scores")
 
 
 def build_request_model(max_queries: int, max_query_chars: int, max_topk: int) -> type[BaseModel]:
@@ -279,6 +275,10 @@ class HealthReady(BaseModel):
     max_wait_ms: float
     batches: dict[str, float]
     load_seconds: dict[str, float]
+    cpu_threads: dict[str, Any] = Field(
+        description="usable CPUs and where that came from, the OpenMP wait policy, and per batch size the thread "
+        "count in use with its measured batch times"
+    )
     config: dict[str, Any]
 
 
@@ -382,7 +382,7 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
             path = [str(part) for part in error["loc"]]
             where = ".".join(path) or "request body"
             if error["type"] == "extra_forbidden":
-                problems.append(f"{where}: unknown field (accepted fields: {', '.join(REQUEST_FIELDS)})")
+                problems.append(f"{where}: unknown field (accepted fields: {', '.join(accepted)})")
             else:
                 field = path[0] if path and path[0] in accepted else None
                 hint = accepted[field] if field else 'a JSON object like {"queries": ["..."], "topk": 3}'
@@ -678,7 +678,7 @@ def uvicorn_config(app: FastAPI, args: argparse.Namespace):
         port=args.port,
         log_level=args.log_level,
         access_log=False,  # access logs cost more CPU than a batched search at hundreds of requests per second
-        http=guarded_http_protocol(args.timeout_request, max_connections),
+        http=guarded_http_protocol(args.timeout_request, max_connections, open_file_limit),
         timeout_keep_alive=args.timeout_keep_alive,
         timeout_graceful_shutdown=args.timeout_graceful_shutdown,
     )

@@ -9,24 +9,12 @@ import pytest
 
 from local_dense_retriever.launcher import ServerProcess
 from support.retriever_fixtures import RETRIEVER_NAME, small_wiki_fixture  # noqa: F401
-from support.sockets import still_open
-
-HALF_HEADERS = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Ty"
-HALF_BODY = (
-    b'POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 40\r\n\r\n{"queries": ['
-)
+from support.sockets import HALF_BODY, HALF_HEADERS, open_connection, still_open
 
 
 def server_flags(wiki) -> list[str]:
     return ["--index_path", str(wiki.index_path), "--corpus_path", str(wiki.corpus_path),
             "--retriever_name", RETRIEVER_NAME, "--retriever_model", str(wiki.model_dir)]  # fmt: skip
-
-
-def open_connection(port: int, first_bytes: bytes = b"") -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    if first_bytes:
-        sock.sendall(first_bytes)
-    return sock
 
 
 def read_until_closed(sock: socket.socket, timeout: float) -> bytes | None:
