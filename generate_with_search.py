@@ -18,13 +18,12 @@ GOOGLE_API_KEY, SEARCH_R1_*). A bad value stops the import with a message saying
 import logging
 
 import google_search_server
-from qa_em_format import FormatWeights, score_answer, score_response
+from qa_em_format import FormatWeights, score_conversation, score_response
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
 from slime_search_r1.config import apply_env_overrides, check_slime_args, resolve_config
 from slime_search_r1.data import golden_answers
 from slime_search_r1.loop import run_episode
-from slime_search_r1.protocols.chat_reward import read_conversation
 from slime_search_r1.search.dispatch import register_search_backend
 from slime_search_r1.state import METADATA_KEY
 from slime_search_r1.training.advantages import post_process_rewards  # noqa: F401 (slime loads it from here)
@@ -121,8 +120,7 @@ async def reward_func(args, sample: Sample | list[Sample], **kwargs) -> float | 
     golds = golden_answers(sample.label)
     conversation = episode.get("conversation")
     if conversation is not None:
-        reading = read_conversation(conversation)
-        details = score_answer(reading.answer, golds, reading.format_valid, reading.tool_texts, weights)
+        details = score_conversation(conversation, golds, weights)
     else:
         details = score_response(_prompt_text(args, sample), sample.response, golds, weights)
     reward = {

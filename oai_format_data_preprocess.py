@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from slime_search_r1.data import CHAT_SYSTEM_PROMPT, chat_question, golden_answers
-from slime_search_r1.protocols.tools import TOOLS
+from slime_search_r1.protocols.tools import tool_schemas
 
 REQUIRED_COLUMNS = ("question", "data_source")
 PASSED_THROUGH = ("id", "ability", "extra_info", "golden_answers")
@@ -148,7 +148,7 @@ def convert(
     keep_prompt: bool = False,
 ) -> int:
     rows, total = read_rows(source, split)
-    tools_json = json.dumps([tool.schema for tool in TOOLS.values()], ensure_ascii=False)
+    tools_json = json.dumps(tool_schemas(), ensure_ascii=False)
     converted = []
     skipped_sources = set()
     for index, row in enumerate(tqdm(rows, total=total, desc="converting", unit="row")):

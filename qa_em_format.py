@@ -11,7 +11,7 @@
 
 With format_score = final_format_score = retrieval_score = 0 this is plain EM (qa_em). XML responses are read
 here (score_response); chat conversations are read by slime_search_r1/protocols/chat_reward.py and scored with
-the same table (score_answer).
+the same table (score_conversation).
 """
 
 import re
@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
+from slime_search_r1.protocols.chat_reward import read_conversation
 from slime_search_r1.protocols.tools import TOOLS
 from slime_search_r1.protocols.xml import ANSWER_PATTERN, INFORMATION_PATTERN, INVALID_ACTION_MESSAGE
 
@@ -158,3 +159,9 @@ def score_response(prompt: str, response: str, golden_answers: list[str], weight
     format_valid = format_problem(prompt + response) is None
     retrieved = INFORMATION_PATTERN.findall(response)
     return score_answer(last_answer(response), golden_answers, format_valid, retrieved, weights)
+
+
+def score_conversation(conversation: list[dict], golden_answers: list[str], weights: FormatWeights) -> ScoreDetails:
+    """Chat mode: the recorded conversation's format, answer and tool results (chat_reward.read_conversation)."""
+    reading = read_conversation(conversation)
+    return score_answer(reading.answer, golden_answers, reading.format_valid, reading.tool_texts, weights)

@@ -18,12 +18,15 @@ SEARCH_R1_INSTRUCTION = (
 )
 
 
+def as_question(text: str) -> str:
+    """Stripped, ending in `?`, as Search-R1's data scripts write questions."""
+    text = text.strip()
+    return text if text.endswith("?") else text + "?"
+
+
 def search_r1_prompt(question: str) -> str:
     """The user-turn text Search-R1's data scripts write ("as your want" is theirs)."""
-    question = question.strip()
-    if not question.endswith("?"):
-        question += "?"
-    return SEARCH_R1_INSTRUCTION.format(question=question)
+    return SEARCH_R1_INSTRUCTION.format(question=as_question(question))
 
 
 CHAT_SYSTEM_PROMPT = (
@@ -37,8 +40,7 @@ CHAT_SYSTEM_PROMPT = (
 
 def chat_question(question: str) -> str:
     """The user turn of the chat-format data (the question gets a `?` like Search-R1's)."""
-    question = question.strip()
-    return f"Question: {question if question.endswith('?') else question + '?'}"
+    return f"Question: {as_question(question)}"
 
 
 def golden_answers(label) -> list[str]:

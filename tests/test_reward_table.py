@@ -3,7 +3,7 @@ protocols; EM normalisation; the gold-answer labels slime hands over; evaluation
 returns for slime's --reward-key, --eval-reward-key and --group-rm.
 
 XML replies are scored with score_response (prompt + response); chat replies are conversations of OpenAI
-messages, read by read_conversation and scored with the same table (score_answer), as reward_func does.
+messages, read by read_conversation and scored with the same table (score_conversation), as reward_func does.
 """
 
 import json
@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from generate_with_search import reward_func
-from qa_em_format import FormatWeights, em_check, format_problem, normalize_answer, score_answer, score_response
+from qa_em_format import FormatWeights, em_check, format_problem, normalize_answer, score_conversation, score_response
 from slime.utils.types import Sample
 from slime_search_r1.data import golden_answers
-from slime_search_r1.protocols.chat_reward import conversation_format_problem, read_conversation
+from slime_search_r1.protocols.chat_reward import conversation_format_problem
 from slime_search_r1.protocols.xml import INVALID_ACTION_MESSAGE
 from support.episodes import (
     ANSWER,
@@ -88,8 +88,7 @@ def score(reply, golds, weights=WEIGHTS):
     """What reward_func does with a reply of either protocol."""
     if isinstance(reply, Xml):
         return score_response(reply.prompt, reply.response, golds, weights)
-    reading = read_conversation(reply)
-    return score_answer(reading.answer, golds, reading.format_valid, reading.tool_texts, weights)
+    return score_conversation(reply, golds, weights)
 
 
 def xml_and_chat(xml_reply, chat_reply, golds=("Paris",), chat_golds=None):

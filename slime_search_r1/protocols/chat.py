@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from slime.utils.types import Sample
 from slime_search_r1.protocols.actions import Action, Reply, ToolCall
 from slime_search_r1.protocols.chat_template import ChatRenderer, chat_template_kwargs
-from slime_search_r1.protocols.tools import TOOLS, check_call
+from slime_search_r1.protocols.tools import TOOLS, check_call, tool_schemas
 from slime_search_r1.protocols.xml import ANSWER_PATTERN
 from slime_search_r1.state import EpisodeState
 from slime_search_r1.tokens.engine import Turn
@@ -140,7 +140,7 @@ def initial_messages(prompt) -> list[dict]:
 
 def sample_tools(sample: Sample) -> list[dict]:
     """The tool list slime read with --tool-key (sample.metadata['tools']), or every registered tool's schema."""
-    tools = (sample.metadata or {}).get("tools") or [tool.schema for tool in TOOLS.values()]
+    tools = (sample.metadata or {}).get("tools") or tool_schemas()
     names = [(tool.get("function") or {}).get("name") for tool in tools if isinstance(tool, dict)]
     if not any(name in TOOLS for name in names):
         raise ValueError(f"the sample's tools {names} have none of the plugin's tools {list(TOOLS)}")

@@ -37,6 +37,11 @@ def register_tool(tool: Tool) -> None:
     TOOLS[tool.name] = tool
 
 
+def tool_schemas() -> list[dict]:
+    """Every registered tool's OpenAI function schema, as the chat data and the chat template list them."""
+    return [tool.schema for tool in TOOLS.values()]
+
+
 def check_call(call_id: str, name: object, arguments: object) -> ToolCall:
     """A tool call with its arguments read by its tool, or with the error the model is told."""
     if isinstance(arguments, str):  # OpenAI messages carry arguments as a JSON string
