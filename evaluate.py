@@ -30,7 +30,7 @@ from collections import Counter
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from slime_search_r1.config import ConfigError, resolve_config
+from slime_search_r1.settings import ConfigError, resolve_config
 from slime_search_r1.evaluation.dataset import ColumnNames, DatasetError, EvalRow, build_sample, read_rows, select_rows
 from slime_search_r1.evaluation.reports import (
     COMPARISON_MD,
@@ -46,7 +46,8 @@ from slime_search_r1.evaluation.reports import (
     write_em_chart,
     write_reports,
 )
-from slime_search_r1.http import close_loop_sessions
+from slime_search_r1.http_client import close_loop_sessions
+from slime_search_r1.record import episode_record, tool_counters
 
 logger = logging.getLogger("evaluate")
 
@@ -162,7 +163,7 @@ def compare_main(argv: list[str]) -> int:
 def apply_cli_overrides(cli: Namespace, search_configs: dict) -> None:
     """--retrieval-url and --llm-api-mode take precedence over the environment (validated by resolve_config)."""
     if cli.retrieval_url:
-        search_configs["local"] = {**search_configs["local"], "search_url": cli.retrieval_url}
+        search_configs.setdefault("local", {})["search_url"] = cli.retrieval_url
     if cli.llm_api_mode:
         search_configs["llm_api_mode"] = cli.llm_api_mode
 
@@ -237,7 +238,7 @@ def preflight(cli: Namespace, config) -> None:
         raise PreflightError(f"SGLang answered {health} with HTTP {status}; is it still loading?")
     if config.search_backend != "local":
         return
-    for url in config.local.urls:
+    for url in config.local.search_url:
         split = urlsplit(url)
         base = f"{split.scheme}://{split.netloc}"
         try:
@@ -257,7 +258,8 @@ def preflight(cli: Namespace, config) -> None:
 
 def trajectory_record(eval_row: EvalRow, sample, reward, seconds: float) -> dict:
     details = reward if isinstance(reward, dict) else {"score": reward, "em": reward}
-    search_r1 = (sample.metadata or {}).get("search_r1", {})
+    episode = episode_record(sample) or {}
+    search = tool_counters(episode).get("search", {})
     row = eval_row.row
     status = sample.status.value if hasattr(sample.status, "value") else str(sample.status)
     return {
@@ -272,11 +274,12 @@ def trajectory_record(eval_row: EvalRow, sample, reward, seconds: float) -> dict
         "format_valid": details.get("format_valid"),
         "retrieval_hit": details.get("retrieval_hit"),
         "status": status,
-        "finish_reason": search_r1.get("finish_reason"),
-        "turns": search_r1.get("turns", 0),
-        "searches": search_r1.get("searches", 0),
-        "search_failures": search_r1.get("search_failures", 0),
-        "search_error": search_r1.get("search_error"),
+        "finish_reason": episode.get("finish_reason"),
+        "turns": episode.get("turns", 0),
+        "searches": search.get("calls", 0),
+        "search_failures": search.get("failures", 0),
+        "tools": tool_counters(episode),
+        "tool_error": episode.get("tool_error"),
         "response_length": sample.response_length,
         "seconds": round(seconds, 3),
         "response": sample.response,

@@ -4,7 +4,8 @@ Input: Search-R1's parquet (a local file, or a Hugging Face dataset id such as P
 with columns question, golden_answers/reward_model, data_source (id, ability, extra_info kept when present).
 Output: parquet with
   prompt        [{"role": "system", ...}, {"role": "user", "content": "Question: ...?"}]
-  tools         the tool list as a JSON string (slime's --tool-key tools puts it in sample.metadata["tools"])
+  tools         the tool list as a JSON string (slime's --tool-key tools puts it in sample.metadata["tools"]);
+                --tools search,access offers those tools (enable the same ones with SEARCH_R1_TOOLS)
   reward_model  {"style": "rule", "ground_truth": {"target": [...]}}
   metadata      {"data_source": ...} (slime's --metadata-key metadata puts it in sample.metadata, where the eval
                 log function reads it for EM per data source)
@@ -29,7 +30,7 @@ import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from slime_search_r1.data import CHAT_SYSTEM_PROMPT, chat_question, golden_answers
-from slime_search_r1.protocols.tools import tool_schemas
+from slime_search_r1.registry import TOOLS
 
 REQUIRED_COLUMNS = ("question", "data_source")
 PASSED_THROUGH = ("id", "ability", "extra_info", "golden_answers")
@@ -146,9 +147,10 @@ def convert(
     limit: int | None = None,
     system_prompt: str = CHAT_SYSTEM_PROMPT,
     keep_prompt: bool = False,
+    tools: tuple[str, ...] = ("search",),
 ) -> int:
     rows, total = read_rows(source, split)
-    tools_json = json.dumps(tool_schemas(), ensure_ascii=False)
+    tools_json = json.dumps([TOOLS.get(name).schema for name in tools], ensure_ascii=False)
     converted = []
     skipped_sources = set()
     for index, row in enumerate(tqdm(rows, total=total, desc="converting", unit="row")):
@@ -183,7 +185,16 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="keep every column as it is (XML mode's prompt) and only add metadata = {'data_source': ...}",
     )
+    parser.add_argument(
+        "--tools",
+        default="search",
+        help=f"the tools the rows offer, comma-separated, as SEARCH_R1_TOOLS enables them: {', '.join(TOOLS.names())}",
+    )
     options = parser.parse_args(argv)
+    tools = tuple(name.strip() for name in options.tools.split(",") if name.strip())
+    unknown = [name for name in tools if name not in TOOLS]
+    if unknown or not tools:
+        parser.error(f"--tools {options.tools!r}: accepted: names from {', '.join(TOOLS.names())}")
     if options.limit is not None and options.limit < 1:
         parser.error("--limit must be at least 1")
     if not options.output.endswith(".parquet"):
@@ -205,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             limit=options.limit,
             system_prompt=system_prompt,
             keep_prompt=options.keep_prompt,
+            tools=tools,
         )
     except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)

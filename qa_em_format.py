@@ -16,13 +16,14 @@ the same table (score_conversation).
 
 import re
 import string
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
 from slime_search_r1.protocols.chat_reward import read_conversation
-from slime_search_r1.protocols.tools import TOOLS
-from slime_search_r1.protocols.xml import ANSWER_PATTERN, INFORMATION_PATTERN, INVALID_ACTION_MESSAGE
+from slime_search_r1.protocols.xml_tags import ANSWER_PATTERN, INFORMATION_PATTERN, invalid_action_message
+from slime_search_r1.registry import TOOLS
+from slime_search_r1.tools.contract import Tool
 
 ASSISTANT_MARKER = re.compile(r"<\|im_start\|>assistant\s*")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
@@ -31,7 +32,7 @@ _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
 @dataclass(frozen=True)
 class FormatAutomaton:
-    """Search-R1's order think -> (tool call -> information -> think)* -> answer, over every registered tool's tag."""
+    """Search-R1's order think -> (tool call -> information -> think)* -> answer, over every enabled tool's tag."""
 
     tags: tuple[str, ...]
     split: re.Pattern
@@ -89,13 +90,18 @@ def em_check(prediction: str, golden_answers: str | Iterable[str]) -> bool:
     return any(normalize_answer(gold) == normalized for gold in golden_answers)
 
 
-def format_problem(text: str) -> str | None:
-    """Why `text` (prompt + response) breaks Search-R1's format, or None when it is valid."""
+def search_only() -> dict[str, Tool]:
+    """The tools when none are named: Search-R1's one."""
+    return {"search": TOOLS.get("search")}
+
+
+def format_problem(text: str, tools: Iterable[str] = ("search",)) -> str | None:
+    """Why `text` (prompt + response) breaks Search-R1's format with these tools' tags, or None when it is valid."""
     marker = ASSISTANT_MARKER.search(text)
     if marker is None:
         return "missing <|im_start|>assistant marker"
     content = text[marker.end() :]
-    automaton = format_automaton(tuple(TOOLS))
+    automaton = format_automaton(tuple(tools))
     for tag in automaton.tags:
         opened, closed = content.count(f"<{tag}>"), content.count(f"</{tag}>")
         if opened != closed:
@@ -114,7 +120,7 @@ def format_problem(text: str) -> str | None:
     return None if state == "end" else f"incomplete sequence, ended in state {state}"
 
 
-def last_answer(response: str) -> str | None:
+def last_answer(response: str, tools: Mapping[str, Tool] | None = None) -> str | None:
     """The last <answer>…</answer> the model wrote.
 
     Search-R1 searches prompt + response and needs two matches because its prompt holds one example
@@ -122,7 +128,8 @@ def last_answer(response: str) -> str | None:
     The environment's text is left out: the invalid-action hint itself says "<answer> and </answer>",
     and a retrieved page may hold answer tags.
     """
-    written = INFORMATION_PATTERN.sub(" ", response.replace(INVALID_ACTION_MESSAGE, " "))
+    message = invalid_action_message((tools or search_only()).values())
+    written = INFORMATION_PATTERN.sub(" ", response.replace(message, " "))
     matches = ANSWER_PATTERN.findall(written)
     return matches[-1].strip() if matches else None
 
@@ -154,14 +161,27 @@ def score_answer(
     return table_score(answer, golden_answers, format_valid, hit, weights)
 
 
-def score_response(prompt: str, response: str, golden_answers: list[str], weights: FormatWeights) -> ScoreDetails:
-    """XML mode: the format is checked on prompt + response, the answer read from the response."""
-    format_valid = format_problem(prompt + response) is None
+def score_response(
+    prompt: str,
+    response: str,
+    golden_answers: list[str],
+    weights: FormatWeights,
+    tools: Mapping[str, Tool] | None = None,
+) -> ScoreDetails:
+    """XML mode: the format is checked on prompt + response, the answer read from the response; `tools` are the
+    enabled ones (Search-R1's search when None)."""
+    tools = tools or search_only()
+    format_valid = format_problem(prompt + response, tools) is None
     retrieved = INFORMATION_PATTERN.findall(response)
-    return score_answer(last_answer(response), golden_answers, format_valid, retrieved, weights)
+    return score_answer(last_answer(response, tools), golden_answers, format_valid, retrieved, weights)
 
 
-def score_conversation(conversation: list[dict], golden_answers: list[str], weights: FormatWeights) -> ScoreDetails:
+def score_conversation(
+    conversation: list[dict],
+    golden_answers: list[str],
+    weights: FormatWeights,
+    tools: Mapping[str, Tool] | None = None,
+) -> ScoreDetails:
     """Chat mode: the recorded conversation's format, answer and tool results (chat_reward.read_conversation)."""
-    reading = read_conversation(conversation)
+    reading = read_conversation(conversation, tools or search_only())
     return score_answer(reading.answer, golden_answers, reading.format_valid, reading.tool_texts, weights)

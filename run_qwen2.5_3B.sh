@@ -6,22 +6,13 @@
 # Every path and setting comes from an environment variable (the defaults are the slime example's).
 # DRY_RUN=1 (or --dry-run) checks the settings and prints the commands instead of running them. Either way the
 # plugin's configuration and the slime flags are checked here, with the messages generate() would give at its
-# first sample, before Ray, SGLang or Megatron start (slime_search_r1/config.py check-launch; SKIP_PLUGIN_CHECK=1 skips).
+# first sample, before Ray, SGLang or Megatron start (python -m slime_search_r1.launch_check; SKIP_PLUGIN_CHECK=1 skips).
 # The plugin's own variables (LLM_API_MODE, SEARCH_BACKEND, RETRIEVAL_SERVER_URL, SEARCH_R1_*, ...) are
 # forwarded to the Ray job. Nothing is killed at start: a Ray head is started only when none answers at
 # RAY_DASHBOARD_URL (START_RAY=auto), and on exit the script stops only the job and the head it started.
 set -euo pipefail
 
 SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
-
-# The plugin's environment overrides (slime_search_r1/config.py ENV_OVERRIDES); a test keeps the two lists equal.
-PLUGIN_ENV_VARS=(
-  LLM_API_MODE SEARCH_BACKEND TOKEN_TRACKING_MODE TRACK_LOG_PROBS LOSS_MASK_MODE RETRIEVAL_SERVER_URL
-  GOOGLE_API_KEY SEARCH_R1_MAX_TURNS SEARCH_R1_TOPK SEARCH_R1_SEARCH_CONCURRENCY SEARCH_R1_FORMAT_SCORE
-  SEARCH_R1_MAX_CONTEXT_LENGTH SEARCH_R1_MAX_OBS_TOKENS SEARCH_R1_SEARCH_TIMEOUT SEARCH_R1_SEARCH_ATTEMPTS
-  SEARCH_R1_DROP_FAILED_SAMPLES SEARCH_R1_ENGINE_TRANSPORT SEARCH_R1_ENGINE_MODEL GOOGLE_SEARCH_URL
-  GOOGLE_SNIPPET_ONLY
-)
 
 die() {
   echo "run_qwen2.5_3B.sh: error: $*" >&2
@@ -331,8 +322,23 @@ check_plugin() {
     warn "SKIP_PLUGIN_CHECK is set: the plugin's settings are checked only at the first sample"
     return 0
   fi
-  LLM_API_MODE=$LLM_API_MODE "$PYTHON_BIN" "${SCRIPT_DIR}/slime_search_r1/config.py" check-launch \
-    --prog run_qwen2.5_3B.sh --plugin "${SCRIPT_DIR}/generate_with_search.py" -- "${TRAIN_ARGS[@]}" || exit 1
+  plugin_python -m slime_search_r1.launch_check --prog run_qwen2.5_3B.sh --plugin "${SCRIPT_DIR}/generate_with_search.py" \
+    -- "${TRAIN_ARGS[@]}" || exit 1
+}
+
+# The plugin's Python, run as a module with this folder on the path (run as a file, a module folder would come
+# first on sys.path and could shadow the standard library).
+plugin_python() {
+  LLM_API_MODE=$LLM_API_MODE PYTHONPATH="${SCRIPT_DIR}${PYTHONPATH:+:${PYTHONPATH}}" "$PYTHON_BIN" "$@"
+}
+
+# The environment variables of the plugin's settings (slime_search_r1/settings.py, and any its extensions add).
+plugin_env_vars() {
+  PLUGIN_ENV_VARS=()
+  local listed
+  listed=$(plugin_python -m slime_search_r1.launch_check --env-vars --plugin "${SCRIPT_DIR}/generate_with_search.py") ||
+    die "could not list the plugin's settings (above)"
+  mapfile -t PLUGIN_ENV_VARS <<<"$listed"
 }
 
 # Writes the Ray runtime env to $1 (mode 600): PYTHONPATH for the plugin, Megatron and slime's examples,
@@ -461,6 +467,7 @@ main() {
   load_model_args
   build_train_args
   check_plugin
+  plugin_env_vars
   SUBMIT_PREFIX=("$RAY_BIN" job submit --address "$RAY_DASHBOARD_URL" --submission-id "$JOB_ID" --runtime-env)
   SUBMIT_ENTRYPOINT=(-- "$PYTHON_BIN" "${SLIME_DIR}/train.py" "${TRAIN_ARGS[@]}")
 

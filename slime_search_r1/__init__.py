@@ -1,14 +1,20 @@
 """The machinery behind generate_with_search.py, grouped by the question each part answers.
 
-config.py      what the user set: SEARCH_R1_CONFIGS, its environment overrides, the slime flags it needs
-loop.py        how one episode runs: the loop every mode shares, and how an episode ends
-state.py       what one episode knows: the EpisodeState the loop owns, the counters it records
-trajectory.py  what the episode records on the sample: tokens, loss mask, log probs (the only writer)
-tokens/        where a turn's tokens come from: SGLang (manual), or the old slime router's cache
-protocols/     what the model writes and is shown: XML tags, chat tool calls, the tools by name
-search/        how a query becomes passages: backends by name, the local retriever client
-training/      what slime does with finished samples: group advantages, search metrics in its logs
-evaluation/    evaluate.py's data files and reports
-data.py        Search-R1's prompts, labels and test sets
-http.py        aiohttp plumbing shared by the engine and search clients
+settings.py      what the user set: every setting declared once, SEARCH_R1_CONFIGS and its environment variables
+registry.py      what can be added by name: protocols, token-tracking modes, tools, search backends
+slime_flags.py   which slime flags the settings must agree with
+launch_check.py  the same checks on the launch command, before Ray starts (`python -m slime_search_r1.launch_check`)
+loop.py          how one episode runs: the loop every mode shares, and how an episode ends
+state.py         what one episode knows: the EpisodeState the loop owns, the counters it records
+turns.py         what one turn is made of: Turn, Action, ToolCall, Reply
+trajectory.py    what the episode records on the sample: tokens, loss mask, log probs (the only writer)
+record.py        what it leaves in sample.metadata["search_r1"], and how to read it back
+tokens/          where a turn's tokens come from: SGLang (manual), or the old slime router's cache
+protocols/       what the model writes and is shown: XML tags, chat tool calls
+tools/           what the model may call: the tool contract, running calls, the search tool
+search/          how a query becomes passages: backends by name (local retriever, Google)
+training/        what slime does with finished samples: group advantages, search metrics in its logs
+evaluation/      evaluate.py's data files and reports
+data.py          Search-R1's prompts, labels and test sets
+http_client.py   aiohttp plumbing shared by the engine, router and search clients
 """

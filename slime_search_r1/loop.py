@@ -1,14 +1,15 @@
-"""The episode loop every mode shares: generate a turn, read it, reply, until the episode ends.
+"""The episode loop every mode shares: generate a turn, read it, run its tool calls, reply, until the episode ends.
 
-The loop owns one EpisodeState (state.py) and hands it on. A driver says where a turn's tokens come from
-(tokens/); a protocol reads what the model did into an Action and answers it with a Reply (protocols/);
-the loop commits each Reply to the trajectory (trajectory.py) and decides how the episode ends:
+The loop owns one EpisodeState (state.py) and hands it on. The token driver TOKEN_TRACKING_MODE names says where a
+turn's tokens come from (tokens/); the protocol LLM_API_MODE names reads what the model did into an Action and
+turns the results of its tool calls into a Reply (protocols/); the loop runs the calls (tools/calls.py), commits
+each Reply to the trajectory (trajectory.py) and decides how the episode ends:
 
-  answer                          COMPLETED
-  engine abort, or slime's abort  ABORTED (checked before every turn)
-  response or context budget out  TRUNCATED (each turn is offered exactly what is left)
-  max_turns reached               TRUNCATED; a tool call on the last turn is not run (no turn would read it)
-  search failing after retries    FAILED, with remove_sample when drop_failed_samples
+  answer                              COMPLETED  answer
+  engine abort, or slime's abort      ABORTED    engine_abort / rollout_aborted (checked before every turn)
+  response or context budget out      TRUNCATED  token_budget (each turn is offered exactly what is left)
+  max_turns reached                   TRUNCATED  max_turns; a tool call on the last turn is not run (no turn reads it)
+  a tool failing after its retries    FAILED     tool_failed, with remove_sample when drop_failed_samples
 """
 
 from dataclasses import dataclass
@@ -16,39 +17,48 @@ from typing import Protocol
 
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
-from slime_search_r1.config import SearchR1Config
-from slime_search_r1.protocols.actions import Action, Reply
-from slime_search_r1.protocols.chat import ChatProtocol
-from slime_search_r1.protocols.xml import XmlProtocol
-from slime_search_r1.search.dispatch import SearchError
+from slime_search_r1.record import FinishReason
+from slime_search_r1.registry import PROTOCOLS, TOKEN_DRIVERS
+from slime_search_r1.settings import SearchR1Config
 from slime_search_r1.state import EpisodeState
-from slime_search_r1.tokens.engine import Turn
-from slime_search_r1.tokens.legacy_router import RouterHandlerDriver, RouterRadixDriver
-from slime_search_r1.tokens.manual import ManualDriver
 from slime_search_r1.tokens.text import encode_prompt
+from slime_search_r1.tools.calls import run_calls
+from slime_search_r1.tools.contract import ToolAborted, ToolError
 from slime_search_r1.trajectory import Trajectory
+from slime_search_r1.turns import Action, Reply, Turn
 
 
 class TurnProtocol(Protocol):
-    """What the model writes and what it is shown (protocols/xml.py, protocols/chat.py)."""
+    """What the model writes and what it is shown (registry.PROTOCOLS: protocols/xml_tags.py, protocols/chat.py)."""
 
-    prompt_text: str
+    records_conversation: bool  # the episode keeps its messages (state.conversation) for the reward
+    prompt_text: str  # the prompt the episode conditions on
+    messages: list[dict] | None  # the prompt as chat messages (None when the protocol has none)
+    tool_schemas: list[dict] | None  # the tools the chat template shows (None likewise)
     sampling_params: dict  # slime's, plus what ends this protocol's turns
     cut_at_stops: tuple[str, ...]  # stop strings after which a turn is cut (for engines that run past them)
+
+    def __init__(self, state: EpisodeState, sampling_params: dict): ...
 
     def read(self, turn: Turn, state: EpisodeState) -> Action:
         """What the model did in `turn`."""
 
-    async def reply(self, action: Action, turn: Turn, state: EpisodeState) -> Reply:
-        """The environment's answer (raises SearchError when a search fails for good)."""
+    def reply(self, action: Action, results: dict[str, str], turn: Turn, state: EpisodeState) -> Reply:
+        """What the model is shown next: the results of its calls (by call id), or what was wrong."""
 
 
 class TokenDriver(Protocol):
-    """Where a turn's tokens come from (tokens/manual.py, tokens/legacy_router.py)."""
+    """Where a turn's tokens come from (registry.TOKEN_DRIVERS: tokens/manual.py, tokens/legacy_router.py)."""
 
     context_length: int
     response_length: int
     trajectory: Trajectory  # what the driver writes the sample's response through
+
+    @classmethod
+    async def prepare(cls, state: EpisodeState) -> None:
+        """Checks that can fail before the sample is touched (the router's endpoints)."""
+
+    def __init__(self, state: EpisodeState, trajectory: Trajectory, protocol: TurnProtocol): ...
 
     async def generate(self, sampling_params: dict) -> Turn:
         """One model turn."""
@@ -80,32 +90,10 @@ def episode_budget(args, sampling_params: dict, config: SearchR1Config, evaluati
     return Budget(response=response, context=min(limits))
 
 
-async def token_driver(state: EpisodeState, protocol: TurnProtocol) -> TokenDriver:
-    """The driver of TOKEN_TRACKING_MODE, over a fresh trajectory of the sample.
-
-    The router modes first check that the router serves them, so a sample is not touched when it cannot."""
-    config = state.config
-    if config.token_tracking_mode != "manual":
-        driver_class = RouterHandlerDriver if config.token_tracking_mode == "router_handler" else RouterRadixDriver
-        await driver_class.check_router(state.args, config)
-    prompt_ids = encode_prompt(state.tokenizer, protocol.prompt_text)
-    trajectory = Trajectory(
-        state.args,
-        state.sample,
-        prompt_ids,
-        track_log_probs=config.return_logprob,
-        train_observations=config.train_observations,
-    )
-    if config.token_tracking_mode == "router_handler":
-        return RouterHandlerDriver(state, trajectory, messages=protocol.messages, tools=protocol.tools)
-    if config.token_tracking_mode == "router_radix":
-        return RouterRadixDriver(state, trajectory, prompt_text=protocol.prompt_text)
-    return ManualDriver(state, trajectory, cut_at_stops=protocol.cut_at_stops)
-
-
 async def run_episode(args, sample: Sample, sampling_params: dict, config: SearchR1Config, evaluation: bool):
     """One sample's whole episode; returns the sample with its trajectory, status and metadata."""
     slime_state = GenerateState(args)
+    protocol_class = PROTOCOLS.get(config.llm_api_mode)
     state = EpisodeState(
         args,
         sample,
@@ -113,32 +101,44 @@ async def run_episode(args, sample: Sample, sampling_params: dict, config: Searc
         slime_state.tokenizer,
         slime_state,
         evaluation,
-        conversation=[] if config.llm_api_mode == "chat" else None,
+        conversation=[] if protocol_class.records_conversation else None,
     )
-    protocol: TurnProtocol = (ChatProtocol if config.llm_api_mode == "chat" else XmlProtocol)(state, sampling_params)
-    driver = await token_driver(state, protocol)
+    protocol: TurnProtocol = protocol_class(state, sampling_params)
+    driver_class = TOKEN_DRIVERS.get(config.token_tracking_mode)
+    await driver_class.prepare(state)
+    trajectory = Trajectory(
+        args,
+        sample,
+        encode_prompt(state.tokenizer, protocol.prompt_text),
+        track_log_probs=config.return_logprob,
+        train_observations=config.train_observations,
+    )
+    driver: TokenDriver = driver_class(state, trajectory, protocol)
     status, reason = await _turns(state, protocol, driver, episode_budget(args, sampling_params, config, evaluation))
     await driver.finish(status)
     driver.trajectory.decode_response(state.tokenizer)
-    return state.record(status, reason)
+    return state.finish(status, reason)
 
 
-async def _turns(state: EpisodeState, protocol: TurnProtocol, driver: TokenDriver, budget: Budget):
+async def _turns(
+    state: EpisodeState, protocol: TurnProtocol, driver: TokenDriver, budget: Budget
+) -> tuple[Sample.Status, FinishReason]:
     """(status, reason) of the episode, the trajectory written as it goes."""
     config, stats = state.config, state.stats
     for turn_index in range(config.max_turns):
         state.turn_index = turn_index
+        state.begin_turn()
         if state.aborted:
-            return Sample.Status.ABORTED, "rollout_aborted"
+            return Sample.Status.ABORTED, FinishReason.ROLLOUT_ABORTED
         if budget.left(driver) <= 0:
-            return Sample.Status.TRUNCATED, "token_budget"
+            return Sample.Status.TRUNCATED, FinishReason.TOKEN_BUDGET
         # A new dict per turn: in evaluation slime shares one sampling_params dict across all samples.
         params = {**protocol.sampling_params, "max_new_tokens": budget.left(driver)}
         if params.get("min_new_tokens"):
             params["min_new_tokens"] = min(params["min_new_tokens"], params["max_new_tokens"])
         turn = await driver.generate(params)
         if turn.finish_type == "abort":
-            return Sample.Status.ABORTED, "engine_abort"
+            return Sample.Status.ABORTED, FinishReason.ENGINE_ABORT
         stats.turns += 1
         action = protocol.read(turn, state)
         if action.message is not None:
@@ -146,20 +146,21 @@ async def _turns(state: EpisodeState, protocol: TurnProtocol, driver: TokenDrive
         if action.invalid and turn.finish_type != "length":  # a turn cut short is the budget's doing
             stats.invalid_actions += 1
         if action.final:
-            return Sample.Status.COMPLETED, "answer"
+            return Sample.Status.COMPLETED, FinishReason.ANSWER
         if turn.finish_type == "length":
-            return Sample.Status.TRUNCATED, "token_budget"
+            return Sample.Status.TRUNCATED, FinishReason.TOKEN_BUDGET
         if turn_index == config.max_turns - 1:
-            return Sample.Status.TRUNCATED, "max_turns"
+            return Sample.Status.TRUNCATED, FinishReason.MAX_TURNS
         try:
-            reply = await protocol.reply(action, turn, state)
-        except SearchError:
-            if state.aborted:  # slime aborted while the search waited or retried
-                return Sample.Status.ABORTED, "rollout_aborted"
-            return Sample.Status.FAILED, "search_failed"
+            results = await run_calls(action.calls, state.tools, state)
+        except ToolAborted:
+            return Sample.Status.ABORTED, FinishReason.ROLLOUT_ABORTED
+        except ToolError:
+            return Sample.Status.FAILED, FinishReason.TOOL_FAILED
+        reply = protocol.reply(action, results, turn, state)
         if len(reply.ids) >= budget.left(driver):
             # The reply plus at least one generated token must fit.
-            return Sample.Status.TRUNCATED, "token_budget"
+            return Sample.Status.TRUNCATED, FinishReason.TOKEN_BUDGET
         driver.add_observation(reply.ids)
         stats.observation_tokens += len(reply.ids)
         stats.truncated_observations += reply.truncated

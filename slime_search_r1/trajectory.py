@@ -7,7 +7,7 @@ rollout_log_probs stays None and slime recomputes them.
 """
 
 from slime.utils.types import Sample
-from slime_search_r1.state import METADATA_KEY
+from slime_search_r1.record import forget_episode
 
 
 class Trajectory:
@@ -81,4 +81,4 @@ def reset_response_fields(sample: Sample, tokens: list[int], track_log_probs: bo
     sample.reward = None
     sample.remove_sample = False
     sample.status = Sample.Status.PENDING
-    sample.metadata = {k: v for k, v in (sample.metadata or {}).items() if k != METADATA_KEY}
+    forget_episode(sample)

@@ -8,7 +8,7 @@ from transformers import AutoTokenizer
 from support import slime_compat  # first: SLIME_SRC=/path/to/slime puts real slime in the stand-in's place
 
 import generate_with_search
-from slime_search_r1.http import close_loop_sessions
+from slime_search_r1.http_client import close_loop_sessions
 from support.fake_retriever import FakeRetriever
 from support.fake_router import FakeSlimeRouter
 from support.fake_sglang import FakeSGLangEngine, ScriptedPolicy

@@ -14,13 +14,15 @@ from hypothesis import strategies as st
 
 from generate_with_search import generate, reward_func
 from slime.utils.types import Sample
-from slime_search_r1.http import close_loop_sessions
+from slime_search_r1.http_client import close_loop_sessions
 from slime_search_r1.protocols.chat_template import ChatRenderer
-from slime_search_r1.protocols.tools import SEARCH_SCHEMA
-from slime_search_r1.protocols.xml import INFORMATION_CLOSE, INFORMATION_OPEN, information_ids
+from slime_search_r1.tools.search import SEARCH_SCHEMA
+from slime_search_r1.protocols.xml_tags import INFORMATION_CLOSE, INFORMATION_OPEN, information_ids
 from slime_search_r1.search.results import format_documents
 from slime_search_r1.tokens.engine import EngineProtocolError
 from support.episodes import (
+    search_failures,
+    searches,
     ANSWER_TURN,
     CALL,
     CHAT_ANSWER,
@@ -30,7 +32,6 @@ from support.episodes import (
     chat_messages,
     chat_prompt_ids,
     conversation,
-    info,
     rollout,
     run_chat,
     xml_sample,
@@ -349,7 +350,7 @@ information_docs = st.lists(content.map(lambda text: f'"Title"\n{text}'), min_si
 @PROPERTY
 @given(contents=information_docs, max_tokens=st.integers(16, 120))
 def test_information_blocks_are_tokenized_whole_even_when_cut(tokenizer, contents, max_tokens):
-    ids, _ = information_ids(tokenizer, format_documents(contents).strip(), max_tokens)
+    ids, _ = information_ids(tokenizer, format_documents([{"contents": c} for c in contents]).strip(), max_tokens)
     assert len(ids) <= max_tokens
     text = tokenizer.decode(ids, skip_special_tokens=False)
     assert text.startswith(INFORMATION_OPEN)
@@ -501,8 +502,8 @@ async def test_a_retried_sample_starts_clean(make_args, tokenizer, engine, polic
     assert sample.status == Sample.Status.COMPLETED
     assert sample.remove_sample is False
     assert sample.reward is None
-    assert info(sample)["search_failures"] == 0
-    assert info(sample)["searches"] == 1
+    assert search_failures(sample) == 0
+    assert searches(sample) == 1
     assert sample.metadata["user_key"] == "kept"
     calls = engine.calls_for(prompt_ids)  # slime's per-sample prefix-cache counters count this run only
     assert sample.prefix_cache_info.total_prompt_tokens == sum(len(c.input_ids) for c in calls)

@@ -16,15 +16,8 @@ from pathlib import Path
 
 import pytest
 
-import generate_with_search
-from slime_search_r1.config import (
-    ENV_OVERRIDES,
-    REWARD_POST_PROCESS_PATH,
-    ConfigError,
-    apply_env_overrides,
-    check_slime_args,
-    resolve_config,
-)
+from slime_search_r1.settings import SETTINGS, ConfigError, resolve_config, search_r1_configs
+from slime_search_r1.slime_flags import REWARD_POST_PROCESS_PATH, check_slime_args
 from support.fake_ray import VersionHandler
 from support.loopback import free_port
 from support.slime_rollout import EVAL_ROLLOUT_LOG_FUNCTION, ROLLOUT_LOG_FUNCTION, load_function
@@ -62,7 +55,7 @@ MEGATRON_FLAGS = {
 def clean_env(**overrides) -> dict:
     """The caller's environment without any setting the script reads, plus `overrides`."""
     script_vars = set(re.findall(r"\b([A-Z][A-Z0-9_]+)=\$\{\1:?-", SCRIPT.read_text()))
-    plugin_vars = {name for name, _, _ in ENV_OVERRIDES}
+    plugin_vars = {setting.env for setting in SETTINGS.values() if setting.env}
     drop = script_vars | plugin_vars | {"WANDB_KEY", "WANDB_API_KEY", "PYTHONPATH"}
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(overrides)
@@ -189,7 +182,7 @@ def test_failed_samples_are_kept_out_of_group_advantages_by_default():
 def generate_refusal(flags: Namespace, env: dict) -> str:
     """The message generate() raises at its first sample for these slime flags and plugin variables."""
     with pytest.raises(ConfigError) as refused:
-        check_slime_args(flags, resolve_config(apply_env_overrides(generate_with_search.SEARCH_R1_CONFIGS, env)))
+        check_slime_args(flags, resolve_config(search_r1_configs({}, env)))
     return str(refused.value)
 
 
@@ -216,7 +209,7 @@ def test_flags_generate_refuses_are_refused_at_launch_with_its_message(args, env
 def test_a_bad_plugin_setting_is_refused_at_launch_with_the_import_message():
     env = {"SEARCH_R1_MAX_TURNS": "two"}
     with pytest.raises(ConfigError) as refused:
-        apply_env_overrides(generate_with_search.SEARCH_R1_CONFIGS, env)
+        search_r1_configs({}, env)
     assert f"run_qwen2.5_3B.sh: error: {refused.value}" in fails("--dry-run", **env)
 
 
@@ -232,22 +225,18 @@ def test_the_router_modes_need_the_old_router_stated(tmp_path):
 def test_the_check_reads_the_dict_as_edited_in_generate_with_search(tmp_path):
     edited = tmp_path / "generate_with_search.py"
     source = (REPO / "generate_with_search.py").read_text()
-    edited.write_text(source.replace('"max_turns": 3,', '"max_turns": 0,'))
-    check = [
-        sys.executable,
-        str(REPO / "slime_search_r1" / "config.py"),
-        "check-launch",
-        "--plugin",
-        str(edited),
-        "--",
-    ]
-    result = subprocess.run(check, env=clean_env(), capture_output=True, text=True)
+    opening = "SEARCH_R1_CONFIGS = search_r1_configs(\n    {\n"
+    assert opening in source
+    edited.write_text(source.replace(opening, opening + '        "max_turns": 0,\n'))
+    check = [sys.executable, "-m", "slime_search_r1.launch_check", "--plugin", str(edited), "--"]
+    env = clean_env(PYTHONPATH=str(REPO))
+    result = subprocess.run(check, env=env, capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 2
-    assert "SEARCH_R1_CONFIGS['max_turns']=0 is out of range; accepted: between 1 and 64" in result.stderr
-    edited.write_text(source.replace('"max_turns": 3,', '"max_turns": compute_turns(),'))
-    result = subprocess.run(check, env=clean_env(), capture_output=True, text=True)
+    assert "SEARCH_R1_CONFIGS['max_turns']=0 is out of range; accepted: 1 to 64" in result.stderr
+    edited.write_text(source.replace(opening, opening + '        "max_turns": compute_turns(),\n'))
+    result = subprocess.run(check, env=env, capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 2
-    assert "is not a literal dict" in result.stderr
+    assert "is not search_r1_configs({...}) of a literal dict" in result.stderr
 
 
 def test_the_check_can_be_skipped():
@@ -328,9 +317,24 @@ def test_plugin_variables_are_forwarded_and_secrets_never_shown():
     assert run.value("--wandb-project") == "slime-search-r1"
 
 
-def test_the_forwarded_list_is_the_plugins_list():
-    listed = re.search(r"PLUGIN_ENV_VARS=\(\n(.*?)\n\)", SCRIPT.read_text(), re.DOTALL).group(1).split()
-    assert listed == [name for name, _, _ in ENV_OVERRIDES]
+def test_every_settings_variable_that_is_set_reaches_the_job():
+    values = {"SEARCH_R1_TOOLS": "search", "SEARCH_R1_EXTENSIONS": "json", "GOOGLE_SNIPPET_ONLY": "1"}
+    env_vars = dry_run(**values).runtime_env["env_vars"]
+    assert {name: env_vars[name] for name in values} == values
+
+
+def test_an_extensions_setting_reaches_the_job_too(tmp_path):
+    """A setting registered by an extension module is forwarded like the built-in ones (no list to edit)."""
+    (tmp_path / "my_extension.py").write_text(
+        "from slime_search_r1.settings import Integer, Setting, register_setting\n"
+        "register_setting(Setting('my_extension.retries', 2, Integer(0, 9), 'MY_EXTENSION_RETRIES'))\n"
+    )
+    run = dry_run(SEARCH_R1_EXTENSIONS="my_extension", MY_EXTENSION_RETRIES="5", PYTHONPATH=str(tmp_path))
+    assert run.runtime_env["env_vars"]["MY_EXTENSION_RETRIES"] == "5"
+    stderr = fails(
+        "--dry-run", SEARCH_R1_EXTENSIONS="my_extension", MY_EXTENSION_RETRIES="50", PYTHONPATH=str(tmp_path)
+    )
+    assert "environment variable MY_EXTENSION_RETRIES='50' is out of range; accepted: 0 to 9" in stderr
 
 
 def test_a_real_run_stops_at_the_first_missing_path():

@@ -1,6 +1,7 @@
 """The folder's layout: slime loads the hooks from the folder alone, and the import graph stays a tree."""
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -62,6 +63,33 @@ def test_slime_loads_the_hooks_from_a_copy_of_the_folder_alone(tmp_path):
     outside = (f"{slime_root()}/", *interpreter, f"{SITE}/", str(SITE.parent / "slime_compat.py"))
     from_repository = [f for f in files if f.startswith(f"{REPO}/") and not f.startswith(outside)]
     assert from_repository == []  # nothing but the copy (and slime) was imported
+
+
+PROJECT_FILES = [
+    path
+    for path in REPO.rglob("*.py")
+    if not {".venv", ".git", ".cache", "slime_stub"} & set(path.relative_to(REPO).parts)
+]
+MODULE_FOLDERS = sorted({path.parent for path in PROJECT_FILES})
+
+
+def test_no_module_is_named_like_a_standard_library_module():
+    """Whichever folder comes first on sys.path (a script run as a file puts its own there) must not hide the
+    standard library: slime_search_r1/http.py once broke `import urllib.request` for `python slime_search_r1/x.py`."""
+    assert [str(p.relative_to(REPO)) for p in PROJECT_FILES if p.stem in sys.stdlib_module_names] == []
+
+
+@pytest.mark.parametrize("folder", MODULE_FOLDERS, ids=lambda folder: str(folder.relative_to(REPO)) or ".")
+def test_a_script_run_from_any_folder_still_imports_the_standard_library_and_aiohttp(folder):
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import urllib.request, xml.etree.ElementTree, json, aiohttp"
+    result = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_launch_script_runs_the_plugin_check_as_a_module():
+    script = (REPO / "run_qwen2.5_3B.sh").read_text()
+    assert "-m slime_search_r1.launch_check" in script
+    assert "slime_search_r1/" not in re.sub(r"#.*", "", script)  # no plugin file is run as a script
 
 
 def imports_of(path: Path) -> set[str]:

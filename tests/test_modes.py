@@ -13,9 +13,10 @@ from generate_with_search import generate, reward_func
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.http_utils import init_http_client
 from slime.utils.types import Sample
-from slime_search_r1.config import REWARD_POST_PROCESS_PATH, ConfigError
+from slime_search_r1.settings import ConfigError
+from slime_search_r1.slime_flags import REWARD_POST_PROCESS_PATH
 from slime_search_r1.data import search_r1_prompt
-from slime_search_r1.protocols.tools import SEARCH_SCHEMA
+from slime_search_r1.tools.search import SEARCH_SCHEMA
 from slime_search_r1.tokens import engine as sglang_engine
 from slime_search_r1.tokens.engine import EngineProtocolError, EngineUnavailable
 from slime_search_r1.tokens.legacy_router import RouterTrackingError

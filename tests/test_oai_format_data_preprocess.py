@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from slime_search_r1.data import CHAT_SYSTEM_PROMPT
-from slime_search_r1.protocols.tools import SEARCH_SCHEMA
+from slime_search_r1.tools.search import SEARCH_SCHEMA
 from support.slime_rollout import slime_sampling_params
 from generate_with_search import generate, reward_func
 from oai_format_data_preprocess import main

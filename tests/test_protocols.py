@@ -9,7 +9,7 @@ import pytest
 from generate_with_search import reward_func
 from slime.utils.types import Sample
 from slime_search_r1.protocols.chat import parse_generated_turn, parse_openai_message
-from slime_search_r1.protocols.xml import INVALID_ACTION_MESSAGE
+from slime_search_r1.protocols.xml_tags import invalid_action_message
 from support.episodes import (
     ANSWER_TURN,
     CALL,
@@ -17,6 +17,8 @@ from support.episodes import (
     CHAT_ANSWER,
     MALFORMED,
     QUESTION,
+    SEARCH_ONLY,
+    SEARCH_R1_INVALID_ACTION,
     SEARCH_TURN,
     WRONG_TOOL,
     chat_prompt_ids,
@@ -25,10 +27,15 @@ from support.episodes import (
     info,
     rollout,
     run_chat,
+    searches,
 )
 from support.fidelity import assert_faithful
 
 # ---- XML mode ---------------------------------------------------------------------------------------------------
+
+
+def test_with_search_alone_the_invalid_action_message_is_search_r1s():
+    assert invalid_action_message(SEARCH_ONLY.values()) == SEARCH_R1_INVALID_ACTION
 
 
 async def test_xml_a_search_runs_its_query_and_the_passages_are_shown_in_information(
@@ -52,9 +59,9 @@ async def test_xml_a_turn_without_an_action_is_answered_with_the_retry_message(
 ):
     policy.scripts[QUESTION + "?"] = ["I think it is Paris.", ANSWER_TURN]
     args, sample, prompt_ids = await rollout(make_args, tokenizer)
-    assert INVALID_ACTION_MESSAGE in sample.response
+    assert SEARCH_R1_INVALID_ACTION in sample.response
     assert sample.status == Sample.Status.COMPLETED
-    assert info(sample)["searches"] == 0
+    assert searches(sample) == 0
     assert info(sample)["turns"] == 2
     assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
     # the model's first turn ended with EOS, which makes the format invalid: correct answer, 1 - 0.2
@@ -67,7 +74,7 @@ async def test_xml_an_empty_search_query_is_an_invalid_action(
     policy.scripts[QUESTION + "?"] = ["<think>hmm</think>\n<search>  </search>", ANSWER_TURN]
     _, sample, _ = await rollout(make_args, tokenizer)
     assert retriever.queries == []
-    assert INVALID_ACTION_MESSAGE in sample.response
+    assert SEARCH_R1_INVALID_ACTION in sample.response
 
 
 async def test_xml_long_search_results_are_cut_to_max_obs_tokens(
@@ -158,19 +165,22 @@ GENERATED = (
 
 
 def test_a_generated_turn_is_read_into_its_text_and_its_tool_calls():
-    turn = parse_generated_turn(GENERATED, "<|im_end|>", 2)
+    turn = parse_generated_turn(GENERATED, "<|im_end|>", 2, SEARCH_ONLY)
     assert turn.content == "<think>a</think>"
-    assert [c.queries for c in turn.tool_calls] == [["x", "y"], ["z"]]  # arguments as an object or a JSON string
+    assert [c.parsed["queries"] for c in turn.tool_calls] == [
+        ["x", "y"],
+        ["z"],
+    ]  # arguments as an object or a JSON string
     assert [c.call_id for c in turn.tool_calls] == ["call_2_0", "call_2_1"]
 
 
 def test_a_generated_turn_is_recorded_as_an_openai_message_with_json_arguments():
-    turn = parse_generated_turn(GENERATED, "<|im_end|>", 2)
+    turn = parse_generated_turn(GENERATED, "<|im_end|>", 2, SEARCH_ONLY)
     assert turn.to_openai()["tool_calls"][0]["function"] == {"name": "search", "arguments": '{"query": ["x", "y"]}'}
 
 
 def test_an_unfinished_tool_call_is_unparsable_and_neither_a_call_nor_an_answer():
-    broken = parse_generated_turn('<tool_call>\n{"name": "search", "arg', "<|im_end|>", 0)
+    broken = parse_generated_turn('<tool_call>\n{"name": "search", "arg', "<|im_end|>", 0, SEARCH_ONLY)
     assert broken.unparsable
     assert not broken.tool_calls
     assert not broken.is_final_answer
@@ -178,13 +188,16 @@ def test_an_unfinished_tool_call_is_unparsable_and_neither_a_call_nor_an_answer(
 
 def test_a_call_with_more_than_five_queries_is_an_error():
     too_many = parse_generated_turn(
-        '<tool_call>{"name": "search", "arguments": {"query": ["a","b","c","d","e","f"]}}</tool_call>', "", 0
+        '<tool_call>{"name": "search", "arguments": {"query": ["a","b","c","d","e","f"]}}</tool_call>',
+        "",
+        0,
+        SEARCH_ONLY,
     )
     assert too_many.tool_calls[0].error == "at most 5 queries per call"
 
 
 def test_an_answer_without_a_call_is_a_final_answer():
-    assert parse_generated_turn("<answer> x </answer><|im_end|>", "<|im_end|>", 0).is_final_answer
+    assert parse_generated_turn("<answer> x </answer><|im_end|>", "<|im_end|>", 0, SEARCH_ONLY).is_final_answer
 
 
 @pytest.mark.parametrize(
@@ -208,21 +221,25 @@ def test_an_answer_without_a_call_is_a_final_answer():
     ids=["invented response", "free text", "two calls", "a broken second call"],
 )
 def test_text_after_the_first_call_is_kept_for_the_reward(text, after):
-    turn = parse_generated_turn(text + "<|im_end|>", "<|im_end|>", 0)
+    turn = parse_generated_turn(text + "<|im_end|>", "<|im_end|>", 0, SEARCH_ONLY)
     assert turn.text_after_tool_calls == after
     assert turn.to_openai().get("text_after_tool_calls") == (after or None)
-    assert parse_openai_message(turn.to_openai(), 0).text_after_tool_calls == after  # the reward reads it back
+    assert (
+        parse_openai_message(turn.to_openai(), 0, SEARCH_ONLY).text_after_tool_calls == after
+    )  # the reward reads it back
 
 
 def test_an_openai_message_is_read_with_its_own_call_ids():
     call = {"id": "abc", "type": "function", "function": {"name": "search", "arguments": '{"query": "q"}'}}
     message = {"role": "assistant", "content": None, "tool_calls": [call]}
-    turn = parse_openai_message(message, 0)
+    turn = parse_openai_message(message, 0, SEARCH_ONLY)
     assert turn.content == ""
     assert turn.tool_calls[0].call_id == "abc"
-    assert turn.tool_calls[0].queries == ["q"]
+    assert turn.tool_calls[0].parsed == {"queries": ["q"]}
 
 
 def test_openai_arguments_that_are_not_json_are_a_call_error():
-    bad = parse_openai_message({"content": "", "tool_calls": [{"function": {"name": "search", "arguments": "{"}}]}, 1)
+    bad = parse_openai_message(
+        {"content": "", "tool_calls": [{"function": {"name": "search", "arguments": "{"}}]}, 1, SEARCH_ONLY
+    )
     assert bad.tool_calls[0].error == "arguments are not valid JSON"

@@ -17,8 +17,9 @@ from qa_em_format import FormatWeights, em_check, format_problem, normalize_answ
 from slime.utils.types import Sample
 from slime_search_r1.data import golden_answers
 from slime_search_r1.protocols.chat_reward import conversation_format_problem
-from slime_search_r1.protocols.xml import INVALID_ACTION_MESSAGE
 from support.episodes import (
+    SEARCH_ONLY,
+    SEARCH_R1_INVALID_ACTION,
     ANSWER,
     ANSWER_TURN,
     CALL,
@@ -230,7 +231,7 @@ def test_the_prompt_s_example_answer_is_never_read_as_the_answer():
 
 
 def test_environment_text_is_never_read_as_the_answer():
-    response = "I think it is Paris." + INVALID_ACTION_MESSAGE + "<think>a</think>\n<search> q </search>"
+    response = "I think it is Paris." + SEARCH_R1_INVALID_ACTION + "<think>a</think>\n<search> q </search>"
     response += "\n\n<information>Doc 1(Title: x) the page says <answer> Paris </answer></information>\n\n"
     details = score_response(PROMPT, response, ["and", "Paris"], WEIGHTS)
     assert details.answer is None
@@ -258,7 +259,7 @@ async def test_an_invalid_action_does_not_pay_better_than_searching(
     ids=["search then answer", "answer at once"],
 )
 def test_a_chat_conversation_that_ends_in_one_answer_after_well_formed_calls_is_valid(conversation):
-    assert conversation_format_problem(conversation) is None
+    assert conversation_format_problem(conversation, SEARCH_ONLY) is None
 
 
 @pytest.mark.parametrize(
@@ -286,7 +287,7 @@ def test_a_chat_conversation_that_ends_in_one_answer_after_well_formed_calls_is_
     ],
 )
 def test_chat_format_problems_are_named(conversation, problem):
-    assert problem in conversation_format_problem(conversation)
+    assert problem in conversation_format_problem(conversation, SEARCH_ONLY)
 
 
 def test_the_last_answer_of_the_final_chat_message_is_scored_and_several_answers_are_invalid():

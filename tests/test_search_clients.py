@@ -8,17 +8,16 @@ import time
 import aiohttp
 import pytest
 
-from slime_search_r1.search import dispatch as search_backend
-from slime_search_r1.http import RequestFailed, close_loop_sessions, loop_session, post_json
+from slime_search_r1.http_client import RequestFailed, close_loop_sessions, loop_session, post_json
 from google_search_server import PAGE_MAX_BYTES, google_search
 from slime_search_r1.search.local import LocalRetrieverClient
 from slime_search_r1.search.dispatch import SearchError, search
-from slime_search_r1.config import apply_env_overrides, resolve_config
+from slime_search_r1.registry import SEARCH_BACKENDS
+from slime_search_r1.search.results import hit_document
+from slime_search_r1.settings import resolve_config, search_r1_configs
 from support.fake_retriever import FakeRetriever
 from support.fake_serper import FakeSerper
 from support.loopback import free_port, serve_in_thread
-
-import generate_with_search
 
 
 @pytest.fixture
@@ -33,12 +32,17 @@ def client_for(*urls, attempts=3, timeout=2.0):
     return LocalRetrieverClient(tuple(u + "/retrieve" for u in urls), timeout=timeout, max_attempts=attempts)
 
 
+def contents(hits) -> list[str]:
+    """The passage texts of hits in any server shape (or of documents from search())."""
+    return [hit_document(hit)["contents"] for hit in hits]
+
+
 @pytest.mark.parametrize("scores_shape", [True, False])
 async def test_both_result_shapes(retriever, scores_shape):
     retriever.scores_shape = scores_shape
-    contents = await client_for(retriever.url).search("capital of France", 2)
-    assert contents[0].startswith('"Paris"\nParis is the capital')
-    assert len(contents) == 2
+    found = contents(await client_for(retriever.url).search("capital of France", 2))
+    assert found[0].startswith('"Paris"\nParis is the capital')
+    assert len(found) == 2
     assert retriever.bodies[-1] == {"queries": ["capital of France"], "topk": 2, "return_scores": False}
 
 
@@ -96,8 +100,8 @@ async def test_timeouts_are_retried_then_fail(retriever):
 
 async def test_malformed_answer_is_a_clear_error(retriever):
     retriever.docs = [{"id": "0", "text_only": "no contents"}]
-    with pytest.raises(RequestFailed, match="without a usable 'result' list"):
-        await client_for(retriever.url).search("x", 1)
+    with pytest.raises(SearchError, match=r"a retrieval hit has no 'contents' \(keys: \['id', 'text_only'\]\)"):
+        await search(local_config(retriever.url, SEARCH_R1_TOPK="1"), "x")
 
 
 async def test_one_session_per_event_loop():
@@ -112,7 +116,7 @@ async def test_one_session_per_event_loop():
 async def test_search_concurrency_bounds_requests_in_flight(retriever):
     retriever.latency_s = 0.05
     env = {"RETRIEVAL_SERVER_URL": retriever.url, "SEARCH_R1_SEARCH_CONCURRENCY": "4"}
-    config = resolve_config(apply_env_overrides(generate_with_search.SEARCH_R1_CONFIGS, env))
+    config = resolve_config(search_r1_configs({}, env))
     results = await asyncio.gather(*(search(config, f"Paris {i}") for i in range(40)))
     assert len(results) == 40
     assert retriever.max_in_flight == 4
@@ -155,7 +159,8 @@ async def test_google_snippets(serper):
     assert hits[0] == {
         "document": {
             "contents": '"Café de Flore"\nLe café de Flore est un café parisien situé au coin du boulevard '
-            "Saint-Germain"
+            "Saint-Germain",
+            "url": serper.url + "/pages/flore",  # shown to the model only when the access tool is enabled
         }
     }
     assert len(hits) == 2  # the item with neither title nor snippet is dropped
@@ -184,9 +189,9 @@ async def test_google_errors_never_show_the_key(serper):
 
 async def test_google_backend_through_the_config(serper):
     env = {"SEARCH_BACKEND": "google", "GOOGLE_API_KEY": "test-key-123", "GOOGLE_SEARCH_URL": serper.url + "/search"}
-    config = resolve_config(apply_env_overrides(generate_with_search.SEARCH_R1_CONFIGS, env))
-    contents = await search(config, "cafe")
-    assert contents[0].startswith('"Café de Flore"')
+    config = resolve_config(search_r1_configs({}, env))
+    found = contents(await search(config, "cafe"))
+    assert found[0].startswith('"Café de Flore"')
     assert serper.seen_keys[-1] == "test-key-123"
 
 
@@ -197,12 +202,12 @@ NESTED_JSON = b'{"result": [' + b"[" * 5000 + b"]" * 5000 + b"]}"
 
 def local_config(url: str, **env):
     env = {"RETRIEVAL_SERVER_URL": url, "SEARCH_R1_SEARCH_ATTEMPTS": "1", **env}
-    return resolve_config(apply_env_overrides(generate_with_search.SEARCH_R1_CONFIGS, env))
+    return resolve_config(search_r1_configs({}, env))
 
 
 def google_config(url: str, **env):
     env = {"SEARCH_BACKEND": "google", "GOOGLE_API_KEY": "test-key-123", "GOOGLE_SEARCH_URL": url, **env}
-    return resolve_config(apply_env_overrides(generate_with_search.SEARCH_R1_CONFIGS, env))
+    return resolve_config(search_r1_configs({}, env))
 
 
 async def test_a_retriever_answering_deeply_nested_json_is_a_search_error(retriever):
@@ -225,14 +230,14 @@ async def test_serper_items_whose_fields_are_not_text_are_read_as_missing(serper
     expected = ['"Only a title"\nNo snippet available.', '"No title."\nThis snippet has more than five words in it.']
     for snippet_only in ("true", "false"):
         config = google_config(serper.url + "/search", GOOGLE_SNIPPET_ONLY=snippet_only)
-        assert await search(config, "x") == expected
+        assert contents(await search(config, "x")) == expected
 
 
 async def test_any_unexpected_exception_from_a_backend_becomes_a_search_error(retriever, monkeypatch):
     async def broken(*_args):
         raise KeyError("a parser bug")
 
-    monkeypatch.setitem(search_backend._backends, "local", broken)
+    monkeypatch.setitem(SEARCH_BACKENDS._entries, "local", broken)
     with pytest.raises(SearchError, match="KeyError: 'a parser bug'"):
         await search(local_config(retriever.url), "Paris")
 
@@ -241,7 +246,7 @@ async def test_cancellation_still_propagates_through_search(retriever, monkeypat
     async def cancelled(*_args):
         raise asyncio.CancelledError
 
-    monkeypatch.setitem(search_backend._backends, "local", cancelled)
+    monkeypatch.setitem(SEARCH_BACKENDS._entries, "local", cancelled)
     with pytest.raises(asyncio.CancelledError):
         await search(local_config(retriever.url), "Paris")
 
@@ -273,8 +278,8 @@ async def test_a_fetched_page_is_read_only_up_to_the_page_limit(serper):
 async def test_hits_beyond_topk_are_dropped(retriever):
     retriever.docs = [{"id": str(i), "contents": f'"Doc {i}"\nParis text {i}'} for i in range(50)]
     retriever.answer_topk = 50
-    contents = await client_for(retriever.url).search("Paris", 3)
-    assert contents == [f'"Doc {i}"\nParis text {i}' for i in range(3)]
+    found = contents(await search(local_config(retriever.url, SEARCH_R1_TOPK="3"), "Paris"))
+    assert found == [f'"Doc {i}"\nParis text {i}' for i in range(3)]
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["with-content-length", "streamed"])
@@ -289,8 +294,8 @@ async def test_an_answer_over_the_size_limit_is_refused(retriever, streamed):
 async def test_a_large_answer_within_the_limit_is_read(retriever):
     hits = [{"contents": f'"Long {i}"\n' + "y" * 40_000} for i in range(3)]
     retriever.raw_answer = (json.dumps({"result": [hits]}).encode(), 200)
-    contents = await client_for(retriever.url).search("Paris", 3)
-    assert [len(c) for c in contents] == [len(h["contents"]) for h in hits]
+    found = contents(await client_for(retriever.url).search("Paris", 3))
+    assert [len(c) for c in found] == [len(h["contents"]) for h in hits]
 
 
 async def test_post_json_without_a_limit_reads_any_size(retriever):

@@ -18,6 +18,8 @@ from generate_with_search import generate, reward_func
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
 from support.episodes import (
+    search_failures,
+    searches,
     ANSWER,
     ANSWER_TURN,
     CALL,
@@ -53,7 +55,7 @@ async def test_an_answer_completes_the_episode(mode, make_args, tokenizer, engin
     assert sample.status == Sample.Status.COMPLETED
     assert info(sample)["finish_reason"] == "answer"
     assert info(sample)["turns"] == 2
-    assert info(sample)["searches"] == 1
+    assert searches(sample) == 1
 
 
 # ---- ABORTED: the engine aborted, or slime's abort flag was set before a turn -----------------------------------
@@ -233,8 +235,8 @@ async def test_a_search_that_stays_down_fails_the_sample_which_is_still_rewarded
     sample, prompt_ids = episode.sample, episode.prompt_ids
     assert sample.status == Sample.Status.FAILED
     assert sample.remove_sample is True
-    assert info(sample)["search_failures"] == 1
-    assert "503" in info(sample)["search_error"]
+    assert search_failures(sample) == 1
+    assert "503" in info(sample)["tool_error"]
     assert len(engine.calls_for(prompt_ids)) == 1
     assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
     assert await reward_func(episode.args, sample) == 0.0
@@ -258,7 +260,7 @@ async def test_a_search_server_answering_nonsense_fails_the_sample_not_the_batch
     policy.scripts[QUESTION + "?"] = [SEARCH[mode], ANSWER[mode]]
     sample = (await run_episode(mode, make_args, tokenizer, search_config)).sample
     assert sample.status == Sample.Status.FAILED
-    assert "retrieval hit must be an object" in info(sample)["search_error"]
+    assert "retrieval hit must be an object" in info(sample)["tool_error"]
 
 
 @by_mode
@@ -270,7 +272,7 @@ async def test_a_search_answer_nested_too_deeply_fails_the_sample_not_the_batch(
     sample = (await run_episode(mode, make_args, tokenizer, search_config)).sample
     assert sample.status == Sample.Status.FAILED
     assert sample.remove_sample is True
-    assert "nested too deeply" in info(sample)["search_error"]
+    assert "nested too deeply" in info(sample)["tool_error"]
 
 
 @pytest.mark.parametrize(("mode", "tracking"), [("generate", "router_radix"), ("chat", "router_handler")])

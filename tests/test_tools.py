@@ -1,67 +1,108 @@
-"""Tools by name: a new tool is one new entry in the registry, and both protocols and both rewards follow it."""
+"""Tools by name: a tool is one Tool registered from a file of its own (here, this test file) and enabled with the
+`tools` setting; both protocols, both format rules, the reward and the metrics follow it, and nothing under
+slime_search_r1/ changes."""
 
 import pytest
 
 from generate_with_search import generate, reward_func
 from qa_em_format import format_problem
 from slime.utils.types import Sample
-from slime_search_r1.protocols import tools
 from slime_search_r1.protocols.chat_reward import conversation_format_problem
-from slime_search_r1.protocols.tools import SEARCH_SCHEMA, Tool, check_call
-from slime_search_r1.protocols.xml import stop_strings
-from support.episodes import CHAT_LABEL, QUESTION, chat_messages
+from slime_search_r1.protocols.xml_tags import invalid_action_message, stop_strings
+from slime_search_r1.registry import TOOLS
+from slime_search_r1.settings import ConfigError, resolve_config
+from slime_search_r1.tools.calls import read_call
+from slime_search_r1.tools.contract import Tool, ToolError, enabled_tools
+from slime_search_r1.tools.search import SEARCH_SCHEMA
+from slime_search_r1.training.metrics import search_metrics
+from support.episodes import CHAT_LABEL, QUESTION, SEARCH_ONLY, chat_messages, info
 from support.slime_rollout import chat_prompt, slime_sampling_params
 
-CALENDAR_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "calendar",
-        "description": "The date of an event.",
-        "parameters": {"type": "object", "properties": {"event": {"type": "string"}}, "required": ["event"]},
-    },
-}
 
-
-def read_event(arguments: dict) -> list[str]:
+def read_event(arguments: dict) -> dict:
     event = arguments.get("event")
     if not isinstance(event, str) or not event.strip():
         raise ValueError("'event' must be a non-empty string")
-    return [event.strip()]
+    return {"event": event.strip()}
+
+
+class Calendar:
+    """A third-party tool: what it was asked, and whether its service is down."""
+
+    def __init__(self):
+        self.asked: list[str] = []
+        self.down = False
+
+    async def run(self, arguments: dict, state) -> str:
+        if self.down:
+            raise ToolError("the calendar service answered HTTP 503")
+        self.asked.append(arguments["event"])
+        return f"{arguments['event']} was on 14 July 1789."
+
+    def tool(self) -> Tool:
+        return Tool(
+            name="calendar",
+            description="The date of an event.",
+            parameters={"type": "object", "properties": {"event": {"type": "string"}}, "required": ["event"]},
+            read_arguments=read_event,
+            run=self.run,
+            usage='Call calendar with {"event": "..."}.',
+            xml_argument="event",
+            xml_usage="If I want a date, I should put the event between <calendar> and </calendar>.",
+            observation_budget=lambda config: 64,
+            prompt_line="You can find the date of an event by <calendar> event </calendar>.",
+        )
 
 
 @pytest.fixture
-def calendar():
-    """A second tool, registered the way the search tool is; unregistered after the test."""
-    asked = []
+def calendar(search_config):
+    """The calendar tool, registered and enabled beside search; both undone after the test."""
+    calendar = Calendar()
+    TOOLS.register("calendar", calendar.tool())
+    search_config["tools"] = ["search", "calendar"]
+    yield calendar
+    TOOLS.unregister("calendar")
 
-    async def run(state, queries):
-        asked.extend(queries)
-        return f"{queries[0]} was on 14 July 1789."
 
-    tools.register_tool(
-        Tool("calendar", CALENDAR_SCHEMA, read_event, run, 'Call calendar with {"event": "..."}.', "event")
+CALENDAR_SCHEMA = Calendar().tool().schema
+
+
+def tools_of(config) -> dict:
+    return enabled_tools(resolve_config(config))
+
+
+def test_an_enabled_tool_is_an_xml_action_and_a_stop_string(calendar, search_config):
+    assert stop_strings(tools_of(search_config)) == ("</search>", "</calendar>", "</answer>")
+
+
+def test_the_invalid_action_message_names_every_enabled_tool(calendar, search_config):
+    message = invalid_action_message(tools_of(search_config).values())
+    assert "If I want a date, I should put the event between <calendar> and </calendar>." in message
+    assert message.startswith("\nMy previous action is invalid. If I want to search")
+
+
+def test_a_registered_tool_that_is_not_enabled_is_unknown(calendar):
+    call = read_call("call_0_0", "calendar", {"event": "x"}, SEARCH_ONLY)
+    assert call.error == "unknown tool 'calendar'; the only tool is 'search'"
+
+
+def test_a_tool_reads_its_own_arguments(calendar, search_config):
+    tools = tools_of(search_config)
+    assert read_call("call_0_0", "calendar", {"event": " Bastille Day "}, tools).parsed == {"event": "Bastille Day"}
+    assert read_call("call_0_1", "calendar", {"event": ""}, tools).error == "'event' must be a non-empty string"
+    assert (
+        read_call("call_0_2", "weather", {}, tools).error
+        == "unknown tool 'weather'; the tools are 'search', 'calendar'"
     )
-    yield asked
-    del tools.TOOLS["calendar"]
 
 
-def test_a_registered_tool_is_an_xml_action_and_a_stop_string(calendar):
-    assert "</calendar>" in stop_strings()
+def test_the_tools_setting_refuses_a_tool_nobody_registered(search_config):
+    search_config["tools"] = ["search", "calendar"]
+    with pytest.raises(ConfigError, match=r"\['tools'\]=\['search', 'calendar'\] is invalid; .*'calendar' unknown"):
+        resolve_config(search_config)
 
 
-def test_a_registered_tool_call_is_read_with_its_own_arguments(calendar):
-    call = check_call("call_0_0", "calendar", {"event": " the storming of the Bastille "})
-    assert call.queries == ["the storming of the Bastille"]
-    assert check_call("call_0_1", "calendar", {"event": ""}).error == "'event' must be a non-empty string"
-
-
-def test_an_unknown_tool_names_every_registered_one(calendar):
-    assert check_call("call_0_0", "weather", {}).error == "unknown tool 'weather'; the tools are 'search', 'calendar'"
-
-
-async def test_xml_mode_runs_a_registered_tool_and_shows_its_result(
-    make_args, tokenizer, engine, policy, search_config, calendar
-):
+async def test_xml_mode_runs_the_tool_and_shows_its_result(make_args, tokenizer, engine, policy, calendar):
     policy.scripts[QUESTION + "?"] = [
         "<think>When?</think>\n<calendar> storming of the Bastille </calendar>",
         "<think>1789.</think>\n<answer> Paris </answer>",
@@ -70,13 +111,26 @@ async def test_xml_mode_runs_a_registered_tool_and_shows_its_result(
     sample = await generate(
         args, Sample(prompt=chat_prompt(tokenizer, QUESTION), label=CHAT_LABEL), slime_sampling_params(512)
     )
-    assert calendar == ["storming of the Bastille"]
+    assert calendar.asked == ["storming of the Bastille"]
     assert "<information>storming of the Bastille was on 14 July 1789.</information>" in sample.response
-    assert format_problem(sample.prompt + sample.response) is None  # the format rule knows the new tag
+    assert format_problem(sample.prompt + sample.response, ("search", "calendar")) is None
     assert await reward_func(args, sample) == 1.0
 
 
-async def test_chat_mode_runs_a_registered_tool_and_the_chat_reward_accepts_it(
+async def test_xml_mode_adds_the_tools_prompt_line_after_search_r1s_instruction(
+    make_args, tokenizer, engine, calendar
+):
+    await generate(
+        make_args(), Sample(prompt=chat_prompt(tokenizer, QUESTION), label=CHAT_LABEL), slime_sampling_params(64)
+    )
+    prompt = tokenizer.decode(engine.calls[0].input_ids)
+    assert (
+        "between <information> and </information>. You can find the date of an event by <calendar> event "
+        "</calendar>. You can search as many times" in prompt
+    )
+
+
+async def test_chat_mode_runs_the_tool_and_the_chat_reward_accepts_it(
     make_args, engine, policy, search_config, calendar
 ):
     search_config["llm_api_mode"] = "chat"
@@ -94,5 +148,44 @@ async def test_chat_mode_runs_a_registered_tool_and_the_chat_reward_accepts_it(
         "name": "calendar",
         "content": "Bastille Day was on 14 July 1789.",
     }
-    assert conversation_format_problem(conversation) is None
+    assert conversation_format_problem(conversation, tools_of(search_config)) is None
     assert await reward_func(args, sample) == 1.0
+
+
+async def test_chat_mode_refuses_data_that_offers_a_tool_the_settings_do_not_enable(
+    make_args, engine, search_config, calendar
+):
+    search_config["llm_api_mode"] = "chat"
+    search_config["tools"] = ["search"]
+    sample = Sample(prompt=chat_messages(), label=CHAT_LABEL, metadata={"tools": [SEARCH_SCHEMA, CALENDAR_SCHEMA]})
+    with pytest.raises(ConfigError, match="offers 'calendar', which the tools setting does not enable"):
+        await generate(make_args(), sample, slime_sampling_params(512))
+
+
+async def test_a_failing_tool_ends_the_sample_failed_with_its_error(make_args, tokenizer, policy, engine, calendar):
+    calendar.down = True
+    policy.scripts[QUESTION + "?"] = ["<think>When?</think>\n<calendar> Bastille Day </calendar>"]
+    sample = await generate(
+        make_args(), Sample(prompt=chat_prompt(tokenizer, QUESTION), label=CHAT_LABEL), slime_sampling_params(512)
+    )
+    assert sample.status == Sample.Status.FAILED
+    assert sample.remove_sample
+    assert info(sample)["tool_error"] == "calendar: the calendar service answered HTTP 503"
+    assert info(sample)["tools"]["calendar"]["failures"] == 1
+    assert info(sample)["finish_reason"] == "tool_failed"
+
+
+async def test_the_metrics_count_the_tool_by_name(make_args, tokenizer, engine, policy, calendar):
+    policy.scripts[QUESTION + "?"] = [
+        "<think>When?</think>\n<calendar> Bastille Day </calendar>",
+        "<think>1789.</think>\n<answer> Paris </answer>",
+    ]
+    args = make_args()
+    sample = await generate(
+        args, Sample(prompt=chat_prompt(tokenizer, QUESTION), label=CHAT_LABEL), slime_sampling_params(512)
+    )
+    metrics = search_metrics([sample])
+    assert metrics["tools/calendar/calls/mean"] == 1.0
+    assert metrics["tools/calendar/failures"] == 0
+    assert metrics["tools/calendar/latency/p50"] > 0
+    assert metrics["searches/mean"] == 0.0

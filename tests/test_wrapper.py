@@ -147,8 +147,8 @@ def test_rollouts_use_the_retriever_it_started_then_everything_stops(wrapper_env
     assert train[metric + "finish/answer"] == 1.0
     assert train[metric + "failed_share"] == 0.0
     assert train[metric + "invalid_actions/mean"] == 0.0
-    assert train[metric + "search_latency/p50"] > 0  # real HTTP searches
-    assert train[metric + "search_latency/p99"] >= train[metric + "search_latency/p50"]
+    assert train[metric + "tools/search/latency/p50"] > 0  # real HTTP searches
+    assert train[metric + "tools/search/latency/p99"] >= train[metric + "tools/search/latency/p50"]
     assert train[metric + "observation_tokens/mean"] > 0
     assert train[metric + "em"] == sum(r == 1.0 for r in report["rewards"]) / 12  # the format is always valid
     assert train[metric + "format_valid"] == 1.0

@@ -6,6 +6,7 @@ Charts are drawn with matplotlib's Agg canvas (no display needed); matplotlib is
 
 import json
 import math
+from statistics import fmean
 from pathlib import Path
 
 from slime_search_r1.data import SEARCH_R1_DATA_SOURCES
@@ -87,8 +88,8 @@ def check_run_config(output_dir: Path, config: dict) -> None:
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
+def _mean_or_none(values: list[float]) -> float | None:
+    return fmean(values) if values else None
 
 
 def source_order(sources) -> list[str]:
@@ -107,17 +108,17 @@ def summarize(records: list[dict], selected_per_source: dict[str, int]) -> dict:
         sources[source] = {
             "n": len(done),
             "selected": selected_per_source.get(source, len(done)),
-            "em": _mean([float(r["em"]) for r in done]),
-            "mean_searches": _mean([float(r.get("searches", 0)) for r in done]),
-            "mean_turns": _mean([float(r.get("turns", 0)) for r in done]),
+            "em": _mean_or_none([float(r["em"]) for r in done]),
+            "mean_searches": _mean_or_none([float(r.get("searches", 0)) for r in done]),
+            "mean_turns": _mean_or_none([float(r.get("turns", 0)) for r in done]),
             "statuses": {s: sum(r["status"] == s for r in done) for s in sorted({r["status"] for r in done})},
         }
     scored = [s["em"] for s in sources.values() if s["em"] is not None]
     all_em = [float(r["em"]) for r in records]
     return {
         "data_sources": sources,
-        "average_em": _mean(scored),  # mean over data sources, as in Search-R1's tables
-        "micro_em": _mean(all_em),  # mean over all trajectories
+        "average_em": _mean_or_none(scored),  # mean over data sources, as in Search-R1's tables
+        "micro_em": _mean_or_none(all_em),  # mean over all trajectories
         "n": len(records),
         "selected": sum(selected_per_source.values()),
         "complete": len(records) == sum(selected_per_source.values()),

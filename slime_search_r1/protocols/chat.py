@@ -6,29 +6,33 @@ usable call nor an answer by a short user hint; the template's rendering of thos
 is shown next (chat_template.py). The conversation is recorded as OpenAI messages for the reward.
 """
 
-import asyncio
 import copy
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from slime.utils.types import Sample
-from slime_search_r1.protocols.actions import Action, Reply, ToolCall
 from slime_search_r1.protocols.chat_template import ChatRenderer, chat_template_kwargs
-from slime_search_r1.protocols.tools import TOOLS, check_call, tool_schemas
-from slime_search_r1.protocols.xml import ANSWER_PATTERN
-from slime_search_r1.state import EpisodeState
-from slime_search_r1.tokens.engine import Turn
+from slime_search_r1.protocols.xml_tags import ANSWER_PATTERN
+from slime_search_r1.settings import ConfigError
 from slime_search_r1.tokens.text import encode_text
+from slime_search_r1.tools.calls import read_call
+from slime_search_r1.tools.contract import Tool
+from slime_search_r1.turns import Action, Reply, ToolCall, Turn
 
 TOOL_CALL_PATTERN = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 # The model's own text after its first tool call (e.g. an invented <tool_response>), kept in the recorded
 # assistant message under this key: chat templates ignore it, the chat reward does not.
 TEXT_AFTER_TOOL_CALLS = "text_after_tool_calls"
-NO_ACTION_HINT = (
-    "Your last reply had neither a search tool call nor a final answer. Call the search tool, or give the final "
-    "answer inside <answer> and </answer>."
-)
+
+
+def no_action_hint(tools: Mapping[str, Tool]) -> str:
+    """The user hint after a turn with neither a usable call nor an answer, naming the enabled tools."""
+    names = " or ".join(tools)
+    return (
+        f"Your last reply had neither a {names} tool call nor a final answer. Call the {names} tool, or give the "
+        "final answer inside <answer> and </answer>."
+    )
 
 
 def answers_in(content: str) -> list[str]:
@@ -76,7 +80,7 @@ class AssistantMessage:
         return message
 
 
-def parse_generated_turn(text: str, end_of_turn: str, turn_index: int) -> AssistantMessage:
+def parse_generated_turn(text: str, end_of_turn: str, turn_index: int, tools: Mapping[str, Tool]) -> AssistantMessage:
     """Read a raw assistant turn in Qwen's format: text, then `<tool_call>{"name", "arguments"}</tool_call>`s.
 
     Only whitespace and further well-formed calls may follow the first call; anything else the model wrote
@@ -89,7 +93,7 @@ def parse_generated_turn(text: str, end_of_turn: str, turn_index: int) -> Assist
     content, rest = body[:first_call].rstrip("\n"), body[first_call:]
     calls, unparsable, leftover, position = [], [], [], 0
     for match in TOOL_CALL_PATTERN.finditer(rest):
-        call = _parse_call_block(match.group(1), f"call_{turn_index}_{len(calls)}")
+        call = _parse_call_block(match.group(1), f"call_{turn_index}_{len(calls)}", tools)
         if call is None:
             unparsable.append(match.group(1))
             continue
@@ -102,7 +106,7 @@ def parse_generated_turn(text: str, end_of_turn: str, turn_index: int) -> Assist
     return AssistantMessage(content, calls, unparsable, "".join(leftover).strip())
 
 
-def _parse_call_block(block: str, call_id: str) -> ToolCall | None:
+def _parse_call_block(block: str, call_id: str, tools: Mapping[str, Tool]) -> ToolCall | None:
     """A <tool_call> block's {"name", "arguments"} object, or None when the block is not one."""
     try:
         payload = json.loads(block)
@@ -110,17 +114,17 @@ def _parse_call_block(block: str, call_id: str) -> ToolCall | None:
         return None
     if not isinstance(payload, dict) or "name" not in payload:
         return None
-    return check_call(call_id, payload["name"], payload.get("arguments", {}))
+    return read_call(call_id, payload["name"], payload.get("arguments", {}), tools)
 
 
-def parse_openai_message(message: dict, turn_index: int) -> AssistantMessage:
+def parse_openai_message(message: dict, turn_index: int, tools: Mapping[str, Tool]) -> AssistantMessage:
     """Read an assistant message from /v1/chat/completions (the server already parsed the tool calls)."""
     content = message.get("content") or ""
     calls = []
     for index, raw in enumerate(message.get("tool_calls") or []):
         function = raw.get("function") or {}
         call_id = raw.get("id") or f"call_{turn_index}_{index}"
-        calls.append(check_call(call_id, function.get("name"), function.get("arguments", {})))
+        calls.append(read_call(call_id, function.get("name"), function.get("arguments", {}), tools))
     unparsable = TOOL_CALL_PATTERN.findall(content) if "<tool_call>" in content else []
     return AssistantMessage(content, calls, unparsable, message.get(TEXT_AFTER_TOOL_CALLS) or "")
 
@@ -138,22 +142,31 @@ def initial_messages(prompt) -> list[dict]:
     return messages
 
 
-def sample_tools(sample: Sample) -> list[dict]:
-    """The tool list slime read with --tool-key (sample.metadata['tools']), or every registered tool's schema."""
-    tools = (sample.metadata or {}).get("tools") or tool_schemas()
-    names = [(tool.get("function") or {}).get("name") for tool in tools if isinstance(tool, dict)]
-    if not any(name in TOOLS for name in names):
-        raise ValueError(f"the sample's tools {names} have none of the plugin's tools {list(TOOLS)}")
-    return copy.deepcopy(tools)
+def sample_tools(sample, tools: Mapping[str, Tool]) -> list[dict]:
+    """The tool list slime read with --tool-key (sample.metadata['tools']), or the enabled tools' schemas; a tool
+    listed there that the `tools` setting does not enable would be shown to the model but refused when called."""
+    listed = (sample.metadata or {}).get("tools") or [tool.schema for tool in tools.values()]
+    names = [(tool.get("function") or {}).get("name") for tool in listed if isinstance(tool, dict)]
+    not_enabled = [name for name in names if name not in tools]
+    if not_enabled:
+        raise ConfigError(
+            f"the sample's tool list (slime's --tool-key column) offers {', '.join(map(repr, not_enabled))}, which "
+            f"the tools setting does not enable (it enables {', '.join(tools)}): set SEARCH_R1_TOOLS to match the "
+            "data, or convert the data again (oai_format_data_preprocess.py --tools)"
+        )
+    return copy.deepcopy(listed)
 
 
 class ChatProtocol:
-    def __init__(self, state: EpisodeState, sampling_params: dict):
+    records_conversation = True
+
+    def __init__(self, state, sampling_params: dict):
         self.tokenizer = state.tokenizer
+        self.tools = state.tools
         self.messages = initial_messages(state.sample.prompt)
-        self.tools = sample_tools(state.sample)
+        self.tool_schemas = sample_tools(state.sample, self.tools)
         kwargs = chat_template_kwargs(state.args, state.sample)
-        self.renderer = ChatRenderer(state.tokenizer, self.tools, kwargs, self.messages)
+        self.renderer = ChatRenderer(state.tokenizer, self.tool_schemas, kwargs, self.messages)
         self.prompt_text = self.renderer.render(self.messages, add_generation_prompt=True)
         # The assistant turn ends with the template's end-of-turn token (<|im_end|> for Qwen2.5).
         stop_ids = list(sampling_params.get("stop_token_ids") or [])
@@ -163,11 +176,12 @@ class ChatProtocol:
         self.sampling_params = {**sampling_params, "stop_token_ids": stop_ids}
         self.cut_at_stops: tuple[str, ...] = ()
 
-    def read(self, turn: Turn, state: EpisodeState) -> Action:
+    def read(self, turn: Turn, state) -> Action:
         if turn.message is not None:
-            message = parse_openai_message(turn.message, state.turn_index)
+            message = parse_openai_message(turn.message, state.turn_index, self.tools)
         else:
-            message = parse_generated_turn(turn.text, self.renderer.end_of_turn_text.strip(), state.turn_index)
+            end_of_turn = self.renderer.end_of_turn_text.strip()
+            message = parse_generated_turn(turn.text, end_of_turn, state.turn_index, self.tools)
         # Nothing stops a chat turn at </answer>: one cut by length after it was not finished.
         cut = turn.finish_type == "length" and not message.content.rstrip().endswith("</answer>")
         return Action(
@@ -177,28 +191,27 @@ class ChatProtocol:
             message=message.to_openai(),
         )
 
-    async def reply(self, action: Action, turn: Turn, state: EpisodeState) -> Reply:
-        messages, truncated = await self.answer_calls(action.calls, state)
-        history = self.messages + state.conversation[:-1]  # before the assistant turn just read
+    def reply(self, action: Action, results: dict[str, str], turn: Turn, state) -> Reply:
+        messages, truncated = self.tool_messages(action.calls, results, state.config)
+        history = self.messages + state.history_before_turn()
         return Reply(self.renderer.followup_ids(history, messages, turn.ids), messages, truncated)
 
-    async def answer_calls(self, calls: list[ToolCall], state: EpisodeState) -> tuple[list[dict], int]:
-        """One tool message per call (its result, or what was wrong with it), or a hint when there was no call."""
+    def tool_messages(self, calls: list[ToolCall], results: dict[str, str], config) -> tuple[list[dict], int]:
+        """One tool message per call (its result, cut to its tool's budget, or what was wrong with the call), or a
+        hint when there was no call; and how many results were cut."""
         if not calls:
-            return [{"role": "user", "content": NO_ACTION_HINT}], 0
-        runnable = [call for call in calls if call.error is None]
-        results = iter(await asyncio.gather(*(TOOLS[call.name].run(state, call.queries) for call in runnable)))
+            return [{"role": "user", "content": no_action_hint(self.tools)}], 0
         messages, truncated = [], 0
         for call in calls:
+            tool = self.tools.get(call.name)
             if call.error is not None:
-                tool = TOOLS.get(call.name)
-                usage = tool.usage if tool else " ".join(t.usage for t in TOOLS.values())
+                usage = tool.usage if tool else " ".join(t.usage for t in self.tools.values())
                 content = f"Error: {call.error}. {usage}"
             else:
-                ids = encode_text(self.tokenizer, next(results))
-                if len(ids) > state.config.max_obs_tokens:
+                ids, budget = encode_text(self.tokenizer, results[call.call_id]), tool.observation_budget(config)
+                if len(ids) > budget:
                     truncated += 1
-                    ids = ids[: state.config.max_obs_tokens]
+                    ids = ids[:budget]
                 content = self.tokenizer.decode(ids, skip_special_tokens=False)
             messages.append({"role": "tool", "tool_call_id": call.call_id, "name": call.name, "content": content})
         return messages, truncated

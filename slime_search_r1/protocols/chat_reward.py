@@ -1,19 +1,22 @@
 """What a chat-mode conversation gives the reward: its answer, whether its format is valid, what the tools said.
 
 A conversation is format-valid when every assistant turn but the last makes only well-formed calls to
-registered tools (each answered by its tool message), writes nothing but whitespace and further calls after
+enabled tools (each answered by its tool message), writes nothing but whitespace and further calls after
 its first call (no invented <tool_response>, no answer) and no <answer> before it, no retry hint was needed,
 and the last assistant turn makes no call and holds exactly one <answer>…</answer> with nothing after it.
 The answer scored is the last <answer> of the final assistant message. qa_em_format.py scores the reading
 with Search-R1's table, as it scores XML responses.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from slime_search_r1.protocols.chat import answers_in, parse_openai_message
+from slime_search_r1.tools.contract import Tool
 
 
-def conversation_format_problem(conversation: list[dict]) -> str | None:
+def conversation_format_problem(conversation: list[dict], tools: Mapping[str, Tool]) -> str | None:
+    """Why the conversation breaks the chat format rule (above), or None; calls are read with the enabled tools."""
     assistants = [i for i, m in enumerate(conversation) if m.get("role") == "assistant"]
     if not assistants:
         return "no assistant turn"
@@ -22,7 +25,7 @@ def conversation_format_problem(conversation: list[dict]) -> str | None:
     for position, message in enumerate(conversation):
         if message.get("role") != "assistant":
             continue
-        turn = parse_openai_message(message, position)
+        turn = parse_openai_message(message, position, tools)
         if turn.unparsable:
             return "unparsable tool call"
         if turn.text_after_tool_calls:
@@ -54,11 +57,11 @@ class ConversationReading:
     tool_texts: list[str]  # every tool message's content (where the retrieval bonus looks for a gold answer)
 
 
-def read_conversation(conversation: list[dict]) -> ConversationReading:
+def read_conversation(conversation: list[dict], tools: Mapping[str, Tool]) -> ConversationReading:
     final = next((m for m in reversed(conversation) if m.get("role") == "assistant"), None)
     answers = answers_in(final.get("content") or "") if final and not final.get("tool_calls") else []
     return ConversationReading(
         answer=answers[-1] if answers else None,
-        format_valid=conversation_format_problem(conversation) is None,
+        format_valid=conversation_format_problem(conversation, tools) is None,
         tool_texts=[m.get("content") or "" for m in conversation if m.get("role") == "tool"],
     )

@@ -3,13 +3,14 @@
 import base64
 import logging
 from array import array
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from tenacity import before_sleep_log, wait_fixed
 
 from slime.rollout.sglang_rollout import get_model_url
 from slime.utils.http_utils import post as slime_post
-from slime_search_r1.http import RequestFailed, RetryableRequestFailed, post_json, retrying, unbounded_session
+from slime_search_r1.http_client import RequestFailed, RetryableRequestFailed, post_json, retrying, unbounded_session
+from slime_search_r1.turns import Turn
 
 logger = logging.getLogger(__name__)
 
@@ -28,18 +29,6 @@ class EngineProtocolError(RuntimeError):
 
 class EngineUnavailable(RuntimeError):
     """The engine kept failing (connection errors, 5xx) for every attempt."""
-
-
-@dataclass
-class Turn:
-    """One model turn, whichever way its tokens came: what was sampled, how it ended, and its text."""
-
-    ids: list[int]
-    finish_type: str  # "stop" | "length" | "abort"
-    text: str = ""
-    log_probs: list[float] | None = None  # the engine's, one per id (manual mode with TRACK_LOG_PROBS)
-    meta_info: dict = field(default_factory=dict)  # SGLang's, handed on to slime's append_response_tokens
-    message: dict | None = None  # the assistant message, when a server parsed it (router_handler)
 
 
 def engine_url(args, model: str) -> str:

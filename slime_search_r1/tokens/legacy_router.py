@@ -13,8 +13,9 @@ import asyncio
 import aiohttp
 
 from slime.utils.types import Sample
-from slime_search_r1.http import loop_session
-from slime_search_r1.tokens.engine import EngineProtocolError, EngineUnavailable, Turn, base_url, post_with_retries
+from slime_search_r1.http_client import loop_session
+from slime_search_r1.tokens.engine import EngineProtocolError, EngineUnavailable, base_url, post_with_retries
+from slime_search_r1.turns import Turn
 
 _supported: dict[str, bool] = {}
 
@@ -93,9 +94,9 @@ class _RouterDriver:
     mode = ""  # the TOKEN_TRACKING_MODE this driver serves
 
     @classmethod
-    async def check_router(cls, args, config) -> None:
+    async def prepare(cls, state) -> None:
         """Fail before the sample is touched when the router lacks this driver's endpoint."""
-        await require_endpoint(base_url(args, config.engine_model), cls.retrieve_endpoint, cls.mode)
+        await require_endpoint(base_url(state.args, state.config.engine_model), cls.retrieve_endpoint, cls.mode)
 
     def __init__(self, state, trajectory):
         self.tokenizer, self.config, self.trajectory = state.tokenizer, state.config, trajectory
@@ -129,9 +130,9 @@ class RouterRadixDriver(_RouterDriver):
     retrieve_endpoint = "/retrieve_from_text"
     mode = "router_radix"
 
-    def __init__(self, state, trajectory, *, prompt_text: str):
+    def __init__(self, state, trajectory, protocol):
         super().__init__(state, trajectory)
-        self.text = prompt_text
+        self.text = protocol.prompt_text
 
     async def generate(self, sampling_params: dict) -> Turn:
         payload = {"text": self.text, "sampling_params": sampling_params, "return_logprob": self.config.return_logprob}
@@ -171,9 +172,9 @@ class RouterHandlerDriver(_RouterDriver):
     retrieve_endpoint = "/retrieve_from_messages_template"
     mode = "router_handler"
 
-    def __init__(self, state, trajectory, *, messages: list[dict], tools: list[dict]):
+    def __init__(self, state, trajectory, protocol):
         super().__init__(state, trajectory)
-        self.state, self.messages, self.tools = state, messages, tools
+        self.state, self.messages, self.tools = state, protocol.messages, protocol.tool_schemas
 
     def conversation(self) -> list[dict]:
         return self.messages + self.state.conversation

@@ -3,7 +3,8 @@
 Nothing is re-tokenized, so every id the engine conditioned on is a prefix of `sample.tokens`.
 """
 
-from slime_search_r1.tokens.engine import Turn, engine_url, generate_turn, keep_first_tokens, routing_headers
+from slime_search_r1.tokens.engine import engine_url, generate_turn, keep_first_tokens, routing_headers
+from slime_search_r1.turns import Turn
 
 
 def cut_after_first_stop(ids: list[int], tokenizer, text: str, stops: tuple[str, ...]) -> int:
@@ -35,7 +36,11 @@ def cut_after_first_stop(ids: list[int], tokenizer, text: str, stops: tuple[str,
 class ManualDriver:
     """Each turn sends `input_ids` = the trajectory so far and appends what the engine sampled to the trajectory."""
 
-    def __init__(self, state, trajectory, *, cut_at_stops: tuple[str, ...] = ()):
+    @classmethod
+    async def prepare(cls, state) -> None:
+        """Nothing to check: any SGLang engine or router serves /generate."""
+
+    def __init__(self, state, trajectory, protocol):
         self.tokenizer = state.tokenizer
         self.trajectory = trajectory
         self.url = engine_url(state.args, state.config.engine_model)
@@ -43,7 +48,7 @@ class ManualDriver:
             getattr(state.args, "use_distributed_post", False)
         )
         self.headers = routing_headers(state.args, state.sample)
-        self.cut_at_stops = cut_at_stops
+        self.cut_at_stops = protocol.cut_at_stops  # an engine that ignores stop strings is cut after the first
 
     @property
     def context_length(self) -> int:

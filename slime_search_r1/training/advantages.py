@@ -13,8 +13,6 @@ rollout_batch_size by default), and a search outage would drop every group; this
 full with no extra generation.
 """
 
-import torch
-
 GROUP_NORMALIZED_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus_baseline")
 STD_NORMALIZED_ESTIMATORS = ("grpo", "gspo", "cispo")
 
@@ -25,6 +23,8 @@ def post_process_rewards(args, samples) -> tuple[list[float], list[float]]:
     Groups are formed as slime forms them: consecutive runs of n_samples_per_prompt when the batch holds
     n_samples_per_prompt * rollout_batch_size samples, otherwise the whole batch as one group.
     """
+    import torch  # here, not at the top: the launch check reads the estimator names above without loading torch
+
     raw_rewards = [sample.get_reward_value(args) for sample in samples]
     if args.advantage_estimator not in GROUP_NORMALIZED_ESTIMATORS or not args.rewards_normalization:
         return raw_rewards, raw_rewards

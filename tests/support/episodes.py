@@ -11,10 +11,18 @@ from dataclasses import dataclass
 from generate_with_search import generate
 from slime.utils.types import Sample
 from slime_search_r1.data import CHAT_SYSTEM_PROMPT, chat_question
-from slime_search_r1.protocols.tools import SEARCH_SCHEMA
+from slime_search_r1.tools.search import SEARCH, SEARCH_SCHEMA
 from support.slime_rollout import chat_prompt, slime_sampling_params
 
 QUESTION = "What is the capital of France"
+
+# The tools when only Search-R1's search is enabled (the default), for the reading and scoring functions.
+SEARCH_ONLY = {"search": SEARCH}
+# Search-R1's invalid-action message, word for word (search_r1/llm_agent/generation.py), for tests to compare with.
+SEARCH_R1_INVALID_ACTION = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and </search>. "
+    "If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n"
+)
 
 # ---- what the model writes in XML mode --------------------------------------------------------------------------
 SEARCH_TURN = "<think>I need to look this up.</think>\n<search> capital of France </search>"
@@ -55,6 +63,20 @@ def label(*answers: str) -> dict:
 def info(sample: Sample) -> dict:
     """The plugin's per-sample record."""
     return sample.metadata["search_r1"]
+
+
+def searches(sample: Sample) -> int:
+    """Search calls that returned results."""
+    return info(sample)["tools"].get("search", {}).get("calls", 0)
+
+
+def search_failures(sample: Sample) -> int:
+    return info(sample)["tools"].get("search", {}).get("failures", 0)
+
+
+def search_seconds(sample: Sample) -> list[float]:
+    """Each search call's latency, failed ones included."""
+    return info(sample)["tools"].get("search", {}).get("seconds", [])
 
 
 def conversation(sample: Sample) -> list[dict]:

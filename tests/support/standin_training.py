@@ -32,8 +32,9 @@ from support import slime_compat  # noqa: E402, F401 (puts the slime under test 
 from transformers import AutoTokenizer  # noqa: E402
 
 import generate_with_search  # noqa: E402
-from slime_search_r1.http import close_loop_sessions  # noqa: E402
+from slime_search_r1.http_client import close_loop_sessions  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
+from support.episodes import search_failures, searches  # noqa: E402
 from support.fake_sglang import FakeSGLangEngine, question_of  # noqa: E402
 from support.loopback import serve_in_thread  # noqa: E402
 from support.qwen_tokenizer import qwen25_tokenizer_dir  # noqa: E402
@@ -110,11 +111,13 @@ def main() -> int:
         log_eval_rollout_data(0, args, eval_data("standin_eval", evaluated))
 
     report = {
-        "retrieval_urls": list(generate_with_search.resolve_config(generate_with_search.SEARCH_R1_CONFIGS).local.urls),
+        "retrieval_urls": list(
+            generate_with_search.resolve_config(generate_with_search.SEARCH_R1_CONFIGS).local.search_url
+        ),
         "rollouts": len(results),
         "statuses": [sample.status.value for sample in results],
-        "searches": [sample.metadata["search_r1"]["searches"] for sample in results],
-        "search_failures": sum(sample.metadata["search_r1"]["search_failures"] for sample in results),
+        "searches": [searches(sample) for sample in results],
+        "search_failures": sum(search_failures(sample) for sample in results),
         "answers": [FIRST_TITLE.findall(sample.response)[-1:] for sample in results],
         "rewards": [sample.reward for sample in results],
         "engine_calls": len(engine.calls),

@@ -1,4 +1,5 @@
-"""SEARCH_R1_CONFIGS: environment overrides, validation messages, and slime-flag combinations."""
+"""Settings: each declared once, read from SEARCH_R1_CONFIGS and the environment, checked with messages that say where
+a bad value came from; and the slime-flag combinations the settings refuse."""
 
 import os
 import subprocess
@@ -9,21 +10,16 @@ from pathlib import Path
 import pytest
 
 import generate_with_search
-from slime_search_r1.config import (
-    ConfigError,
-    apply_env_overrides,
-    check_slime_args,
-    normalize_retrieval_urls,
-    resolve_config,
-)
+from slime_search_r1.settings import SETTINGS, ConfigError, resolve_config, search_r1_configs
+from slime_search_r1.slime_flags import check_slime_args
 from support.slime_compat import subprocess_pythonpath
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS = generate_with_search.SEARCH_R1_CONFIGS
 
 
-def resolved(**env):
-    return resolve_config(apply_env_overrides(DEFAULTS, env))
+def resolved(user=None, **env):
+    return resolve_config(search_r1_configs(user or {}, env))
 
 
 def test_seed_variables_override_the_dict():
@@ -45,12 +41,16 @@ def test_seed_variables_override_the_dict():
     )
     assert config.return_logprob is False
     assert config.train_observations
-    assert config.local.urls == ("http://10.0.0.5:9000/retrieve",)
+    assert config.local.search_url == ("http://10.0.0.5:9000/retrieve",)
     assert config.google.api_key == "secret-key"
     assert "secret-key" not in repr(config)
     assert config.max_turns == 4
     assert config.format_score == 0.0
     assert config.final_format_score == 0.0
+
+
+def test_a_variable_beats_the_dict():
+    assert resolved({"max_turns": 5}, SEARCH_R1_MAX_TURNS="2").max_turns == 2
 
 
 @pytest.mark.parametrize(
@@ -60,41 +60,85 @@ def test_the_settings_a_slime_user_edits_are_in_search_r1_configs(key):
     assert key in generate_with_search.SEARCH_R1_CONFIGS
 
 
+def test_the_plugin_dict_holds_no_setting_of_its_own():
+    """Every default lives in the settings table only: the dict in generate_with_search.py is the user's."""
+    from slime_search_r1.launch_check import configs_from_source
+
+    assert configs_from_source(ROOT / "generate_with_search.py") == {}
+
+
 def test_defaults():
-    config = resolve_config(DEFAULTS)
+    config = resolve_config(search_r1_configs({}, {}))
     assert config.llm_api_mode == "generate"
     assert config.search_backend == "local"
     assert config.return_logprob
     assert config.format_score == 0.2
     assert config.final_format_score == 0.1
     assert config.retrieval_score == 0.0
-    assert config.local.urls == ("http://127.0.0.1:8000/retrieve",)
+    assert config.tools == ["search"]
+    assert config.local.search_url == ("http://127.0.0.1:8000/retrieve",)
+
+
+def test_the_view_is_read_only_and_names_its_settings():
+    config = resolved()
+    with pytest.raises(AttributeError, match="read-only"):
+        config.max_turns = 4
+    with pytest.raises(AttributeError, match="no setting 'maxturns' here; there are llm_api_mode"):
+        config.maxturns  # noqa: B018
 
 
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"LLM_API_MODE": "xml"}, r"LLM_API_MODE='xml' is invalid; accepted: generate \| chat"),
+        ({"LLM_API_MODE": "xml"}, r"^environment variable LLM_API_MODE='xml' is invalid; accepted: generate \| chat$"),
         ({"TRACK_LOG_PROBS": "maybe"}, r"TRACK_LOG_PROBS='maybe' is invalid; accepted: one of 1, true"),
-        ({"SEARCH_R1_MAX_TURNS": "two"}, r"SEARCH_R1_MAX_TURNS='two' is invalid; accepted: an integer"),
+        ({"SEARCH_R1_MAX_TURNS": "two"}, r"SEARCH_R1_MAX_TURNS='two' is invalid; accepted: an integer, 1 to 64"),
         ({"LOSS_MASK_MODE": "loose"}, r"accepted: strict \| simple"),
         ({"TOKEN_TRACKING_MODE": "radix"}, r"accepted: manual \| router_radix \| router_handler"),
+        ({"SEARCH_R1_TOOLS": "search,browse"}, r"SEARCH_R1_TOOLS='search,browse' is invalid; .*'browse' unknown"),
     ],
 )
 def test_bad_environment_values_name_the_variable_and_the_choices(env, message):
     with pytest.raises(ConfigError, match=message):
-        apply_env_overrides(DEFAULTS, env)
+        search_r1_configs({}, env)
 
 
-def test_bad_values_in_the_dict_are_named():
-    with pytest.raises(ConfigError, match=r"\['max_turns'\]=0 is out of range; accepted: between 1 and 64"):
+def test_a_bad_value_from_a_variable_names_the_variable_not_the_dict():
+    """The user set SEARCH_R1_MAX_TURNS=0 and never wrote the dict: the message says so."""
+    with pytest.raises(ConfigError) as info:
         resolved(SEARCH_R1_MAX_TURNS="0")
-    with pytest.raises(ConfigError, match=r"RETRIEVAL_SERVER_URL.*not an http\(s\) URL"):
-        resolved(RETRIEVAL_SERVER_URL="localhost:8000")
-    with pytest.raises(ConfigError, match=r"\['format_score'\]=1.5 is out of range"):
-        resolved(SEARCH_R1_FORMAT_SCORE="1.5")
-    with pytest.raises(ConfigError, match="return_logprob.*accepted: True or False"):
-        resolve_config({**DEFAULTS, "return_logprob": "yes"})
+    assert str(info.value) == "environment variable SEARCH_R1_MAX_TURNS='0' is out of range; accepted: 1 to 64"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"RETRIEVAL_SERVER_URL": "localhost:8000"},
+            r"RETRIEVAL_SERVER_URL='localhost:8000' is invalid; .*not an http",
+        ),
+        ({"SEARCH_R1_FORMAT_SCORE": "1.5"}, r"^environment variable SEARCH_R1_FORMAT_SCORE='1.5' is out of range"),
+    ],
+)
+def test_range_and_shape_errors_of_variables_name_the_variable(env, message):
+    with pytest.raises(ConfigError, match=message):
+        resolved(**env)
+
+
+def test_a_bad_value_in_the_dict_names_the_key():
+    with pytest.raises(ConfigError, match=r"^SEARCH_R1_CONFIGS\['max_turns'\]=0 is out of range; accepted: 1 to 64$"):
+        resolved({"max_turns": 0})
+    with pytest.raises(ConfigError, match=r"SEARCH_R1_CONFIGS\['return_logprob'\]='yes' is invalid; .*True or False"):
+        resolved({"return_logprob": "yes"})
+    with pytest.raises(ConfigError, match=r"SEARCH_R1_CONFIGS\['local'\]\['search_url'\]='x' is invalid"):
+        resolved({"local": {"search_url": "x"}})
+
+
+def test_a_value_changed_after_a_variable_set_it_is_blamed_on_the_dict():
+    configs = search_r1_configs({}, {"SEARCH_R1_TOPK": "4"})
+    configs["topk"] = 0  # e.g. a script edits the dict after import
+    with pytest.raises(ConfigError, match=r"^SEARCH_R1_CONFIGS\['topk'\]=0 is out of range"):
+        resolve_config(configs)
 
 
 def test_generate_with_router_handler_is_rejected():
@@ -106,17 +150,16 @@ def test_google_backend_needs_a_key_and_the_key_is_never_shown():
     with pytest.raises(ConfigError, match="GOOGLE_API_KEY"):
         resolved(SEARCH_BACKEND="google")
     with pytest.raises(ConfigError) as info:
-        apply_env_overrides(DEFAULTS, {"GOOGLE_API_KEY": "   "})
+        search_r1_configs({}, {"GOOGLE_API_KEY": "   "})
     assert "<hidden>" in str(info.value)
 
 
 def test_several_retrieval_servers():
-    assert normalize_retrieval_urls("http://a:8000, http://b:8001/retrieve,") == (
-        "http://a:8000/retrieve",
-        "http://b:8001/retrieve",
-    )
-    with pytest.raises(ValueError, match="no URL given"):
-        normalize_retrieval_urls(" , ")
+    config = resolved(RETRIEVAL_SERVER_URL="http://a:8000, http://b:8001/retrieve,")
+    assert config.local.search_url == ("http://a:8000/retrieve", "http://b:8001/retrieve")
+    assert resolved({"local": {"search_url": ["http://a:8000"]}}).local.search_url == ("http://a:8000/retrieve",)
+    with pytest.raises(ConfigError, match="accepted: http://host:port"):
+        resolved(RETRIEVAL_SERVER_URL=" , ")
 
 
 def test_a_bad_variable_stops_the_import_with_its_message():
@@ -150,11 +193,23 @@ def test_slime_flag_combinations_that_would_train_on_wrong_numbers():
     check(Namespace(use_tis=True, rollout_top_p=0.9), resolved())  # strict + log probs: fine
 
 
+def test_chat_with_router_radix_is_warned_about():
+    warnings = check_slime_args(Namespace(), resolved(LLM_API_MODE="chat", TOKEN_TRACKING_MODE="router_radix"))
+    assert any("sends rendered text, not messages" in warning for warning in warnings)
+
+
 def test_a_key_the_plugin_does_not_read_is_refused_with_the_accepted_keys():
     with pytest.raises(ConfigError, match=r"unknown key 'topK'; accepted: llm_api_mode, token_tracking_mode"):
         resolve_config({**DEFAULTS, "topK": 5})
     with pytest.raises(ConfigError, match=r"unknown key 'local.searchurl'"):
         resolve_config({**DEFAULTS, "local": {**DEFAULTS["local"], "searchurl": "http://x"}})
+    with pytest.raises(ConfigError, match=r"unknown key 'topK'"):
+        search_r1_configs({"topK": 5}, {})  # already when the dict is built, at import
+
+
+def test_a_section_must_be_a_dict():
+    with pytest.raises(ConfigError, match=r"SEARCH_R1_CONFIGS\['local'\] must be a dict of settings, got str"):
+        search_r1_configs({"local": "http://127.0.0.1:8000"}, {})
 
 
 def test_renamed_settings_name_their_new_name():
@@ -162,3 +217,8 @@ def test_renamed_settings_name_their_new_name():
         resolve_config({**DEFAULTS, "search_max_retries": 3})
     with pytest.raises(ConfigError, match="SEARCH_R1_SEARCH_RETRIES was renamed; set SEARCH_R1_SEARCH_ATTEMPTS"):
         resolved(SEARCH_R1_SEARCH_RETRIES="3")
+
+
+def test_every_variable_belongs_to_one_setting():
+    variables = [setting.env for setting in SETTINGS.values() if setting.env]
+    assert len(variables) == len(set(variables))

@@ -1,0 +1,143 @@
+"""LLM_API_MODE=generate: Search-R1's tags. `<search> q </search>` calls a tool, `<answer>...</answer>` ends the
+episode, anything else gets the invalid-action message; a tool's result comes back inside <information>.
+
+Every enabled tool is a tag (tools/): its text fills the tool's `xml_argument`. Generation stops at each tag's
+closing string; slime sends no_stop_trim, so the closing tag stays in the turn. With only `search` enabled the
+prompt and the messages are Search-R1's own, word for word; another tool adds its sentence to each.
+"""
+
+import logging
+import re
+from collections.abc import Iterable, Mapping
+from functools import lru_cache
+
+from slime_search_r1.protocols.chat_template import chat_template_kwargs
+from slime_search_r1.tokens.text import encode_text, fixed_text_ids
+from slime_search_r1.tools.calls import read_call
+from slime_search_r1.tools.contract import Tool
+from slime_search_r1.turns import Action, Reply, Turn
+
+logger = logging.getLogger(__name__)
+
+ANSWER_PATTERN = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+INFORMATION_PATTERN = re.compile(r"<information>(.*?)</information>", re.DOTALL)
+INFORMATION_OPEN = "\n\n<information>"
+INFORMATION_CLOSE = "</information>\n\n"
+# Search-R1's instruction says how search results come back; another tool's sentence follows this one.
+TOOL_LINES_AFTER = "it will return the top searched results between <information> and </information>."
+_ANSWER_USAGE = "If I want to give the final answer, I should put the answer between <answer> and </answer>."
+
+
+def invalid_action_message(tools: Iterable[Tool]) -> str:
+    """What the model is shown after a turn with no usable action: Search-R1's message, naming every tool's tag."""
+    usages = " ".join([*(tool.xml_usage for tool in tools), _ANSWER_USAGE])
+    return f"\nMy previous action is invalid. {usages} Let me try again.\n"
+
+
+def action_tags(tools: Iterable[str]) -> tuple[str, ...]:
+    """The tags a model turn may act with: every tool's name, then "answer"."""
+    return (*tools, "answer")
+
+
+def stop_strings(tools: Iterable[str]) -> tuple[str, ...]:
+    return tuple(f"</{tag}>" for tag in action_tags(tools))
+
+
+@lru_cache(maxsize=8)
+def _action_pattern(tags: tuple[str, ...]) -> re.Pattern:
+    # The first complete <tag>...</tag> of a turn, as Search-R1's postprocess_predictions reads it.
+    return re.compile(rf"<({'|'.join(map(re.escape, tags))})>(.*?)</\1>", re.DOTALL)
+
+
+def read_action(text: str, tools: Mapping[str, Tool], turn_index: int = 0) -> Action:
+    """The first complete action of a model turn; a tool call whose text its tool refuses (an empty query) is
+    invalid, like no action at all."""
+    match = _action_pattern(action_tags(tools)).search(text)
+    if match is None:
+        return Action(invalid=True)
+    tag, content = match.group(1), match.group(2)
+    if tag == "answer":
+        return Action(final=True)
+    call = read_call(f"call_{turn_index}_0", tag, {tools[tag].xml_argument: content}, tools)
+    return Action(invalid=True) if call.error else Action(calls=[call])
+
+
+def with_stop_strings(stop: str | list[str] | tuple[str, ...] | None, tools: Iterable[str]) -> list[str]:
+    """The caller's stop strings plus the action closers, without duplicates."""
+    existing = [stop] if isinstance(stop, str) else list(stop or [])
+    return list(dict.fromkeys([*existing, *stop_strings(tools)]))
+
+
+def information_ids(tokenizer, documents: str, max_tokens: int) -> tuple[list[int], bool]:
+    """`\\n\\n<information>{documents}</information>\\n\\n` in at most `max_tokens` ids; True if documents were cut.
+
+    The block is always tokenized whole, as one string (what Search-R1 feeds, and what tokenizing the
+    rendered text gives): when it does not fit, the documents are cut at a token boundary, the tags kept,
+    and the cut block tokenized whole again.
+    """
+    whole = encode_text(tokenizer, f"{INFORMATION_OPEN}{documents}{INFORMATION_CLOSE}")
+    if len(whole) <= max_tokens:
+        return whole, False
+    doc_ids = encode_text(tokenizer, documents)
+    tags = len(fixed_text_ids(tokenizer, INFORMATION_OPEN)) + len(fixed_text_ids(tokenizer, INFORMATION_CLOSE))
+    keep = max(0, max_tokens - tags)
+    while True:
+        kept = tokenizer.decode(doc_ids[:keep], skip_special_tokens=False)
+        block = encode_text(tokenizer, f"{INFORMATION_OPEN}{kept}{INFORMATION_CLOSE}")
+        if len(block) <= max_tokens or keep == 0:
+            return block, True
+        keep = max(0, keep - (len(block) - max_tokens))  # the cut text merged into more tokens than counted
+
+
+_warned_prompts: set[str] = set()
+
+
+def prompt_text(args, tokenizer, sample, tools: Mapping[str, Tool]) -> str:
+    """The prompt the episode conditions on: the string slime's --apply-chat-template left (rendered here when the
+    sample holds messages), with the sentence of each enabled tool beyond search after Search-R1's own."""
+    if isinstance(sample.prompt, str):
+        text = sample.prompt
+    else:
+        text = tokenizer.apply_chat_template(
+            list(sample.prompt), tokenize=False, add_generation_prompt=True, **chat_template_kwargs(args, sample)
+        )
+    lines = [tool.prompt_line for tool in tools.values() if tool.prompt_line]
+    if not lines:
+        return text
+    if TOOL_LINES_AFTER not in text:
+        missing = ", ".join(name for name, tool in tools.items() if tool.prompt_line)
+        if missing not in _warned_prompts:
+            _warned_prompts.add(missing)
+            logger.warning(
+                "the prompt does not hold Search-R1's instruction, so it was left as it is: say in your data how "
+                "to call %s (%s)",
+                missing,
+                " ".join(lines),
+            )
+        return text
+    return text.replace(TOOL_LINES_AFTER, " ".join([TOOL_LINES_AFTER, *lines]), 1)
+
+
+class XmlProtocol:
+    records_conversation = False
+    messages = None  # what the router_handler driver would send: XML mode has no messages
+    tool_schemas = None
+
+    def __init__(self, state, sampling_params: dict):
+        self.tokenizer = state.tokenizer
+        self.tools = state.tools
+        self.prompt_text = prompt_text(state.args, state.tokenizer, state.sample, self.tools)
+        self.sampling_params = {**sampling_params, "stop": with_stop_strings(sampling_params.get("stop"), self.tools)}
+        self.cut_at_stops = stop_strings(self.tools)  # an engine that ignores stop strings is cut after the first
+        self.invalid_action_ids = list(fixed_text_ids(self.tokenizer, invalid_action_message(self.tools.values())))
+
+    def read(self, turn: Turn, state) -> Action:
+        return read_action(turn.text, self.tools, state.turn_index)
+
+    def reply(self, action: Action, results: dict[str, str], turn: Turn, state) -> Reply:
+        if not action.calls:
+            return Reply(list(self.invalid_action_ids))
+        call = action.calls[0]
+        budget = self.tools[call.name].observation_budget(state.config)
+        ids, truncated = information_ids(self.tokenizer, results[call.call_id], budget)
+        return Reply(ids, truncated=int(truncated))
