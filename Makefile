@@ -31,7 +31,7 @@ endif
 
 # Main job on the embedded default: mini-Wikipedia + MiniLM index (built once), served on 127.0.0.1 and measured.
 demo: $(STAMP)
-	$(BIN)/python -m local_dense_retriever.embedded_default
+	$(BIN)/python -m local_dense_retriever.demo
 
 # Slower checks than the test suite; each writes its own section of bench/RESULTS.md.
 bench: bench-rollout bench-retriever

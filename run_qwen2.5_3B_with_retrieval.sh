@@ -132,7 +132,7 @@ apply_preset() {
   [[ "$RETRIEVER_PRESET" == embedded ]] || return 0
   info "preparing the embedded mini-Wikipedia index (built once, cached under ${SCRIPT_DIR}/.cache; minutes on CPU)"
   local -a flags
-  mapfile -t flags < <(cd "$SCRIPT_DIR" && "$RETRIEVER_PYTHON" -m local_dense_retriever.embedded_default --print_server_flags)
+  mapfile -t flags < <(cd "$SCRIPT_DIR" && "$RETRIEVER_PYTHON" -m local_dense_retriever.demo --print_server_flags)
   ((${#flags[@]})) || die "could not prepare the embedded index (see the error above)"
   local i
   for ((i = 0; i + 1 < ${#flags[@]}; i += 2)); do

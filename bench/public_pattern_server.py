@@ -21,9 +21,9 @@ from fastapi import FastAPI  # noqa: E402
 from fastapi.responses import Response  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 
-from local_dense_retriever.backends import DenseSearcher, FaissIndex  # noqa: E402
-from local_dense_retriever.corpus import Corpus  # noqa: E402
-from local_dense_retriever.encoders import TextEncoder, configure_cpu_threads  # noqa: E402
+from local_dense_retriever.retrieval.backends import DenseSearcher, FaissIndex  # noqa: E402
+from local_dense_retriever.retrieval.corpus import Corpus  # noqa: E402
+from local_dense_retriever.retrieval.encoders import TextEncoder, configure_cpu_threads  # noqa: E402
 
 
 class QueryRequest(BaseModel):

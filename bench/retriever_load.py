@@ -51,8 +51,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import results_md  # noqa: E402
-from local_dense_retriever import embedded_default, mini_wiki  # noqa: E402
-from local_dense_retriever.launcher import SERVER_MODULE, ServerProcess  # noqa: E402
+from local_dense_retriever.demo import embedded_default, mini_wiki  # noqa: E402
+from local_dense_retriever.serving.launcher import SERVER_MODULE, ServerProcess  # noqa: E402
 
 RESULTS_PATH = REPO / "bench" / "RESULTS.md"
 SECTION = "## Retriever load"
@@ -147,8 +147,8 @@ def load_questions() -> list[str]:
 
 def measure_ceiling(model_dir: Path, index_path: Path, questions: list[str], batch: int, reps: int) -> dict:
     """Best-case throughput: the batched encode + FAISS search the server does, timed in-process."""
-    from local_dense_retriever.backends import DenseSearcher, FaissIndex
-    from local_dense_retriever.encoders import TextEncoder, configure_cpu_threads
+    from local_dense_retriever.retrieval.backends import DenseSearcher, FaissIndex
+    from local_dense_retriever.retrieval.encoders import TextEncoder, configure_cpu_threads
 
     encoder = TextEncoder(str(model_dir), retriever_name=embedded_default.RETRIEVER_NAME, device="cpu")
     configure_cpu_threads()
@@ -559,7 +559,7 @@ BUSY_CONCURRENCY = (1, 256)
 # before (which also turns the thread tuner off).
 SPIN_PROGRAM = [
     "-c",
-    "import sys, faiss, torch; from local_dense_retriever.retrieval_server import main; sys.exit(main())",
+    "import sys, faiss, torch; from local_dense_retriever.serving.cli import main; sys.exit(main())",
 ]
 BUSY_MODES = {  # program, extra flags
     "on": MODES["on"],
@@ -638,7 +638,7 @@ class BusyRun:
 
 def tuned_threads(health: dict, clients: int) -> str:
     """The thread count the server's ThreadTuner uses for batches as large as `clients` can make, from /health."""
-    from local_dense_retriever.cpu_threads import batch_size_class
+    from local_dense_retriever.retrieval.cpu_threads import batch_size_class
 
     threads = health.get("cpu_threads", {})
     if not threads.get("adaptive_threads"):
@@ -821,7 +821,7 @@ def run_wrapper_case(label: str, settings: dict[str, str], corpus: tuple[Path, P
     import tempfile
     import uuid
 
-    from local_dense_retriever.launcher import free_port
+    from local_dense_retriever.serving.launcher import free_port
 
     corpus_path, index_path = corpus
     with tempfile.TemporaryDirectory(prefix="retriever-wrapper-bench-") as tmp:

@@ -1,15 +1,14 @@
 """Local dense retriever for Search-R1 rollouts: a batched FastAPI server, an index builder and downloads.
 
-Modules, one job each:
-- `corpus`: jsonl corpus access through a memory-mapped byte-offset sidecar (O(1) lookup, no full load).
-- `encoders`: E5 / BGE / DPR / any Hugging Face encoder, pooling, device and dtype choice.
-- `backends`: FAISS, BM25 (bm25s) and Qdrant searchers behind one interface.
-- `batcher`: dynamic cross-request batching on a single worker thread.
-- `retrieval_server`: the FastAPI app and its CLI (Search-R1's flags and API).
-- `connections`: uvicorn's HTTP protocol with a request-header deadline and a cap on open connections.
-- `model_source`: `--retriever_model` checked as a local directory or a Hugging Face hub id before loading.
-- `index_builder`: corpus jsonl -> FAISS index / Qdrant collection / BM25 index.
-- `download`: the wiki-18 E5 index and corpus from the Hugging Face hub.
-- `mini_wiki`, `embedded_default`: the offline mini-Wikipedia default and its evaluation.
-- `launcher`: the server CLI as a child process on loopback (demo, benchmark, CLI tests).
+What a user runs is at the top; the machinery is grouped by the question each part answers:
+
+retrieval_server.py  the server, with Search-R1's and slime's command line (a thin script: serving/cli.py)
+index_builder.py     corpus jsonl -> FAISS index, Qdrant collection or BM25 index (building/index.py)
+download.py          the files a retriever serves, from the Hugging Face hub (building/downloads.py)
+retrieval/   how a query becomes corpus rows: corpus access, encoders, FAISS/Qdrant/BM25 searchers, CPU threads
+serving/     how the server answers: flags (config), routes (app), wire shapes (api), request bodies, loading,
+             cross-request batching, connection limits, and the server as a child process (launcher)
+building/    how the files are made: index building, hub downloads
+demo/        the embedded default: the offline mini-Wikipedia, built, served and measured (`python -m
+             local_dense_retriever.demo`, `make demo`)
 """

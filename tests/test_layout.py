@@ -101,14 +101,15 @@ def imports_of(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             found.add(node.module)
             found |= {f"{node.module}.{alias.name}" for alias in node.names}
-    return {name for name in found if name.split(".")[0] in TOP_LEVEL | {"slime_search_r1"}}
+    return {name for name in found if name.split(".")[0] in TOP_LEVEL | {"slime_search_r1", "local_dense_retriever"}}
 
 
 def module_name(path: Path) -> str:
     return ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
 
 
-MODULES = {module_name(path): path for path in [*REPO.glob("*.py"), *PACKAGE.rglob("*.py")]}
+RETRIEVER = REPO / "local_dense_retriever"
+MODULES = {module_name(path): path for path in [*REPO.glob("*.py"), *PACKAGE.rglob("*.py"), *RETRIEVER.rglob("*.py")]}
 
 
 def project_edges() -> dict[str, set[str]]:
@@ -137,6 +138,36 @@ def test_the_import_graph_has_no_cycle():
 
     for name in sorted(edges):
         visit(name)
+
+
+# The retriever's layers, lowest first: a layer imports only from itself and the layers before it, and nothing
+# imports the thin command-line scripts at the top of local_dense_retriever/.
+RETRIEVER_LAYERS = ["retrieval", "serving", "building", "demo"]
+RETRIEVER_SCRIPTS = {"retrieval_server", "index_builder", "download"}
+
+
+def retriever_layer(name: str) -> int | None:
+    parts = name.split(".")
+    if parts[0] != "local_dense_retriever" or len(parts) < 2 or parts[1] not in RETRIEVER_LAYERS:
+        return None
+    return RETRIEVER_LAYERS.index(parts[1])
+
+
+@pytest.mark.parametrize("module", sorted(name for name in MODULES if retriever_layer(name) is not None))
+def test_a_retriever_layer_imports_nothing_from_a_layer_above_it(module):
+    layer = retriever_layer(module)
+    above = {i for i in imports_of(MODULES[module]) if (retriever_layer(i) or 0) > layer}
+    assert above == set()
+
+
+def test_nothing_imports_the_retrievers_command_line_scripts():
+    importers = {
+        name
+        for name, targets in project_edges().items()
+        for target in targets
+        if target.removeprefix("local_dense_retriever.") in RETRIEVER_SCRIPTS
+    }
+    assert importers == set()
 
 
 def test_the_top_level_holds_what_a_slime_user_looks_for():

@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from local_dense_retriever.batcher import BatcherClosed, DynamicBatcher
+from local_dense_retriever.serving.batcher import BatcherClosed, DynamicBatcher
 
 
 class RecordingSearch:

@@ -9,10 +9,11 @@ import httpx
 import numpy as np
 import pytest
 
-from local_dense_retriever import index_builder, retrieval_server
-from local_dense_retriever.encoders import TextEncoder
-from local_dense_retriever.launcher import PACKAGE_ROOT, SERVER_SCRIPT, ServerProcess, free_port
-from local_dense_retriever.mini_wiki import load_summaries, title_of, write_corpus
+from local_dense_retriever.building import index as index_builder
+from local_dense_retriever.serving import config as retrieval_server
+from local_dense_retriever.retrieval.encoders import TextEncoder
+from local_dense_retriever.serving.launcher import PACKAGE_ROOT, SERVER_SCRIPT, ServerProcess, free_port
+from local_dense_retriever.demo.mini_wiki import load_summaries, title_of, write_corpus
 from support.retriever_fixtures import small_wiki_fixture  # noqa: F401
 
 

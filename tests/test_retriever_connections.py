@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from local_dense_retriever.launcher import ServerProcess
+from local_dense_retriever.serving.launcher import ServerProcess
 from support.retriever_fixtures import RETRIEVER_NAME, small_wiki_fixture  # noqa: F401
 from support.sockets import HALF_BODY, HALF_HEADERS, open_connection, still_open
 
@@ -110,7 +110,7 @@ def test_connections_past_the_file_descriptor_limit_are_refused_with_a_503_and_l
 
 @pytest.mark.parametrize("flag", ["--timeout_request", "--timeout_keep_alive", "--timeout_graceful_shutdown"])
 def test_connection_timeouts_must_be_positive(small_wiki, flag, capsys):
-    from local_dense_retriever.retrieval_server import parse_config
+    from local_dense_retriever.serving.config import parse_config
 
     with pytest.raises(SystemExit):
         parse_config([*server_flags(small_wiki), flag, "0"])

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from local_dense_retriever.corpus import (
+from local_dense_retriever.retrieval.corpus import (
     Corpus,
     CorpusFormatError,
     count_documents,
@@ -111,7 +111,7 @@ def test_empty_corpus_is_an_error(tmp_path):
 
 
 def test_offsets_cross_read_blocks(tmp_path, monkeypatch):
-    import local_dense_retriever.corpus as corpus_module
+    import local_dense_retriever.retrieval.corpus as corpus_module
 
     monkeypatch.setattr(corpus_module, "_BLOCK_BYTES", 64)  # lines straddle many block boundaries
     docs = documents(200)

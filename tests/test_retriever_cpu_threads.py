@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from local_dense_retriever import cpu_threads
-from local_dense_retriever.launcher import PACKAGE_ROOT, ServerProcess
-from local_dense_retriever.mini_wiki import load_summaries, write_corpus
+from local_dense_retriever.retrieval import cpu_threads
+from local_dense_retriever.serving.launcher import PACKAGE_ROOT, ServerProcess
+from local_dense_retriever.demo.mini_wiki import load_summaries, write_corpus
 from support.retriever_fixtures import small_wiki_fixture  # noqa: F401
 
 PASSIVE_IN_OPENMP = "OMP_WAIT_POLICY = 'PASSIVE'"  # libgomp's OMP_DISPLAY_ENV line

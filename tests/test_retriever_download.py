@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from local_dense_retriever import download
-from local_dense_retriever.corpus import Corpus, offsets_path_for
+from local_dense_retriever.building import downloads
+from local_dense_retriever.retrieval.corpus import Corpus, offsets_path_for
 
 
 class FakeHub:
@@ -25,7 +25,7 @@ class FakeHub:
         return path
 
     def sizes(self, repo_id: str, filenames: list[str]) -> dict[str, int]:
-        assert repo_id in (download.INDEX_REPO, download.CORPUS_REPO)
+        assert repo_id in (downloads.INDEX_REPO, downloads.CORPUS_REPO)
         return {name: self.reported_sizes[name] for name in filenames}
 
 
@@ -46,7 +46,7 @@ def hub_fixture() -> FakeHub:
 
 
 def test_parts_are_merged_checked_and_the_corpus_is_ready_to_serve(tmp_path, hub):
-    outputs = download.download_wiki18(tmp_path, fetch_fn=hub.fetch, sizes_fn=hub.sizes, progress=False)
+    outputs = downloads.download_wiki18(tmp_path, fetch_fn=hub.fetch, sizes_fn=hub.sizes, progress=False)
     index = outputs["index_path"]
     assert index == tmp_path / "e5_Flat.index"
     assert index.read_bytes() == hub.files["part_aa"] + hub.files["part_ab"]
@@ -63,28 +63,28 @@ def test_parts_are_merged_checked_and_the_corpus_is_ready_to_serve(tmp_path, hub
 
 
 def test_a_second_run_skips_finished_steps(tmp_path, hub):
-    download.download_wiki18(tmp_path, fetch_fn=hub.fetch, sizes_fn=hub.sizes, progress=False)
+    downloads.download_wiki18(tmp_path, fetch_fn=hub.fetch, sizes_fn=hub.sizes, progress=False)
     hub.fetched.clear()
-    download.download_wiki18(tmp_path, fetch_fn=hub.fetch, sizes_fn=hub.sizes, progress=False)
+    downloads.download_wiki18(tmp_path, fetch_fn=hub.fetch, sizes_fn=hub.sizes, progress=False)
     assert hub.fetched == []
 
 
 def test_keep_parts_keeps_the_downloads(tmp_path, hub):
-    download.download_wiki18(tmp_path, keep_parts=True, fetch_fn=hub.fetch, sizes_fn=hub.sizes, progress=False)
+    downloads.download_wiki18(tmp_path, keep_parts=True, fetch_fn=hub.fetch, sizes_fn=hub.sizes, progress=False)
     assert {"part_aa", "part_ab", "wiki-18.jsonl.gz"} <= {p.name for p in tmp_path.iterdir()}
 
 
 def test_a_part_of_the_wrong_size_stops_before_merging(tmp_path, hub):
     hub.reported_sizes["part_ab"] += 1
-    with pytest.raises(download.DownloadError, match="part_ab has 407 bytes but the hub says 408"):
-        download.download_wiki18(tmp_path, corpus=False, fetch_fn=hub.fetch, sizes_fn=hub.sizes, progress=False)
+    with pytest.raises(downloads.DownloadError, match="part_ab has 407 bytes but the hub says 408"):
+        downloads.download_wiki18(tmp_path, corpus=False, fetch_fn=hub.fetch, sizes_fn=hub.sizes, progress=False)
     assert not (tmp_path / "e5_Flat.index").exists()
 
 
 def test_an_interrupted_merge_is_redone(tmp_path, hub):
     (tmp_path / "e5_Flat.index").write_bytes(b"truncated")
     (tmp_path / "e5_Flat.index.partial").write_bytes(b"junk from a crash")
-    outputs = download.download_wiki18(tmp_path, corpus=False, fetch_fn=hub.fetch, sizes_fn=hub.sizes, progress=False)
+    outputs = downloads.download_wiki18(tmp_path, corpus=False, fetch_fn=hub.fetch, sizes_fn=hub.sizes, progress=False)
     assert outputs["index_path"].read_bytes() == hub.files["part_aa"] + hub.files["part_ab"]
     assert not (tmp_path / "e5_Flat.index.partial").exists()
 
@@ -94,7 +94,7 @@ def test_merge_parts_concatenates_in_order(tmp_path):
     for i, data in enumerate([b"a" * 10, b"", b"bc" * 1000]):
         parts.append(tmp_path / f"part_{i}")
         parts[-1].write_bytes(data)
-    merged = download.merge_parts(parts, tmp_path / "out", progress=False)
+    merged = downloads.merge_parts(parts, tmp_path / "out", progress=False)
     assert merged.read_bytes() == b"a" * 10 + b"bc" * 1000
 
 
@@ -102,16 +102,16 @@ def test_not_enough_disk_space_is_reported(tmp_path, monkeypatch):
     import shutil
 
     usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr(download.shutil, "disk_usage", lambda _: usage._replace(free=5))
+    monkeypatch.setattr(downloads.shutil, "disk_usage", lambda _: usage._replace(free=5))
     part = tmp_path / "p"
     part.write_bytes(b"x" * 100)
-    with pytest.raises(download.DownloadError, match="needs 0.0 GB .* only 0.0 GB are free"):
-        download.merge_parts([part], tmp_path / "out", progress=False)
+    with pytest.raises(downloads.DownloadError, match="needs 0.0 GB .* only 0.0 GB are free"):
+        downloads.merge_parts([part], tmp_path / "out", progress=False)
 
 
 def test_cli_needs_something_to_do(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        download.main(["--save_path", "x", "--skip_index", "--skip_corpus"])
+        downloads.main(["--save_path", "x", "--skip_index", "--skip_corpus"])
     assert exit_info.value.code == 2
     assert "leave nothing to do" in capsys.readouterr().err
 
@@ -119,7 +119,7 @@ def test_cli_needs_something_to_do(capsys):
 def test_an_unwritable_save_path_is_one_error_line(tmp_path, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
-    assert download.main(["--save_path", str(blocker / "wiki18")]) == 1
+    assert downloads.main(["--save_path", str(blocker / "wiki18")]) == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
     assert err.startswith(f"error: cannot write to {blocker / 'wiki18'}")
@@ -131,10 +131,10 @@ def test_an_unreachable_hub_is_one_error_line(tmp_path, capsys, monkeypatch):
     from support.loopback import free_port
 
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{free_port()}")
-    assert download.main(["--save_path", str(tmp_path), "--skip_corpus"]) == 1
+    assert downloads.main(["--save_path", str(tmp_path), "--skip_corpus"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
-    assert err.startswith(f"error: cannot get the file sizes of {download.INDEX_REPO} from the Hugging Face hub")
+    assert err.startswith(f"error: cannot get the file sizes of {downloads.INDEX_REPO} from the Hugging Face hub")
 
 
 def test_a_hub_error_while_fetching_is_a_download_error(tmp_path, monkeypatch):
@@ -146,6 +146,6 @@ def test_a_hub_error_while_fetching_is_a_download_error(tmp_path, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", not_found)
     with pytest.raises(
-        download.DownloadError, match=r"cannot get part_aa of .* EntryNotFoundError: 404 Client Error\.$"
+        downloads.DownloadError, match=r"cannot get part_aa of .* EntryNotFoundError: 404 Client Error\.$"
     ):
-        download.fetch(download.INDEX_REPO, "part_aa", tmp_path)
+        downloads.fetch(downloads.INDEX_REPO, "part_aa", tmp_path)

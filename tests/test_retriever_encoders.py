@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from local_dense_retriever.encoders import (
+from local_dense_retriever.retrieval.encoders import (
     BGE_QUERY_INSTRUCTION,
     TextEncoder,
     encoder_family,
     resolve_device,
     resolve_dtype,
 )
-from local_dense_retriever.mini_wiki import minilm_model_dir
+from local_dense_retriever.demo.mini_wiki import minilm_model_dir
 
 
 @pytest.fixture(scope="module", name="minilm")

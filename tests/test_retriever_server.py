@@ -15,8 +15,10 @@ import httpx
 import numpy as np
 import pytest
 
-from local_dense_retriever.mini_wiki import title_of
-from local_dense_retriever.retrieval_server import Resources, ServerConfig, create_app, load_resources
+from local_dense_retriever.demo.mini_wiki import title_of
+from local_dense_retriever.serving.app import create_app
+from local_dense_retriever.serving.config import ServerConfig
+from local_dense_retriever.serving.loading import Resources, load_resources
 from support.loopback import serve_in_thread
 from support.rankings import same_ranking
 from support.retriever_fixtures import (  # noqa: F401

@@ -170,7 +170,7 @@ def test_embedded_preset_serves_the_index_that_embedded_default_prepared(wrapper
     RETRIEVER_PYTHON shim); the flag printing, the wrapper's parsing of it and the server it starts are real.
     """
     fake_prepare = (
-        "import sys; from pathlib import Path; from local_dense_retriever import embedded_default as e; "
+        "import sys; from pathlib import Path; from local_dense_retriever.demo import embedded_default as e; "
         "e.prepare = lambda *a, **k: e.MiniWikiAssets(corpus_path=Path(sys.argv[1]), index_path=Path(sys.argv[2]), "
         "embeddings_path=Path('unused'), model_dir=Path(sys.argv[3]), titles=set(), build_seconds=None); "
         "sys.exit(e.main(['--print_server_flags']))"
@@ -178,7 +178,7 @@ def test_embedded_preset_serves_the_index_that_embedded_default_prepared(wrapper
     shim = tmp_path / "retriever_python"
     shim.write_text(
         "#!/usr/bin/env bash\n"
-        'if [[ "$*" == "-m local_dense_retriever.embedded_default --print_server_flags" ]]; then\n'
+        'if [[ "$*" == "-m local_dense_retriever.demo --print_server_flags" ]]; then\n'
         f'  exec {sys.executable} -c "{fake_prepare}" '
         f"{small_wiki.corpus_path} {small_wiki.index_path} {small_wiki.model_dir}\n"
         "fi\n"

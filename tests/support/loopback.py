@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from local_dense_retriever.launcher import free_port  # tests import it from here too
+from local_dense_retriever.serving.launcher import free_port  # tests import it from here too
 
 
 @contextlib.contextmanager

@@ -15,9 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from local_dense_retriever import mini_wiki
-from local_dense_retriever.index_builder import BuildConfig, build
-from local_dense_retriever.retrieval_server import ServerConfig, create_app
+from local_dense_retriever.demo import mini_wiki
+from local_dense_retriever.building.index import BuildConfig, build
+from local_dense_retriever.serving.app import create_app
+from local_dense_retriever.serving.config import ServerConfig
 from support.loopback import serve_in_thread
 
 CACHE_DIR = Path(__file__).resolve().parents[2] / ".cache" / "test-retriever"

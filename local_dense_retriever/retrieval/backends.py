@@ -12,10 +12,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from local_dense_retriever.cpu_threads import thread_count
-
 if TYPE_CHECKING:  # only for annotations: importing encoders loads torch, which BM25 never needs
-    from local_dense_retriever.encoders import TextEncoder
+    from local_dense_retriever.retrieval.encoders import TextEncoder
 
 # Below this many queries FAISS's scalar Flat scan beats BLAS; at or above it one sgemm wins by 5-10x. faiss-cpu
 # 1.15 ships 128000 (no BLAS for any realistic batch). Measured here: crossover at 2-4 queries for 100k-1M vectors.
@@ -38,13 +36,6 @@ class VectorIndex(Protocol):
     def search_vectors(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]: ...
 
 
-def configure_faiss_cpu(num_threads: int | None = None) -> None:
-    import faiss
-
-    faiss.omp_set_num_threads(thread_count(num_threads))
-    faiss.cvar.distance_compute_blas_threshold = FAISS_BLAS_THRESHOLD
-
-
 def faiss_gpu_count() -> int:
     """GPUs this faiss can use; an error that says what is missing when there are none (for --faiss_gpu)."""
     import faiss
@@ -65,11 +56,10 @@ class FaissIndex:
         gpu_fp16: bool = True,
         search_params: str | None = None,
         mmap: bool = False,
-        num_threads: int | None = None,
     ):
         import faiss
 
-        configure_faiss_cpu(num_threads)
+        faiss.cvar.distance_compute_blas_threshold = FAISS_BLAS_THRESHOLD
         # Memory-mapping the codes makes startup instant for huge Flat indexes; the first searches page them in.
         flags = faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY if mmap else 0
         try:

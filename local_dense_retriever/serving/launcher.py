@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the repository: local_dense_retriever is importable from it
 
 
 def free_port() -> int:
@@ -30,7 +30,7 @@ def health_status(url: str, timeout: float = 2.0) -> int | None:
 
 
 SERVER_MODULE = ["-m", "local_dense_retriever.retrieval_server"]
-SERVER_SCRIPT = [str(Path(__file__).with_name("retrieval_server.py"))]  # how the original server is run
+SERVER_SCRIPT = [str(PACKAGE_ROOT / "local_dense_retriever" / "retrieval_server.py")]  # as Search-R1 runs it
 
 
 class ServerProcess:

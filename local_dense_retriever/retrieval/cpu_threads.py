@@ -195,6 +195,18 @@ def set_pool_threads(threads: int) -> None:
         sys.modules["faiss"].omp_set_num_threads(threads)
 
 
+def configure_pools(threads: int) -> None:
+    """The one place the retriever sizes its pools: `threads` for torch's and FAISS's OpenMP pools, and no torch
+    inter-op threads (one batch at a time is the whole workload). On GPU too: tokenizing, copies and pooling stay
+    on the CPU."""
+    set_pool_threads(threads)
+    if "torch" in sys.modules:
+        try:
+            sys.modules["torch"].set_num_interop_threads(1)
+        except RuntimeError:  # already set once in this process
+            pass
+
+
 def thread_ladder(max_threads: int) -> list[int]:
     """Counts the tuner may use, largest first, each about 2/3 of the previous: 8 -> [8, 6, 4, 3, 2, 1]."""
     ladder = [max(1, max_threads)]

@@ -1,0 +1,159 @@
+"""The server's routes: `POST /retrieve` (Search-R1's API, batched across requests) and `GET /health`.
+
+The app listens at once and loads the model, index and corpus in the background (loading.py); requests are read
+and checked by bodies.py and answered in the shapes of api.py.
+"""
+
+import asyncio
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from local_dense_retriever.retrieval.corpus import Corpus
+from local_dense_retriever.serving.api import (
+    HEALTH_RESPONSES,
+    RETRIEVE_RESPONSES,
+    build_request_model,
+    error_response,
+    json_response,
+    too_large_response,
+)
+from local_dense_retriever.serving.batcher import BatcherClosed
+from local_dense_retriever.serving.bodies import BodyRules, client_left, read_request
+from local_dense_retriever.serving.config import ServerConfig
+from local_dense_retriever.serving.loading import Resources, Runtime, load_resources
+
+
+class ResponseTooLarge(Exception):
+    pass
+
+
+def retrieve_rules(config: ServerConfig) -> BodyRules:
+    return BodyRules(
+        model=build_request_model(config.max_queries_per_request, config.max_query_chars, config.max_topk),
+        max_bytes=config.max_request_bytes,
+        largest=f"{config.max_queries_per_request} queries of {config.max_query_chars} characters",
+        accepted={
+            "queries": f"a list of 1 to {config.max_queries_per_request} non-blank strings of at most "
+            f"{config.max_query_chars} characters",
+            "topk": f"a JSON integer from 1 to {config.max_topk} (not a string, 3.0 or true), or omitted for the "
+            f"server default {config.topk}",
+            "return_scores": "true or false (JSON booleans, not strings or numbers)",
+        },
+        example='{"queries": ["..."], "topk": 3}',
+    )
+
+
+def check_response_size(config: ServerConfig, hits: int, size: float, return_scores: bool, estimated: bool) -> None:
+    """Raises ResponseTooLarge when `hits` documents of `size` bytes would exceed --max_response_mb."""
+    size += hits * (32 if return_scores else 2)  # {"document":...,"score":...} or the comma and brackets
+    if size > config.max_response_mb * 2**20:
+        about = "about " if estimated else ""
+        raise ResponseTooLarge(
+            f"the response would hold {hits} documents, {about}{size / 2**20:.1f} MB, over the server's "
+            f"--max_response_mb {config.max_response_mb:g}; ask for fewer queries per request or a smaller topk"
+        )
+
+
+def render_hits(corpus: Corpus, scores: np.ndarray, rows: np.ndarray, found: np.ndarray, with_scores: bool) -> list:
+    """Every hit as its whole corpus record (every field of the line), with its score when asked."""
+    result = []
+    for query_scores, query_rows, query_found in zip(scores.tolist(), rows.tolist(), found, strict=True):
+        kept = np.flatnonzero(query_found).tolist()
+        documents = corpus.get_many([query_rows[i] for i in kept])
+        if with_scores:
+            scored = zip(documents, (query_scores[i] for i in kept), strict=True)
+            result.append([{"document": doc, "score": score} for doc, score in scored])
+        else:
+            result.append(documents)
+    return result
+
+
+def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Resources] | None = None) -> FastAPI:
+    """The FastAPI app; `load` (default: the real model, index and corpus) runs in a background thread."""
+    runtime = Runtime(load or (lambda report: load_resources(config, report)))
+    rules = retrieve_rules(config)
+    request_body_schema = {
+        "requestBody": {"required": True, "content": {"application/json": {"schema": rules.model.model_json_schema()}}}
+    }
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        runtime.start()
+        yield
+        if runtime.resources is not None:
+            runtime.resources.close()
+
+    app = FastAPI(title="Search-R1 local retriever", lifespan=lifespan)
+    app.state.runtime = runtime
+
+    @app.get("/health", responses=HEALTH_RESPONSES)
+    async def health() -> Response:
+        if runtime.status != "ok":
+            detail = runtime.error if runtime.status == "failed" else runtime.stage
+            return json_response({"status": runtime.status, "detail": detail}, status_code=503)
+        resources = runtime.resources
+        return json_response(
+            {
+                "status": "ok",
+                "retriever": resources.description,
+                "documents": len(resources.corpus),
+                "max_batch_size": resources.batcher.max_batch_size,
+                "max_wait_ms": resources.batcher.max_wait * 1000.0,
+                "batches": resources.batcher.stats.as_dict(),
+                "load_seconds": runtime.load_seconds,
+                "cpu_threads": {
+                    **resources.thread_settings,
+                    **(resources.thread_tuner.report() if resources.thread_tuner else {}),
+                },
+                "config": asdict(config),
+            }
+        )
+
+    @app.post("/retrieve", responses=RETRIEVE_RESPONSES, openapi_extra=request_body_schema)
+    async def retrieve(request: Request) -> Response:
+        """Search-R1's retrieval API: `{"queries": [...], "topk": 3, "return_scores": false}`."""
+        payload = await read_request(request, rules, config.timeout_request)
+        if isinstance(payload, Response):
+            return payload
+        if runtime.status != "ok":
+            return error_response(503, f"the retriever is not ready ({runtime.status}: {runtime.stage})")
+        resources = runtime.resources
+        topk = payload.topk or config.topk
+        hits = len(payload.queries) * min(topk, len(resources.corpus))
+        try:  # before any work, from the corpus's mean line size; exactly once the rows are known
+            check_response_size(config, hits, hits * resources.corpus.mean_line_bytes, payload.return_scores, True)
+        except ResponseTooLarge as err:
+            return too_large_response(str(err))
+        work = asyncio.ensure_future(resources.batcher.submit(payload.queries, topk))
+        left = asyncio.ensure_future(client_left(request))
+        try:
+            await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            left.cancel()
+            if not work.done():  # the client left, or shutdown cancelled us: drop the request's remaining batches
+                work.cancel()
+        if work.cancelled():
+            return error_response(400, "the client disconnected before the answer was ready")
+        try:
+            scores, rows = work.result()
+        except BatcherClosed as err:
+            return error_response(503, str(err))
+        except Exception as err:
+            return error_response(500, f"retrieval failed: {type(err).__name__}: {err}")
+        found = rows >= 0  # -1: fewer than topk candidates
+        try:
+            size = resources.corpus.lines_bytes(rows[found])
+            check_response_size(config, int(found.sum()), size, payload.return_scores, False)
+            result = render_hits(resources.corpus, scores, rows, found, payload.return_scores)
+        except ResponseTooLarge as err:
+            return too_large_response(str(err))
+        except (ValueError, IndexError) as err:  # a malformed corpus line: the message names file and line
+            return error_response(500, f"corpus lookup failed: {err}")
+        return json_response({"result": result})
+
+    return app

@@ -1,0 +1,195 @@
+"""What the server was told: its command line (Search-R1's flags, plus serving and connection limits), checked
+before anything loads, as a ServerConfig."""
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from local_dense_retriever.retrieval.model_source import check_model_source
+
+
+@dataclass
+class ServerConfig:
+    index_path: str | None
+    corpus_path: str
+    topk: int = 3
+    retriever_name: str = "e5"
+    retriever_model: str = "intfloat/e5-base-v2"
+    backend: str = "faiss"  # faiss | qdrant; `--retriever_name bm25` selects BM25 whatever this says
+    faiss_gpu: bool = False
+    faiss_fp16: bool = True
+    faiss_mmap: bool = False
+    faiss_search_params: str | None = None
+    qdrant_url: str | None = None
+    qdrant_path: str | None = None
+    qdrant_collection: str = "search_r1"
+    device: str = "auto"
+    dtype: str = "auto"
+    pooling_method: str = "auto"
+    max_length: int = 256
+    num_threads: int | None = None
+    max_batch_size: int | None = None  # None: 64 on CPU, 512 on GPU
+    max_wait_ms: float = 5.0  # measured on CPU: 16 clients 216 -> 292 QPS, 64 clients 281 -> 320 QPS vs 0
+    max_queries_per_request: int = 512
+    max_query_chars: int = 4096
+    max_topk: int = 100
+    # A maximum-size request (512 queries x topk 100) answered 32 MB of wiki-18 passages; 16 MB is ~25k hits.
+    max_response_mb: float = 16.0
+    timeout_request: float = 30.0  # seconds for the request headers, and again for the body
+
+    @property
+    def max_request_bytes(self) -> int:
+        """The largest valid body: every character written as \\uXXXX escapes (12 bytes above U+FFFF)."""
+        return self.max_queries_per_request * (12 * self.max_query_chars + 8) + 4096
+
+    @property
+    def is_bm25(self) -> bool:
+        return self.retriever_name.lower() == "bm25"
+
+
+def _existing(parser: argparse.ArgumentParser, flag: str, value: str | None, kind: str = "file") -> None:
+    if value is None:
+        parser.error(f"{flag} is required")
+    path = Path(value)
+    ok = path.is_dir() if kind == "directory" else path.is_file()
+    if not ok:
+        parser.error(f"{flag} {value}: no such {kind}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        description="Search-R1 retrieval server with dynamic batching (FAISS / Qdrant / BM25).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    data = parser.add_argument_group("data (Search-R1 flags)")
+    data.add_argument("--index_path", help="FAISS index file (a bm25s directory for --retriever_name bm25)")
+    data.add_argument("--corpus_path", required=True, help="corpus .jsonl or .jsonl.gz; line i = index row i")
+    data.add_argument("--topk", type=int, default=3, help="documents per query when a request gives no topk")
+    data.add_argument("--retriever_name", default="e5", help="e5, bge, dpr, any name (mean pooling) or bm25")
+    data.add_argument("--retriever_model", default="intfloat/e5-base-v2", help="Hugging Face model id or directory")
+    data.add_argument("--faiss_gpu", action="store_true", help="clone the FAISS index to every visible GPU (fp16)")
+    data.add_argument("--faiss_fp32", action="store_true", help="with --faiss_gpu: keep fp32 vectors on the GPUs")
+    data.add_argument("--faiss_mmap", action="store_true", help="memory-map a Flat index instead of reading it")
+    data.add_argument("--faiss_search_params", help='e.g. "nprobe=64" (IVF) or "efSearch=128" (HNSW)')
+    data.add_argument("--backend", choices=["faiss", "qdrant"], default="faiss", help="vector store for dense search")
+    data.add_argument("--qdrant_url", help="Qdrant server URL (with --backend qdrant)")
+    data.add_argument("--qdrant_path", help="qdrant-client embedded storage directory (with --backend qdrant)")
+    data.add_argument("--qdrant_collection", default="search_r1", help="Qdrant collection name")
+    model = parser.add_argument_group("encoder")
+    model.add_argument("--device", default="auto", help="auto (GPU when present), cpu, cuda, cuda:1, ...")
+    model.add_argument("--dtype", choices=["auto", "fp32", "fp16", "bf16"], default="auto", help="auto: fp16 on GPU")
+    model.add_argument("--pooling_method", choices=["auto", "mean", "cls", "pooler"], default="auto")
+    model.add_argument("--max_length", type=int, default=256, help="query tokens kept by the encoder")
+    model.add_argument("--num_threads", type=int, default=None, help="CPU threads for torch and FAISS (usable CPUs)")
+    serving = parser.add_argument_group("serving")
+    serving.add_argument("--host", default="127.0.0.1", help="bind address; 0.0.0.0 exposes the server")
+    serving.add_argument("--port", type=int, default=8000)
+    serving.add_argument("--max_batch_size", type=int, default=None, help="queries per forward pass (64 CPU/512 GPU)")
+    serving.add_argument(
+        "--max_wait_ms", type=float, default=5.0, help="wait for returning clients to refill a batch (0: never)"
+    )
+    serving.add_argument("--max_queries_per_request", type=int, default=512)
+    serving.add_argument("--max_query_chars", type=int, default=4096)
+    serving.add_argument("--max_topk", type=int, default=100)
+    serving.add_argument(
+        "--max_response_mb", type=float, default=16.0, help="larger answers are refused with a 422 (ask fewer hits)"
+    )
+    connections = parser.add_argument_group("connections")
+    connections.add_argument(
+        "--timeout_request",
+        type=float,
+        default=30.0,
+        help="seconds a client gets for the request headers (from connecting, or from the first byte on a kept-alive "
+        "connection) and again for the body; slower connections are closed (408 for the body)",
+    )
+    connections.add_argument(
+        "--timeout_keep_alive", type=float, default=5.0, help="seconds an idle kept-alive connection stays open"
+    )
+    connections.add_argument(
+        "--timeout_graceful_shutdown",
+        type=float,
+        default=5.0,
+        help="on SIGTERM, seconds in-flight requests get to finish; then they are cancelled and queued work dropped",
+    )
+    connections.add_argument(
+        "--max_connections",
+        type=int,
+        default=None,
+        help="open connections kept at once; more get a 503 (default: the open-file limit minus 100)",
+    )
+    serving.add_argument("--log_level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def parse_config(argv: list[str] | None = None) -> tuple[ServerConfig, argparse.Namespace]:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    is_bm25 = args.retriever_name.lower() == "bm25"
+    if is_bm25:
+        _existing(parser, "--index_path", args.index_path, "directory")
+    elif args.backend == "qdrant":
+        if bool(args.qdrant_url) == bool(args.qdrant_path):
+            parser.error("--backend qdrant needs exactly one of --qdrant_url and --qdrant_path")
+        if args.qdrant_path:
+            _existing(parser, "--qdrant_path", args.qdrant_path, "directory")
+    else:
+        _existing(parser, "--index_path", args.index_path)
+    _existing(parser, "--corpus_path", args.corpus_path)
+    for flag, value, low in [
+        ("--max_topk", args.max_topk, 1),
+        ("--max_queries_per_request", args.max_queries_per_request, 1),
+        ("--max_query_chars", args.max_query_chars, 1),
+        ("--max_length", args.max_length, 1),
+        ("--max_batch_size", args.max_batch_size, 1),
+        ("--num_threads", args.num_threads, 1),
+        ("--max_wait_ms", args.max_wait_ms, 0),
+        ("--max_connections", args.max_connections, 1),
+    ]:
+        if value is not None and value < low:
+            parser.error(f"{flag} must be at least {low}, got {value}")
+    for flag, value in [
+        ("--max_response_mb", args.max_response_mb),
+        ("--timeout_request", args.timeout_request),
+        ("--timeout_keep_alive", args.timeout_keep_alive),
+        ("--timeout_graceful_shutdown", args.timeout_graceful_shutdown),
+    ]:
+        if not value > 0:  # also refuses nan
+            parser.error(f"{flag} must be a positive number of {'MB' if 'mb' in flag else 'seconds'}, got {value}")
+    if not 1 <= args.topk <= args.max_topk:
+        parser.error(f"--topk must be from 1 to --max_topk ({args.max_topk}), got {args.topk}")
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be from 0 to 65535, got {args.port}")
+    model = args.retriever_model
+    if not is_bm25:  # last: for a hub id that is not cached this asks the hub
+        try:
+            model = check_model_source(args.retriever_model)
+        except ValueError as err:
+            parser.error(f"--retriever_model {err}")
+    config = ServerConfig(
+        index_path=args.index_path,
+        corpus_path=args.corpus_path,
+        topk=args.topk,
+        retriever_name=args.retriever_name,
+        retriever_model=model,
+        backend=args.backend,
+        faiss_gpu=args.faiss_gpu,
+        faiss_fp16=not args.faiss_fp32,
+        faiss_mmap=args.faiss_mmap,
+        faiss_search_params=args.faiss_search_params,
+        qdrant_url=args.qdrant_url,
+        qdrant_path=args.qdrant_path,
+        qdrant_collection=args.qdrant_collection,
+        device=args.device,
+        dtype=args.dtype,
+        pooling_method=args.pooling_method,
+        max_length=args.max_length,
+        num_threads=args.num_threads,
+        max_batch_size=args.max_batch_size,
+        max_wait_ms=args.max_wait_ms,
+        max_queries_per_request=args.max_queries_per_request,
+        max_query_chars=args.max_query_chars,
+        max_topk=args.max_topk,
+        max_response_mb=args.max_response_mb,
+        timeout_request=args.timeout_request,
+    )
+    return config, args
