@@ -275,6 +275,21 @@ pid_alive() {
   [[ -n "$1" ]] && kill -0 "$1" 2>/dev/null
 }
 
+# Runs "$@" every 0.1 s while it succeeds, for at most $1 seconds of wall-clock time (a budget in loop turns would
+# stretch on a loaded machine, where every `sleep` and `kill -0` takes longer). Fails if the time ran out.
+wait_while() {
+  local deadline=$((SECONDS + $1))
+  shift
+  while "$@"; do
+    ((SECONDS < deadline)) || return 1
+    sleep 0.1
+  done
+}
+
+no_pid_file_yet() {
+  [[ ! -s "${RUN_DIR}/retriever.pid" ]]
+}
+
 SESSION_CREATED=0
 RETRIEVER_PID=""
 TRAINING_PANE_PID=""
@@ -285,12 +300,7 @@ start_retriever() {
   info "starting the retrieval server on ${RETRIEVER_HOST}:${URL_PORT} in tmux window 'retriever' (log: ${RETRIEVER_LOG})"
   tmux_cmd new-session -d -s "$TMUX_SESSION" -n retriever -c "$PWD" "bash $(printf '%q' "${RUN_DIR}/retriever.sh")"
   SESSION_CREATED=1
-  local waited=0
-  until [[ -s "${RUN_DIR}/retriever.pid" ]]; do
-    ((waited < 100)) || die "the retriever window did not start (tmux session ${TMUX_SESSION})"
-    sleep 0.1
-    waited=$((waited + 1))
-  done
+  wait_while 10 no_pid_file_yet || die "the retriever window did not start (tmux session ${TMUX_SESSION})"
   RETRIEVER_PID=$(<"${RUN_DIR}/retriever.pid")
 }
 
@@ -352,37 +362,27 @@ training_running() {
   pid_alive "$TRAINING_PANE_PID" && [[ ! -f "${RUN_DIR}/training.exit" ]]
 }
 
-# Waits while training runs, at most $1 tenths of a second.
-wait_while_training() {
-  local waited=0
-  while training_running && ((waited < $1)); do
-    sleep 0.1
-    waited=$((waited + 1))
-  done
-}
-
+# Stops in bounded wall-clock time: at most SHUTDOWN_TIMEOUT s after Ctrl-C, then 10 s after SIGTERM.
 stop_training() {
   training_running || return 0
   info "stopping training (Ctrl-C in its window, up to ${SHUTDOWN_TIMEOUT} s)"
   tmux_cmd send-keys -t "=${TMUX_SESSION}:training" C-c 2>/dev/null || true
-  wait_while_training $((SHUTDOWN_TIMEOUT * 10))
-  if training_running; then
+  if ! wait_while "$SHUTDOWN_TIMEOUT" training_running; then
     info "training did not stop; sending SIGTERM to its window's process group"
     kill -TERM -- "-${TRAINING_PANE_PID}" 2>/dev/null || true
-    wait_while_training 100
+    wait_while 10 training_running || true
   fi
 }
 
+retriever_alive() {
+  pid_alive "$RETRIEVER_PID"
+}
+
 stop_retriever() {
-  pid_alive "$RETRIEVER_PID" || return 0
+  retriever_alive || return 0
   info "stopping the retrieval server (pid ${RETRIEVER_PID})"
   kill -TERM "$RETRIEVER_PID" 2>/dev/null || true
-  local waited=0
-  while pid_alive "$RETRIEVER_PID" && ((waited < 150)); do
-    sleep 0.1
-    waited=$((waited + 1))
-  done
-  if pid_alive "$RETRIEVER_PID"; then
+  if ! wait_while 15 retriever_alive; then
     info "the retrieval server ignored SIGTERM for 15 s; sending SIGKILL"
     kill -KILL "$RETRIEVER_PID" 2>/dev/null || true
   fi

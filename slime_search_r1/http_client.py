@@ -5,6 +5,7 @@ this machine against ~0.6 ms for aiohttp (bench/rollout_overhead.py), so the hot
 """
 
 import asyncio
+import atexit
 import codecs
 import json
 from collections.abc import Callable
@@ -17,7 +18,7 @@ _CHUNK_BYTES = 64 * 1024
 _ERROR_DETAIL_CHARS = 300
 _ERROR_DETAIL_BYTES = 4 * _ERROR_DETAIL_CHARS  # UTF-8 takes at most 4 bytes a character
 
-# A session or semaphore belongs to the event loop it was made on; slime runs one loop, tests run many.
+# A session or semaphore belongs to the event loop it was made on; slime runs one loop, tests and scripts run many.
 _per_loop: dict[asyncio.AbstractEventLoop, dict] = {}
 
 
@@ -31,11 +32,51 @@ class RetryableRequestFailed(RequestFailed):
 
 def _loop_state() -> dict:
     loop = asyncio.get_running_loop()
-    if loop not in _per_loop:
+    state = _per_loop.get(loop)
+    if state is None:
         for closed in [other for other in _per_loop if other.is_closed()]:
-            del _per_loop[closed]  # their sessions cannot be used (or closed) any more
-        _per_loop[loop] = {}
-    return _per_loop[loop]
+            del _per_loop[closed]  # their sessions were closed with them (below)
+        state = _per_loop[loop] = {}
+        _close_with_the_loop(loop, state)
+    return state
+
+
+async def _close_sessions(state: dict) -> None:
+    for key, value in list(state.items()):
+        if key[0] == "session":
+            await value.close()
+
+
+async def _sessions_closer(state: dict):
+    try:
+        yield
+    finally:
+        await _close_sessions(state)
+
+
+def _close_with_the_loop(loop: asyncio.AbstractEventLoop, state: dict) -> None:
+    """Close this loop's sessions when the loop shuts down: asyncio.run() (any asyncio.Runner) closes the async
+    generators still open before it closes the loop, and this one closes the sessions then. A session left open
+    would log "Unclosed client session" and every pooled connection when it is collected."""
+    closer = _sessions_closer(state)
+    state[("closer",)] = closer  # the loop tracks async generators weakly
+    loop.create_task(closer.__anext__())
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """A loop that never shuts down (slime's rollout loop runs forever on a daemon thread) has its sessions closed
+    when the process exits; atexit runs while daemon threads still run."""
+    for loop, state in list(_per_loop.items()):
+        try:
+            if loop.is_closed():
+                continue
+            if loop.is_running():
+                asyncio.run_coroutine_threadsafe(_close_sessions(state), loop).result(timeout=10)
+            else:
+                loop.run_until_complete(_close_sessions(state))
+        except Exception:  # never fail an exit over it; the worst left is the warning this avoids
+            pass
 
 
 def loop_session(key: str, factory: Callable[[], aiohttp.ClientSession]) -> aiohttp.ClientSession:
@@ -61,11 +102,8 @@ def loop_semaphore(key: str, limit: int) -> asyncio.Semaphore:
 
 
 async def close_loop_sessions() -> None:
-    """Close this loop's sessions (tests and scripts call it before their loop ends)."""
-    state = _per_loop.pop(asyncio.get_running_loop(), {})
-    for key, value in state.items():
-        if key[0] == "session":
-            await value.close()
+    """Close this loop's sessions now (tests and scripts that keep their loop call it when they are done)."""
+    await _close_sessions(_per_loop.pop(asyncio.get_running_loop(), {}))
 
 
 def retrying(max_attempts: int, wait=None, before_sleep=None, give_up: Callable[[], bool] | None = None):

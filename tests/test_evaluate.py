@@ -225,7 +225,7 @@ def test_interrupted_run_keeps_finished_trajectories_and_resumes(
     """A real evaluate.py process interrupted with SIGINT (Ctrl-C), then the same command run again."""
     questions = [("nq", f"Question number {i}", ["unknown"]) for i in range(30)]
     data = write_search_r1_parquet(tmp_path / "many.parquet", questions)
-    engine.latency_s = 0.15  # slow enough to interrupt mid-run
+    gate = engine.hold_after(6)  # the run waits there until Ctrl-C has been sent
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": subprocess_pythonpath()}
     arguments = cli(data, engine, tokenizer_dir, out, "--retrieval-url", retriever.url)
@@ -237,11 +237,13 @@ def test_interrupted_run_keeps_finished_trajectories_and_resumes(
         stderr=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 60
-    while len(engine.calls) < 6 and time.monotonic() < deadline and process.poll() is None:
-        time.sleep(0.05)
-    process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=60)
+    try:
+        assert gate.reached.wait(timeout=120), "the run never reached the engine's gate"
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        gate.open()
+        engine.gate = None
     assert process.returncode == 130, err
     assert "rerun the same command to resume" in err
     done = trajectories(out)

@@ -2,12 +2,15 @@
 
 import asyncio
 import copy
+import gc
 import json
+import threading
 import time
 
 import aiohttp
 import pytest
 
+from slime_search_r1 import http_client
 from slime_search_r1.http_client import RequestFailed, close_loop_sessions, loop_session, post_json
 from google_search_server import PAGE_MAX_BYTES, google_search
 from slime_search_r1.search.local import LocalRetrieverClient
@@ -330,3 +333,40 @@ async def test_a_serper_error_that_echoes_the_key_does_not_show_it(serper):
     assert "HTTP 402" in str(info.value)
     assert "bad key" in str(info.value)
     assert "test-key-123" not in str(info.value)
+
+
+# ---- Pooled sessions end with their loop ------------------------------------------------------------------------
+
+
+async def _post_twice(url: str) -> aiohttp.ClientSession:
+    session = loop_session("closing-probe", lambda: aiohttp.ClientSession())
+    for _ in range(2):  # keeps a pooled connection open
+        await post_json(session, url + "/retrieve", {"queries": ["Paris"], "topk": 1}, 10.0)
+    return session
+
+
+def test_a_loop_run_by_asyncio_run_closes_its_sessions_when_it_ends(retriever, caplog):
+    """asyncio.run() ends its loop; a session it left open logged "Unclosed client session" and every pooled
+    connection when it was collected (a script that runs generate() twice printed hundreds of such lines)."""
+    first = asyncio.run(_post_twice(retriever.url))
+    second = asyncio.run(_post_twice(retriever.url))  # a new loop drops the first loop's state
+    gc.collect()
+    assert first.closed
+    assert second.closed
+    assert [r.getMessage() for r in caplog.records if "Unclosed" in r.getMessage()] == []
+
+
+def test_a_loop_that_never_ends_has_its_sessions_closed_at_exit(retriever):
+    """slime runs rollouts on one loop that runs forever on a daemon thread: its sessions close at process exit."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        session = asyncio.run_coroutine_threadsafe(_post_twice(retriever.url), loop).result(timeout=30)
+        assert not session.closed
+        http_client._close_at_exit()  # what atexit runs
+        assert session.closed
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()

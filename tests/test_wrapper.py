@@ -5,15 +5,16 @@ Every test uses its own tmux server (TMUX_TMPDIR under tmp_path) and session nam
 touched, and checks afterwards that the session, the server process and the port are gone.
 """
 
+import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from pathlib import Path
 
@@ -90,12 +91,22 @@ def tmux_server_running(env) -> bool:
     return subprocess.run(["tmux", "list-sessions"], env=env, capture_output=True).returncode == 0
 
 
+def exited(pid: int, timeout: float = 60) -> bool:
+    """Waits for any process (not only a child) to exit: a pidfd becomes readable when it does."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
+
+
 def assert_all_stopped(env) -> None:
     port = port_of(env)
-    deadline = time.monotonic() + 5  # the kernel may take a moment to release the socket
-    while (retriever_pids(port) or not port_is_free(port)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert retriever_pids(port) == []
+    # A server sent SIGKILL last may still be on its way out when the wrapper exits; its socket closes with it.
+    assert all(exited(pid) for pid in retriever_pids(port))
     assert port_is_free(port)
     assert not tmux_server_running(env)
 
@@ -205,31 +216,46 @@ def test_embedded_preset_serves_the_index_that_embedded_default_prepared(wrapper
     assert_all_stopped(env)
 
 
+def read_when_written(fifo: Path, writer_parent: subprocess.Popen) -> str:
+    """What is written to `fifo`, waiting for it as long as it takes; "" if `writer_parent` exits first."""
+
+    def unblock_if_the_parent_exits() -> None:
+        writer_parent.wait()
+        with contextlib.suppress(OSError):  # ENXIO: nobody reads any more
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+    threading.Thread(target=unblock_if_the_parent_exits, daemon=True).start()
+    with open(fifo) as reader:  # returns once a writer opened it: an event, not a polling window
+        return reader.read()
+
+
 def test_ctrl_c_stops_training_and_the_retriever(wrapper_env, tmp_path):
+    started = tmp_path / "training_started"
+    os.mkfifo(started)
     training = tmp_path / "long_training.py"
     training.write_text(
-        "import time\n"
+        "import sys, time\n"
         "try:\n"
-        "    print('training started', flush=True)\n"
+        "    with open(sys.argv[1], 'w') as started:  # the test reads it: from here on Ctrl-C is handled\n"
+        "        started.write('started')\n"
         "    time.sleep(300)\n"
         "except KeyboardInterrupt:\n"
         "    print('training interrupted', flush=True)\n"
         "    raise SystemExit(130)\n"
     )
-    env = {**wrapper_env, "TRAIN_CMD": f"{sys.executable} {training}"}
+    env = {**wrapper_env, "TRAIN_CMD": f"{sys.executable} {training} {started}"}
     process = subprocess.Popen(["bash", str(WRAPPER)], env=env, stderr=subprocess.PIPE, text=True)
-    log_dir = Path(env["LOG_DIR"])
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and process.poll() is None:
-        started = [p for p in log_dir.glob("training_*.log") if "training started" in p.read_text()]
-        if started:
-            break
-        time.sleep(0.2)
-    assert process.poll() is None, process.stderr.read()
-    assert retriever_pids(port_of(env))
+    try:
+        assert read_when_written(started, process) == "started", process.stderr.read()
+        assert retriever_pids(port_of(env))
 
-    process.send_signal(signal.SIGINT)  # Ctrl-C in the wrapper's terminal
-    _, err = process.communicate(timeout=60)
+        process.send_signal(signal.SIGINT)  # Ctrl-C in the wrapper's terminal
+        # The wrapper's own bounds, in wall-clock time: SHUTDOWN_TIMEOUT s for training, 10 s after SIGTERM, 15 s
+        # for the server; this guard is only against a hang.
+        _, err = process.communicate(timeout=int(env["SHUTDOWN_TIMEOUT"]) + 10 + 15 + 60)
+    finally:
+        if process.poll() is None:
+            process.kill()
     assert process.returncode == 130, err  # training's own exit code after it handled Ctrl-C
     assert "training interrupted" in logs(env, "training")  # it was asked to stop, not killed
     assert_all_stopped(env)

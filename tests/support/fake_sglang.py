@@ -13,6 +13,7 @@ import base64
 import functools
 import json
 import re
+import threading
 import uuid
 import zlib
 from array import array
@@ -74,6 +75,22 @@ class EngineCall:
     headers: dict = field(default_factory=dict)
 
 
+class Gate:
+    """Where an engine holds requests: `reached` is set once one waits; `open()` lets every waiting one go."""
+
+    def __init__(self, after: int):
+        self.after = after
+        self.reached = threading.Event()
+        self._open = threading.Event()
+
+    async def wait(self) -> None:
+        self.reached.set()
+        await asyncio.get_running_loop().run_in_executor(None, self._open.wait)
+
+    def open(self) -> None:
+        self._open.set()
+
+
 class FakeSGLangEngine:
     def __init__(
         self,
@@ -102,9 +119,15 @@ class FakeSGLangEngine:
         self.failures_left = 0
         self.failure_status = 500
         self.aborted = False
+        self.gate: Gate | None = None
         self.app = self._build_app()
 
     # ---- test controls -------------------------------------------------------------------------
+    def hold_after(self, calls: int) -> "Gate":
+        """Requests after the first `calls` wait until the returned gate is opened (a run held at a known point)."""
+        self.gate = Gate(calls)
+        return self.gate
+
     def fail_next(self, count: int, status: int = 500) -> None:
         self.failures_left, self.failure_status = count, status
 
@@ -221,6 +244,8 @@ class FakeSGLangEngine:
                 self.calls.append(call)
             if self.latency_s:
                 await asyncio.sleep(self.latency_s)
+            if self.gate is not None and len(self.calls) > self.gate.after:
+                await self.gate.wait()
             if self.aborted:
                 call.finish = {"type": "abort", "message": "Abort before prefill"}
                 # older SGLang reports 0 prompt tokens for a request aborted in the waiting queue
