@@ -19,6 +19,7 @@ import pytest
 from slime_search_r1.settings import SETTINGS, ConfigError, resolve_config, search_r1_configs
 from slime_search_r1.slime_flags import REWARD_POST_PROCESS_PATH, check_slime_args
 from support.fake_ray import VersionHandler
+from support.slime_compat import slime_argument_parser, using_real_slime
 from support.loopback import free_port
 from support.slime_rollout import EVAL_ROLLOUT_LOG_FUNCTION, ROLLOUT_LOG_FUNCTION, load_function
 
@@ -41,8 +42,8 @@ SLIME_FLAGS = {
     "--wandb-project", "--wandb-group", "--rollout-num-gpus-per-engine", "--lr", "--metadata-key",
     "--custom-rollout-log-function-path", "--custom-eval-rollout-log-function-path",
     "--custom-reward-post-process-path",
-    "--sglang-mem-fraction-static",  # SGLang's --mem-fraction-static behind slime's --sglang- prefix
 }  # fmt: skip
+SGLANG_FLAGS = {"--sglang-mem-fraction-static"}  # SGLang's --mem-fraction-static behind slime's --sglang- prefix
 MEGATRON_FLAGS = {
     "--tensor-model-parallel-size", "--sequence-parallel", "--pipeline-model-parallel-size",
     "--context-parallel-size", "--expert-model-parallel-size", "--expert-tensor-parallel-size",
@@ -123,11 +124,28 @@ def test_default_command_has_the_seed_argument_groups():
     assert "warning: slime checkout (SLIME_DIR) not found: /root/slime/train.py" in run.result.stderr
 
 
-def test_every_flag_is_a_real_slime_or_megatron_flag(tmp_path):
+def every_flag_run(tmp_path) -> DryRun:
+    """A launch command with every optional group switched on."""
     eval_data = tmp_path / "test.parquet"
-    run = dry_run(USE_TIS="1", USE_WANDB="1", EVAL_PROMPT_DATA=str(eval_data), SAVE_DIR="/ckpt", LOAD_DIR="/ckpt")
-    flags = {arg for arg in run.train_args if arg.startswith("--")}
-    assert flags - SLIME_FLAGS - MEGATRON_FLAGS == set()
+    return dry_run(USE_TIS="1", USE_WANDB="1", EVAL_PROMPT_DATA=str(eval_data), SAVE_DIR="/ckpt", LOAD_DIR="/ckpt")
+
+
+def test_every_flag_is_a_real_slime_megatron_or_sglang_flag(tmp_path):
+    flags = {arg for arg in every_flag_run(tmp_path).train_args if arg.startswith("--")}
+    assert flags - SLIME_FLAGS - MEGATRON_FLAGS - SGLANG_FLAGS == set()
+
+
+@pytest.mark.skipif(not using_real_slime(), reason="needs slime's own parser: SLIME_SRC=/path/to/slime make test")
+def test_slimes_own_parser_reads_every_slime_flag_of_the_command(tmp_path, monkeypatch):
+    """With a slime checkout, its real parser reads the command: every flag that is not Megatron's or SGLang's is
+    slime's, with a value of slime's type (argparse refuses "abc" for an int flag), and the typed list is slime's."""
+    parser = slime_argument_parser(monkeypatch)
+    slime_options = set(parser._option_string_actions)
+    assert SLIME_FLAGS - slime_options == set()  # the list the stand-in run checks against is slime's own
+    known, unknown = parser.parse_known_args(every_flag_run(tmp_path).train_args)
+    assert {arg for arg in unknown if arg.startswith("--")} - MEGATRON_FLAGS - SGLANG_FLAGS == set()
+    assert known.rollout_max_response_len == 2048
+    assert known.custom_generate_function_path == "generate_with_search.generate"
 
 
 def test_tis_is_switched_on_by_a_variable():

@@ -102,3 +102,30 @@ def reset_http_client() -> None:
     from slime.utils import http_utils
 
     http_utils._http_client = None
+
+
+def slime_argument_parser(monkeypatch):
+    """slime's own argument parser (slime/utils/arguments.py's flag provider) from the checkout SLIME_SRC names.
+
+    That module imports SGLang's ServerArgs and sglang_router's RouterArgs at the top, for the --sglang-* flags it
+    copies from SGLang; neither installs here, so empty stand-ins (for this test only) let it import. slime's own
+    flags are then slime's, with slime's types and choices; SGLang's and Megatron's are not in this parser.
+    """
+    import argparse
+
+    server_args = types.ModuleType("sglang.srt.server_args")
+    server_args.ServerArgs = type("ServerArgs", (), {"add_cli_args": staticmethod(lambda parser: None)})
+    launch_router = types.ModuleType("sglang_router.launch_router")
+    launch_router.RouterArgs = type("RouterArgs", (), {})
+    for name, module in [
+        ("sglang", types.ModuleType("sglang")),
+        ("sglang.srt", types.ModuleType("sglang.srt")),
+        ("sglang.srt.server_args", server_args),
+        ("sglang_router.launch_router", launch_router),
+    ]:
+        if name not in sys.modules:
+            monkeypatch.setitem(sys.modules, name, module)
+    from slime.utils.arguments import get_slime_extra_args_provider
+
+    parser = argparse.ArgumentParser(allow_abbrev=False, exit_on_error=False)
+    return get_slime_extra_args_provider()(parser)
