@@ -222,3 +222,10 @@ def test_renamed_settings_name_their_new_name():
 def test_every_variable_belongs_to_one_setting():
     variables = [setting.env for setting in SETTINGS.values() if setting.env]
     assert len(variables) == len(set(variables))
+
+
+@pytest.mark.parametrize("readme", ["README.md", "README_zh.md"])
+def test_every_variable_is_in_the_readmes_configuration_table(readme):
+    table = (ROOT / readme).read_text(encoding="utf-8")
+    missing = [s.env for s in SETTINGS.values() if s.env and f"| `{s.env}` |" not in table]
+    assert missing == []
