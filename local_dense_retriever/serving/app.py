@@ -1,4 +1,5 @@
-"""The server's routes: `POST /retrieve` (Search-R1's API, batched across requests) and `GET /health`.
+"""The server's routes: `POST /retrieve` (Search-R1's API, batched across requests), `POST /access` (ASearcher's
+pages by URL, with --pages_path) and `GET /health`.
 
 The app listens at once and loads the model, index and corpus in the background (loading.py); requests are read
 and checked by bodies.py and answered in the shapes of api.py.
@@ -14,9 +15,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
 from local_dense_retriever.retrieval.corpus import Corpus
+from local_dense_retriever.retrieval.pages import Pages
 from local_dense_retriever.serving.api import (
+    ACCESS_RESPONSES,
     HEALTH_RESPONSES,
     RETRIEVE_RESPONSES,
+    build_access_model,
     build_request_model,
     error_response,
     json_response,
@@ -48,15 +52,50 @@ def retrieve_rules(config: ServerConfig) -> BodyRules:
     )
 
 
-def check_response_size(config: ServerConfig, hits: int, size: float, return_scores: bool, estimated: bool) -> None:
-    """Raises ResponseTooLarge when `hits` documents of `size` bytes would exceed --max_response_mb."""
+def access_rules(config: ServerConfig) -> BodyRules:
+    return BodyRules(
+        model=build_access_model(config.max_urls_per_request, config.max_url_chars),
+        max_bytes=config.max_access_request_bytes,
+        largest=f"{config.max_urls_per_request} URLs of {config.max_url_chars} characters",
+        accepted={
+            "urls": f"a list of 1 to {config.max_urls_per_request} non-blank strings of at most "
+            f"{config.max_url_chars} characters"
+        },
+        example='{"urls": ["https://en.wikipedia.org/wiki/Paris"]}',
+    )
+
+
+def check_response_size(
+    config: ServerConfig,
+    hits: int,
+    size: float,
+    return_scores: bool,
+    estimated: bool,
+    what: str = "documents",
+    remedy: str = "ask for fewer queries per request or a smaller topk",
+) -> None:
+    """Raises ResponseTooLarge when `hits` documents (or pages) of `size` bytes would exceed --max_response_mb."""
     size += hits * (32 if return_scores else 2)  # {"document":...,"score":...} or the comma and brackets
     if size > config.max_response_mb * 2**20:
         about = "about " if estimated else ""
         raise ResponseTooLarge(
-            f"the response would hold {hits} documents, {about}{size / 2**20:.1f} MB, over the server's "
-            f"--max_response_mb {config.max_response_mb:g}; ask for fewer queries per request or a smaller topk"
+            f"the response would hold {hits} {what}, {about}{size / 2**20:.1f} MB, over the server's "
+            f"--max_response_mb {config.max_response_mb:g}; {remedy}"
         )
+
+
+def read_pages(config: ServerConfig, pages: Pages, urls: list[str]) -> list[dict | None]:
+    """The page of every URL, or None; refused before any page is parsed when the lines found would be too large."""
+    candidates = [pages.candidates(url) for url in urls]
+    likeliest = [rows[0] for rows in candidates if rows]
+    check_response_size(
+        config, len(likeliest), pages.lines_bytes(likeliest), False, False, "pages", "ask for fewer URLs per request"
+    )
+    found = [
+        next((p for row in rows if (p := pages.page_at(row, url)) is not None), None)
+        for url, rows in zip(urls, candidates, strict=True)
+    ]
+    return found
 
 
 def render_hits(corpus: Corpus, scores: np.ndarray, rows: np.ndarray, found: np.ndarray, with_scores: bool) -> list:
@@ -76,10 +115,15 @@ def render_hits(corpus: Corpus, scores: np.ndarray, rows: np.ndarray, found: np.
 def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Resources] | None = None) -> FastAPI:
     """The FastAPI app; `load` (default: the real model, index and corpus) runs in a background thread."""
     runtime = Runtime(load or (lambda report: load_resources(config, report)))
-    rules = retrieve_rules(config)
-    request_body_schema = {
-        "requestBody": {"required": True, "content": {"application/json": {"schema": rules.model.model_json_schema()}}}
-    }
+    rules, page_rules = retrieve_rules(config), access_rules(config)
+
+    def body_schema(body: BodyRules) -> dict:
+        return {
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": body.model.model_json_schema()}},
+            }
+        }
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -110,11 +154,14 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
                     **resources.thread_settings,
                     **(resources.thread_tuner.report() if resources.thread_tuner else {}),
                 },
+                "pages": {"loaded": False}
+                if resources.pages is None
+                else {"loaded": True, "pages": len(resources.pages), "path": str(resources.pages.path)},
                 "config": asdict(config),
             }
         )
 
-    @app.post("/retrieve", responses=RETRIEVE_RESPONSES, openapi_extra=request_body_schema)
+    @app.post("/retrieve", responses=RETRIEVE_RESPONSES, openapi_extra=body_schema(rules))
     async def retrieve(request: Request) -> Response:
         """Search-R1's retrieval API: `{"queries": [...], "topk": 3, "return_scores": false}`."""
         payload = await read_request(request, rules, config.timeout_request)
@@ -154,6 +201,27 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
             return too_large_response(str(err))
         except (ValueError, IndexError) as err:  # a malformed corpus line: the message names file and line
             return error_response(500, f"corpus lookup failed: {err}")
+        return json_response({"result": result})
+
+    @app.post("/access", responses=ACCESS_RESPONSES, openapi_extra=body_schema(page_rules))
+    async def access(request: Request) -> Response:
+        """ASearcher's page access: `{"urls": [...]}` -> `{"result": [page or null, ...]}`, one per URL, in order."""
+        payload = await read_request(request, page_rules, config.timeout_request)
+        if isinstance(payload, Response):
+            return payload
+        if runtime.status != "ok":
+            return error_response(503, f"the retriever is not ready ({runtime.status}: {runtime.stage})")
+        pages = runtime.resources.pages
+        if pages is None:
+            return error_response(
+                404, "this server has no pages: start it with --pages_path <wiki_webpages.jsonl> to serve /access"
+            )
+        try:  # page lines can be large and cold on disk: read them off the event loop
+            result = await asyncio.to_thread(read_pages, config, pages, payload.urls)
+        except ResponseTooLarge as err:
+            return too_large_response(str(err))
+        except (ValueError, IndexError) as err:  # a malformed pages line: the message names file and line
+            return error_response(500, f"page lookup failed: {err}")
         return json_response({"result": result})
 
     return app

@@ -5,6 +5,9 @@ once, and loads in the background; slow, idle and surplus connections are timed 
 
 import argparse
 import logging
+import os
+import socket
+from pathlib import Path
 
 from fastapi import FastAPI
 
@@ -46,15 +49,32 @@ def uvicorn_config(app: FastAPI, args: argparse.Namespace):
     )
 
 
+def write_address(directory: str, host: str, port: int) -> Path:
+    """ASearcher's address file: `host:port` in <directory>/Host<ip>_IP<port>.txt, the host as clients reach it."""
+    if host in ("0.0.0.0", "::", ""):  # every interface: the host's own address, as ASearcher writes it
+        host = socket.gethostbyname(socket.gethostname())
+    os.makedirs(directory, exist_ok=True)
+    path = Path(directory) / f"Host{host}_IP{port}.txt"
+    path.write_text(f"{host}:{port}")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if self.started and args.save_address_to:  # listening now: the port is the bound one (--port 0 too)
+                port = self.servers[0].sockets[0].getsockname()[1]
+                logger.info("address written to %s", write_address(args.save_address_to, args.host, port))
 
     config, args = parse_config(argv)
     cpu_threads.calm_openmp()  # before torch and faiss load (in the loader thread): OpenMP reads it only then
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # it logs every SIMD variant it tries
     app = create_app(config)
-    server = uvicorn.Server(uvicorn_config(app, args))
+    server = Server(uvicorn_config(app, args))
     app.state.runtime.on_failure = lambda: setattr(server, "should_exit", True)
     logger.info("listening on http://%s:%d (GET /health says when the retriever is ready)", args.host, args.port)
     server.run()

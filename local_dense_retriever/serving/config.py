@@ -12,6 +12,7 @@ from local_dense_retriever.retrieval.model_source import check_model_source
 class ServerConfig:
     index_path: str | None
     corpus_path: str
+    pages_path: str | None = None  # ASearcher's pages (wiki_webpages.jsonl): POST /access
     topk: int = 3
     retriever_name: str = "e5"
     retriever_model: str = "intfloat/e5-base-v2"
@@ -36,11 +37,18 @@ class ServerConfig:
     # A maximum-size request (512 queries x topk 100) answered 32 MB of wiki-18 passages; 16 MB is ~25k hits.
     max_response_mb: float = 16.0
     timeout_request: float = 30.0  # seconds for the request headers, and again for the body
+    max_urls_per_request: int = 32  # POST /access
+    max_url_chars: int = 4096
 
     @property
     def max_request_bytes(self) -> int:
         """The largest valid body: every character written as \\uXXXX escapes (12 bytes above U+FFFF)."""
         return self.max_queries_per_request * (12 * self.max_query_chars + 8) + 4096
+
+    @property
+    def max_access_request_bytes(self) -> int:
+        """The largest valid /access body, every character escaped as for /retrieve."""
+        return self.max_urls_per_request * (12 * self.max_url_chars + 8) + 4096
 
     @property
     def is_bm25(self) -> bool:
@@ -64,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     data = parser.add_argument_group("data (Search-R1 flags)")
     data.add_argument("--index_path", help="FAISS index file (a bm25s directory for --retriever_name bm25)")
     data.add_argument("--corpus_path", required=True, help="corpus .jsonl or .jsonl.gz; line i = index row i")
+    data.add_argument(
+        "--pages_path",
+        help='pages .jsonl, one {"url", "contents", ...} per line (ASearcher\'s wiki_webpages.jsonl): POST /access',
+    )
     data.add_argument("--topk", type=int, default=3, help="documents per query when a request gives no topk")
     data.add_argument("--retriever_name", default="e5", help="e5, bge, dpr, any name (mean pooling) or bm25")
     data.add_argument("--retriever_model", default="intfloat/e5-base-v2", help="Hugging Face model id or directory")
@@ -90,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serving.add_argument("--max_queries_per_request", type=int, default=512)
     serving.add_argument("--max_query_chars", type=int, default=4096)
+    serving.add_argument("--max_urls_per_request", type=int, default=32, help="URLs one POST /access may ask for")
+    serving.add_argument("--max_url_chars", type=int, default=4096)
     serving.add_argument("--max_topk", type=int, default=100)
     serving.add_argument(
         "--max_response_mb", type=float, default=16.0, help="larger answers are refused with a 422 (ask fewer hits)"
@@ -118,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="open connections kept at once; more get a 503 (default: the open-file limit minus 100)",
     )
     serving.add_argument("--log_level", default="info", choices=["debug", "info", "warning", "error"])
+    serving.add_argument(
+        "--save-address-to",
+        "--save_address_to",
+        dest="save_address_to",
+        help="a directory: once listening, write host:port to Host<ip>_IP<port>.txt there (ASearcher's scripts)",
+    )
     return parser
 
 
@@ -135,6 +155,13 @@ def parse_config(argv: list[str] | None = None) -> tuple[ServerConfig, argparse.
     else:
         _existing(parser, "--index_path", args.index_path)
     _existing(parser, "--corpus_path", args.corpus_path)
+    if args.pages_path is not None:
+        _existing(parser, "--pages_path", args.pages_path)
+    if args.save_address_to is not None:
+        try:  # now, not once loaded: the file is written when the server listens
+            Path(args.save_address_to).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            parser.error(f"--save-address-to {args.save_address_to}: cannot create the directory ({err.strerror})")
     for flag, value, low in [
         ("--max_topk", args.max_topk, 1),
         ("--max_queries_per_request", args.max_queries_per_request, 1),
@@ -144,6 +171,8 @@ def parse_config(argv: list[str] | None = None) -> tuple[ServerConfig, argparse.
         ("--num_threads", args.num_threads, 1),
         ("--max_wait_ms", args.max_wait_ms, 0),
         ("--max_connections", args.max_connections, 1),
+        ("--max_urls_per_request", args.max_urls_per_request, 1),
+        ("--max_url_chars", args.max_url_chars, 1),
     ]:
         if value is not None and value < low:
             parser.error(f"{flag} must be at least {low}, got {value}")
@@ -168,6 +197,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[ServerConfig, argparse.
     config = ServerConfig(
         index_path=args.index_path,
         corpus_path=args.corpus_path,
+        pages_path=args.pages_path,
         topk=args.topk,
         retriever_name=args.retriever_name,
         retriever_model=model,
@@ -191,5 +221,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[ServerConfig, argparse.
         max_topk=args.max_topk,
         max_response_mb=args.max_response_mb,
         timeout_request=args.timeout_request,
+        max_urls_per_request=args.max_urls_per_request,
+        max_url_chars=args.max_url_chars,
     )
     return config, args

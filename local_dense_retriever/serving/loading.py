@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from local_dense_retriever.retrieval import cpu_threads
 from local_dense_retriever.retrieval.corpus import Corpus
+from local_dense_retriever.retrieval.pages import Pages
 from local_dense_retriever.serving.batcher import DynamicBatcher
 from local_dense_retriever.serving.config import ServerConfig
 
@@ -27,16 +28,19 @@ class Resources:
     description: str
     thread_settings: dict = field(default_factory=dict)  # what the process was given (usable CPUs, wait policy)
     thread_tuner: cpu_threads.ThreadTuner | None = None  # the thread count it uses now, per batch size
+    pages: Pages | None = None  # --pages_path: POST /access
 
     def close(self) -> None:
         self.batcher.close()
         self.corpus.close()
+        if self.pages is not None:
+            self.pages.close()
         if hasattr(self.searcher, "close"):
             self.searcher.close()
 
 
 def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda stage: None) -> Resources:
-    """Model, index and corpus, checked against each other, plus the batching worker."""
+    """Model, index and corpus, checked against each other, the pages when given, plus the batching worker."""
     report("importing torch and faiss")
     from local_dense_retriever.retrieval import backends
 
@@ -77,6 +81,10 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
             f"--corpus_path {corpus.path} has {len(corpus)} documents but the index has {searcher.size}; "
             "row i of the index must be line i of the corpus (were they built from the same file?)"
         )
+    pages = None
+    if config.pages_path is not None:
+        report("opening the pages (their URL index is built once, in one pass)")
+        pages = Pages(config.pages_path)
     report("warming up")
     searcher.search(["warm-up query"], min(config.topk, len(corpus)))
     search = tuner.wrap(searcher.search) if tuner else searcher.search
@@ -84,7 +92,9 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
     description = f"{searcher.description}; corpus {corpus.path} ({len(corpus)} documents)"
     settings = cpu_threads.report()
     logger.info("CPU threads: %s", settings)
-    return Resources(searcher, corpus, batcher, description, thread_settings=settings, thread_tuner=tuner)
+    if pages is not None:
+        description += f"; pages {pages.path} ({len(pages)})"
+    return Resources(searcher, corpus, batcher, description, settings, tuner, pages)
 
 
 class Runtime:

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from local_dense_retriever.demo import mini_wiki
+from local_dense_retriever.demo import embedded_default, mini_wiki
 from local_dense_retriever.building.index import BuildConfig, build
 from local_dense_retriever.serving.app import create_app
 from local_dense_retriever.serving.config import ServerConfig
@@ -30,6 +30,7 @@ RETRIEVER_NAME = "minilm"
 @dataclass(frozen=True)
 class SmallWiki:
     corpus_path: Path
+    pages_path: Path  # the same articles by URL (POST /access)
     index_path: Path
     embeddings_path: Path
     model_dir: Path
@@ -55,13 +56,20 @@ def build_small_wiki(cache_dir: Path = CACHE_DIR) -> SmallWiki:
     summaries, questions = _select_summaries()
     model_dir = mini_wiki.minilm_model_dir()
     corpus_path = cache_dir / "small_wiki.jsonl"
+    pages_path = cache_dir / "small_wiki_pages.jsonl"
     index_path = cache_dir / "minilm_Flat.index"
     embeddings_path = cache_dir / "minilm_embeddings.npy"
     manifest_path = cache_dir / "manifest.json"
-    manifest = {"titles": [s["title"] for s in summaries], "model": str(model_dir), "name": RETRIEVER_NAME}
+    manifest = {
+        "titles": [s["title"] for s in summaries],
+        "model": str(model_dir),
+        "name": RETRIEVER_NAME,
+        "files": embedded_default.FILES_FORMAT,
+    }
     fresh = manifest_path.exists() and json.loads(manifest_path.read_text()) == manifest
-    if not fresh or not all(p.exists() for p in (corpus_path, index_path, embeddings_path)):
+    if not fresh or not all(p.exists() for p in (corpus_path, pages_path, index_path, embeddings_path)):
         mini_wiki.write_corpus(summaries, corpus_path)
+        mini_wiki.write_pages(summaries, pages_path)
         build(
             BuildConfig(
                 corpus_path=str(corpus_path),
@@ -73,7 +81,7 @@ def build_small_wiki(cache_dir: Path = CACHE_DIR) -> SmallWiki:
             )
         )
         manifest_path.write_text(json.dumps(manifest))
-    return SmallWiki(corpus_path, index_path, embeddings_path, model_dir, questions, manifest["titles"])
+    return SmallWiki(corpus_path, pages_path, index_path, embeddings_path, model_dir, questions, manifest["titles"])
 
 
 # Fixtures carry a `name=` so test modules can import them without their parameters shadowing the import.
@@ -86,6 +94,7 @@ def dense_config(wiki: SmallWiki, **overrides) -> ServerConfig:
     settings = dict(
         index_path=str(wiki.index_path),
         corpus_path=str(wiki.corpus_path),
+        pages_path=str(wiki.pages_path),
         retriever_name=RETRIEVER_NAME,
         retriever_model=str(wiki.model_dir),
         topk=3,
