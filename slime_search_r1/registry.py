@@ -67,7 +67,14 @@ TOKEN_DRIVERS = Registry(
         "router_handler": "slime_search_r1.tokens.legacy_router:RouterHandlerDriver",
     },
 )
-TOOLS = Registry("tool", "tools", {"search": "slime_search_r1.tools.search:SEARCH"})
+TOOLS = Registry(
+    "tool",
+    "tools",
+    {
+        "search": "slime_search_r1.tools.search:SEARCH",  # Search-R1's <search> query </search>
+        "access": "slime_search_r1.tools.access:ACCESS",  # ASearcher's <access> URL </access> (off by default)
+    },
+)
 SEARCH_BACKENDS = Registry(
     "search backend",
     "search_backend",

@@ -254,7 +254,10 @@ for _setting in (
     Setting("max_obs_tokens", 500, Integer(16), "SEARCH_R1_MAX_OBS_TOKENS",
             "tokens of one search result (Search-R1's max_obs_length)"),
     # ---- tools and search
-    Setting("tools", ["search"], Names(TOOLS.names, at_least=1), "SEARCH_R1_TOOLS", "the tools the model may call"),
+    Setting("tools", ["search"], Names(TOOLS.names, at_least=1), "SEARCH_R1_TOOLS",
+            "the tools the model may call: search, and access to read a page of the results"),
+    Setting("max_page_tokens", 1024, Integer(16), "SEARCH_R1_MAX_PAGE_TOKENS",
+            "tokens of one page the access tool shows (the response budget must hold them)"),
     Setting("topk", 3, Integer(1, 100), "SEARCH_R1_TOPK", "passages per search"),
     Setting("search_concurrency", 256, Integer(1), "SEARCH_R1_SEARCH_CONCURRENCY",
             "searches in flight per rollout process"),
@@ -459,6 +462,16 @@ def _google_needs_a_key(config: SearchR1Config) -> None:
         raise ConfigError(
             "search_backend='google' needs a serper.dev key: set GOOGLE_API_KEY (or SEARCH_R1_CONFIGS['google']"
             "['api_key']), or use SEARCH_BACKEND=local"
+        )
+
+
+@register_rule
+def _access_reads_the_local_retrievers_pages(config: SearchR1Config) -> None:
+    if "access" in config.tools and config.search_backend != "local":
+        raise ConfigError(
+            f"the access tool reads pages from the local retriever's POST /access (--pages_path), but "
+            f"search_backend={config.search_backend!r} shows URLs it does not hold; use SEARCH_BACKEND=local with "
+            "access, or leave access out of SEARCH_R1_TOOLS"
         )
 
 

@@ -1,6 +1,6 @@
-"""Tools by name: a tool is one Tool registered from a file of its own (here, this test file) and enabled with the
-`tools` setting; both protocols, both format rules, the reward and the metrics follow it, and nothing under
-slime_search_r1/ changes."""
+"""Tools by name: a tool is one Tool registered from a file of its own (here, this test file: a third tool beside
+search and access) and enabled with the `tools` setting; both protocols, both format rules, the reward and the metrics
+follow it, and nothing under slime_search_r1/ changes."""
 
 import pytest
 
@@ -8,11 +8,12 @@ from generate_with_search import generate, reward_func
 from qa_em_format import format_problem
 from slime.utils.types import Sample
 from slime_search_r1.protocols.chat_reward import conversation_format_problem
-from slime_search_r1.protocols.xml_tags import invalid_action_message, stop_strings
+from slime_search_r1.protocols.xml_tags import TOOL_LINES_AFTER, invalid_action_message, stop_strings
 from slime_search_r1.registry import TOOLS
 from slime_search_r1.settings import ConfigError, resolve_config
 from slime_search_r1.tools.calls import read_call
 from slime_search_r1.tools.contract import Tool, ToolError, enabled_tools
+from slime_search_r1.tools.access import ACCESS
 from slime_search_r1.tools.search import SEARCH_SCHEMA
 from slime_search_r1.training.metrics import search_metrics
 from support.episodes import CHAT_LABEL, QUESTION, SEARCH_ONLY, chat_messages, info
@@ -56,10 +57,10 @@ class Calendar:
 
 @pytest.fixture
 def calendar(search_config):
-    """The calendar tool, registered and enabled beside search; both undone after the test."""
+    """The calendar tool, registered and enabled beside search and access; both undone after the test."""
     calendar = Calendar()
     TOOLS.register("calendar", calendar.tool())
-    search_config["tools"] = ["search", "calendar"]
+    search_config["tools"] = ["search", "access", "calendar"]
     yield calendar
     TOOLS.unregister("calendar")
 
@@ -72,7 +73,7 @@ def tools_of(config) -> dict:
 
 
 def test_an_enabled_tool_is_an_xml_action_and_a_stop_string(calendar, search_config):
-    assert stop_strings(tools_of(search_config)) == ("</search>", "</calendar>", "</answer>")
+    assert stop_strings(tools_of(search_config)) == ("</search>", "</access>", "</calendar>", "</answer>")
 
 
 def test_the_invalid_action_message_names_every_enabled_tool(calendar, search_config):
@@ -92,7 +93,7 @@ def test_a_tool_reads_its_own_arguments(calendar, search_config):
     assert read_call("call_0_1", "calendar", {"event": ""}, tools).error == "'event' must be a non-empty string"
     assert (
         read_call("call_0_2", "weather", {}, tools).error
-        == "unknown tool 'weather'; the tools are 'search', 'calendar'"
+        == "unknown tool 'weather'; the tools are 'search', 'access', 'calendar'"
     )
 
 
@@ -113,7 +114,7 @@ async def test_xml_mode_runs_the_tool_and_shows_its_result(make_args, tokenizer,
     )
     assert calendar.asked == ["storming of the Bastille"]
     assert "<information>storming of the Bastille was on 14 July 1789.</information>" in sample.response
-    assert format_problem(sample.prompt + sample.response, ("search", "calendar")) is None
+    assert format_problem(sample.prompt + sample.response, ("search", "access", "calendar")) is None
     assert await reward_func(args, sample) == 1.0
 
 
@@ -124,10 +125,9 @@ async def test_xml_mode_adds_the_tools_prompt_line_after_search_r1s_instruction(
         make_args(), Sample(prompt=chat_prompt(tokenizer, QUESTION), label=CHAT_LABEL), slime_sampling_params(64)
     )
     prompt = tokenizer.decode(engine.calls[0].input_ids)
-    assert (
-        "between <information> and </information>. You can find the date of an event by <calendar> event "
-        "</calendar>. You can search as many times" in prompt
-    )
+    lines = [ACCESS.prompt_line, "You can find the date of an event by <calendar> event </calendar>."]
+    # each enabled tool's sentence, in the order of the tools setting, after Search-R1's sentence about search
+    assert " ".join([TOOL_LINES_AFTER, *lines, "You can search as many"]) in prompt
 
 
 async def test_chat_mode_runs_the_tool_and_the_chat_reward_accepts_it(
@@ -138,7 +138,8 @@ async def test_chat_mode_runs_the_tool_and_the_chat_reward_accepts_it(
         '<tool_call>\n{"name": "calendar", "arguments": {"event": "Bastille Day"}}\n</tool_call>',
         "<think>Found it.</think>\n<answer> Paris </answer>",
     ]
-    sample = Sample(prompt=chat_messages(), label=CHAT_LABEL, metadata={"tools": [SEARCH_SCHEMA, CALENDAR_SCHEMA]})
+    schemas = [SEARCH_SCHEMA, ACCESS.schema, CALENDAR_SCHEMA]
+    sample = Sample(prompt=chat_messages(), label=CHAT_LABEL, metadata={"tools": schemas})
     args = make_args()
     sample = await generate(args, sample, slime_sampling_params(512))
     conversation = sample.metadata["search_r1"]["conversation"]

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from slime_search_r1.http_client import RequestFailed, loop_semaphore
 from slime_search_r1.registry import SEARCH_BACKENDS
+from slime_search_r1.search import local
 from slime_search_r1.search.results import hit_document
 
 logger = logging.getLogger(__name__)
@@ -33,18 +34,32 @@ async def search(config, query: str, aborted: Callable[[], bool] | None = None) 
     so an abort is not held up by a slow or down search backend.
     """
     backend: SearchBackend = SEARCH_BACKENDS.get(config.search_backend)
+
+    async def documents() -> list[dict]:
+        hits = await backend(config, query, aborted)
+        if not isinstance(hits, list):
+            raise ValueError(f"the backend answered {type(hits).__name__}, not a list of documents")
+        if len(hits) > config.topk:
+            # Dropped, not refused: a server that ignores `topk` (answers its own default) still ranks best
+            # first, so its first k hits are the answer; the rest would only be cut from the observation.
+            _warn_extra_hits(config.search_backend, len(hits), config.topk)
+        return [hit_document(hit) for hit in hits[: config.topk]]
+
+    return await _guarded(config, f"{config.search_backend} search", documents, aborted)
+
+
+async def access_page(config, url: str, aborted: Callable[[], bool] | None = None) -> dict | None:
+    """The page at `url` from the local retriever's /access (ASearcher's), or None; SearchError when it fails for
+    good. It shares the searches' bound (search_concurrency): the same servers answer both."""
+    return await _guarded(config, "page access", lambda: local.access(config, url, aborted), aborted)
+
+
+async def _guarded(config, what: str, call: Callable[[], Awaitable], aborted: Callable[[], bool] | None):
     try:
         async with loop_semaphore("search", config.search_concurrency):
             if aborted is not None and aborted():
-                raise SearchAborted("the rollout was aborted before this search ran")
-            hits = await backend(config, query, aborted)
-            if not isinstance(hits, list):
-                raise ValueError(f"the backend answered {type(hits).__name__}, not a list of documents")
-            if len(hits) > config.topk:
-                # Dropped, not refused: a server that ignores `topk` (answers its own default) still ranks best
-                # first, so its first k hits are the answer; the rest would only be cut from the observation.
-                _warn_extra_hits(config.search_backend, len(hits), config.topk)
-            return [hit_document(hit) for hit in hits[: config.topk]]
+                raise SearchAborted(f"the rollout was aborted before this {what} ran")
+            return await call()
     except SearchError:
         raise
     except (RequestFailed, ValueError) as exc:
@@ -52,7 +67,7 @@ async def search(config, query: str, aborted: Callable[[], bool] | None = None) 
     except Exception as exc:
         # Whatever a backend or its parsing raises fails this sample, never the batch. CancelledError is not an
         # Exception (it propagates); the type is kept because an unexpected error's message alone may be bare.
-        raise SearchError(f"{config.search_backend} search failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
+        raise SearchError(f"{what} failed: {type(exc).__name__}: {str(exc)[:300]}") from exc
 
 
 _warned_extra_hits: set[str] = set()

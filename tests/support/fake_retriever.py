@@ -1,4 +1,5 @@
-"""A loopback retrieval server speaking Search-R1's /retrieve API over a small in-memory corpus.
+"""A loopback retrieval server speaking Search-R1's /retrieve API (and ASearcher's /access) over a small in-memory
+corpus whose passages carry their article's URL.
 
 Ranking is plain word overlap (the real E5 + FAISS server has its own tests); what matters here is
 the protocol: both result shapes, status codes, latency and injected failures.
@@ -22,10 +23,28 @@ DEFAULT_DOCS = [
 ]
 
 
+def page_url(contents: str) -> str:
+    return "https://en.wikipedia.org/wiki/" + contents.split("\n", 1)[0].strip('"').replace(" ", "_")
+
+
+def article(contents: str) -> str:
+    """A page longer than its passage: the passage and a few sentences more."""
+    title, _, text = contents.partition("\n")
+    return f"{title.strip(chr(34))}\n\n{text} " + " ".join(
+        f"More about {title.strip(chr(34))}, part {i}." for i in range(40)
+    )
+
+
 class FakeRetriever:
     def __init__(self, docs: list[str] | None = None, *, latency_s: float = 0.0, scores_shape: bool | None = None):
         """`scores_shape` forces one result shape whatever the request asks (None: honour return_scores)."""
-        self.docs = [{"id": str(i), "contents": text} for i, text in enumerate(docs or DEFAULT_DOCS)]
+        self.docs = [
+            {"id": str(i), "contents": text, "url": page_url(text)} for i, text in enumerate(docs or DEFAULT_DOCS)
+        ]
+        # the articles by URL, as ASearcher's wiki_webpages.jsonl holds them
+        self.pages = {doc["url"]: {"url": doc["url"], "contents": article(doc["contents"])} for doc in self.docs}
+        self.accessed: list[str] = []
+        self.access_status: int | None = None  # answer /access with this status (a pages server that is down)
         self.latency_s = latency_s
         self.scores_shape = scores_shape
         self.queries: list[str] = []
@@ -73,6 +92,16 @@ class FakeRetriever:
                 return await self._retrieve(await request.json())
             finally:
                 self.in_flight -= 1
+
+        @app.post("/access")
+        async def access(request: Request):
+            urls = (await request.json()).get("urls")
+            if self.access_status is not None:
+                return JSONResponse({"detail": "pages unavailable"}, status_code=self.access_status)
+            if not isinstance(urls, list) or not urls or not all(isinstance(url, str) for url in urls):
+                return JSONResponse({"detail": "urls must be a non-empty list of strings"}, 422)
+            self.accessed.extend(urls)
+            return {"result": [self.pages.get(url.replace("index.php/", "index.php?title=")) for url in urls]}
 
         return app
 
