@@ -10,22 +10,32 @@ each Reply to the trajectory (trajectory.py) and decides how the episode ends:
   response or context budget out      TRUNCATED  token_budget (each turn is offered exactly what is left)
   max_turns reached                   TRUNCATED  max_turns; a tool call on the last turn is not run (no turn reads it)
   a tool failing after its retries    FAILED     tool_failed, with remove_sample when drop_failed_samples
+
+With slime's --partial-rollout, an ABORTED episode records where it stood (the turn, and whether that turn was being
+generated or its tool calls were to run); slime hands the sample back in a later rollout, and the episode resumes
+there: a turn cut mid-generation continues from its last token, calls the abort interrupted run again, and the
+budgets count what was already done.
 """
+
+import copy
+import logging
 
 from dataclasses import dataclass
 from typing import Protocol
 
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
-from slime_search_r1.record import FinishReason
+from slime_search_r1.record import FinishReason, episode_record, resume_point
 from slime_search_r1.registry import PROTOCOLS, TOKEN_DRIVERS
-from slime_search_r1.settings import SearchR1Config
+from slime_search_r1.settings import ConfigError, SearchR1Config
 from slime_search_r1.state import EpisodeState
 from slime_search_r1.tokens.text import encode_prompt
 from slime_search_r1.tools.calls import run_calls
 from slime_search_r1.tools.contract import ToolAborted, ToolError
-from slime_search_r1.trajectory import Trajectory
+from slime_search_r1.trajectory import Trajectory, why_not_continued
 from slime_search_r1.turns import Action, Reply, Turn
+
+logger = logging.getLogger(__name__)
 
 
 class TurnProtocol(Protocol):
@@ -53,6 +63,7 @@ class TokenDriver(Protocol):
     context_length: int
     response_length: int
     trajectory: Trajectory  # what the driver writes the sample's response through
+    resumable: bool  # a partial rollout's aborted episode can continue from its trajectory (written_turn, below)
 
     @classmethod
     async def prepare(cls, state: EpisodeState) -> None:
@@ -61,7 +72,10 @@ class TokenDriver(Protocol):
     def __init__(self, state: EpisodeState, trajectory: Trajectory, protocol: TurnProtocol): ...
 
     async def generate(self, sampling_params: dict) -> Turn:
-        """One model turn."""
+        """The turn under way (after what it sampled before an abort, if anything)."""
+
+    def written_turn(self) -> Turn:
+        """The turn under way as the trajectory holds it (a resumed episode reads it again)."""
 
     def add_observation(self, ids: list[int]) -> None:
         """The environment's reply follows the turn."""
@@ -90,6 +104,21 @@ def episode_budget(args, sampling_params: dict, config: SearchR1Config, evaluati
     return Budget(response=response, context=min(limits))
 
 
+def resumable_record(args, sample: Sample, prompt_ids: list[int], track_log_probs: bool) -> dict | None:
+    """The record to resume from: a partial rollout's sample that slime aborted with a response and handed back,
+    its fields still lined up; None means the episode starts from clean fields."""
+    if not getattr(args, "partial_rollout", False) or sample.status != Sample.Status.ABORTED:
+        return None
+    record = episode_record(sample)
+    if record is None or resume_point(record) is None or sample.response_length == 0:
+        return None
+    problem = why_not_continued(sample, prompt_ids, track_log_probs)
+    if problem is not None:
+        logger.warning("an aborted sample starts over instead of resuming: %s", problem)
+        return None
+    return record
+
+
 async def run_episode(args, sample: Sample, sampling_params: dict, config: SearchR1Config, evaluation: bool):
     """One sample's whole episode; returns the sample with its trajectory, status and metadata."""
     slime_state = GenerateState(args)
@@ -105,14 +134,24 @@ async def run_episode(args, sample: Sample, sampling_params: dict, config: Searc
     )
     protocol: TurnProtocol = protocol_class(state, sampling_params)
     driver_class = TOKEN_DRIVERS.get(config.token_tracking_mode)
+    if getattr(args, "partial_rollout", False) and not getattr(driver_class, "resumable", False):
+        raise ConfigError(
+            f"--partial-rollout resumes aborted episodes from the trajectory they wrote, which "
+            f"TOKEN_TRACKING_MODE={config.token_tracking_mode} cannot continue; use TOKEN_TRACKING_MODE=manual"
+        )
     await driver_class.prepare(state)
+    prompt_ids = encode_prompt(state.tokenizer, protocol.prompt_text)
+    record = resumable_record(args, sample, prompt_ids, config.return_logprob)
     trajectory = Trajectory(
         args,
         sample,
-        encode_prompt(state.tokenizer, protocol.prompt_text),
+        prompt_ids,
         track_log_probs=config.return_logprob,
         train_observations=config.train_observations,
+        continued=record is not None,
     )
+    if record is not None:
+        state.resume(record)
     driver: TokenDriver = driver_class(state, trajectory, protocol)
     status, reason = await _turns(state, protocol, driver, episode_budget(args, sampling_params, config, evaluation))
     await driver.finish(status)
@@ -123,37 +162,49 @@ async def run_episode(args, sample: Sample, sampling_params: dict, config: Searc
 async def _turns(
     state: EpisodeState, protocol: TurnProtocol, driver: TokenDriver, budget: Budget
 ) -> tuple[Sample.Status, FinishReason]:
-    """(status, reason) of the episode, the trajectory written as it goes."""
+    """(status, reason) of the episode, the trajectory written as it goes; a resumed episode starts where it stood."""
     config, stats = state.config, state.stats
-    for turn_index in range(config.max_turns):
-        state.turn_index = turn_index
-        state.begin_turn()
-        if state.aborted:
-            return Sample.Status.ABORTED, FinishReason.ROLLOUT_ABORTED
-        if budget.left(driver) <= 0:
-            return Sample.Status.TRUNCATED, FinishReason.TOKEN_BUDGET
-        # A new dict per turn: in evaluation slime shares one sampling_params dict across all samples.
-        params = {**protocol.sampling_params, "max_new_tokens": budget.left(driver)}
-        if params.get("min_new_tokens"):
-            params["min_new_tokens"] = min(params["min_new_tokens"], params["max_new_tokens"])
-        turn = await driver.generate(params)
-        if turn.finish_type == "abort":
-            return Sample.Status.ABORTED, FinishReason.ENGINE_ABORT
-        stats.turns += 1
-        action = protocol.read(turn, state)
-        if action.message is not None:
-            state.conversation.append(action.message)
-        if action.invalid and turn.finish_type != "length":  # a turn cut short is the budget's doing
-            stats.invalid_actions += 1
-        if action.final:
-            return Sample.Status.COMPLETED, FinishReason.ANSWER
-        if turn.finish_type == "length":
-            return Sample.Status.TRUNCATED, FinishReason.TOKEN_BUDGET
-        if turn_index == config.max_turns - 1:
-            return Sample.Status.TRUNCATED, FinishReason.MAX_TURNS
+    continuing = state.stage == "turn" and driver.response_length > state.turn_start  # a turn cut by an abort
+    while state.turn_index < config.max_turns:
+        last_turn = state.turn_index == config.max_turns - 1
+        if state.stage == "tool":  # resumed after its turn was read: read it again, run its calls
+            turn = driver.written_turn()
+            action = protocol.read(turn, state)
+        else:
+            if not continuing:
+                state.begin_turn(driver.response_length)
+            continuing = False
+            if state.aborted:
+                return Sample.Status.ABORTED, FinishReason.ROLLOUT_ABORTED
+            if budget.left(driver) <= 0:
+                return Sample.Status.TRUNCATED, FinishReason.TOKEN_BUDGET
+            # A new dict per turn: in evaluation slime shares one sampling_params dict across all samples.
+            params = {**protocol.sampling_params, "max_new_tokens": budget.left(driver)}
+            if params.get("min_new_tokens"):
+                params["min_new_tokens"] = min(params["min_new_tokens"], params["max_new_tokens"])
+            before = driver.response_length
+            turn = await driver.generate(params)
+            stats.generated_tokens += driver.response_length - before
+            if turn.finish_type == "abort":
+                return Sample.Status.ABORTED, FinishReason.ENGINE_ABORT
+            stats.turns += 1
+            action = protocol.read(turn, state)
+            if action.message is not None:
+                state.conversation.append(action.message)
+            if action.invalid and turn.finish_type != "length":  # a turn cut short is the budget's doing
+                stats.invalid_actions += 1
+            if action.final:
+                return Sample.Status.COMPLETED, FinishReason.ANSWER
+            if turn.finish_type == "length":
+                return Sample.Status.TRUNCATED, FinishReason.TOKEN_BUDGET
+            if last_turn:
+                return Sample.Status.TRUNCATED, FinishReason.MAX_TURNS
+            state.stage = "tool"
+        counters = copy.deepcopy(stats.tools)
         try:
             results = await run_calls(action.calls, state.tools, state)
         except ToolAborted:
+            stats.tools = counters  # the calls run again when the episode resumes
             return Sample.Status.ABORTED, FinishReason.ROLLOUT_ABORTED
         except ToolError:
             return Sample.Status.FAILED, FinishReason.TOOL_FAILED
@@ -166,4 +217,6 @@ async def _turns(
         stats.truncated_observations += reply.truncated
         if state.conversation is not None:
             state.conversation.extend(reply.messages)
-    raise AssertionError("unreachable: the last turn always returns")
+        state.turn_index += 1
+        state.stage = "turn"
+    return Sample.Status.TRUNCATED, FinishReason.MAX_TURNS  # resumed with fewer max_turns than it had taken

@@ -53,6 +53,13 @@ def conversation_of(record: dict) -> list[dict] | None:
     return record.get("conversation")
 
 
+def resume_point(record: dict) -> dict | None:
+    """Where an episode slime aborted stood: {"turn_index", "stage", "turn_start", "conversation_start"} (written only
+    with --partial-rollout, when slime keeps the sample to resume it in a later rollout)."""
+    point = record.get("resume")
+    return point if isinstance(point, dict) else None
+
+
 def tool_counters(record: dict) -> dict[str, dict]:
     """Per tool name: {"calls": finished calls, "failures": calls that failed for good, "seconds": [each call's]}."""
     return record.get("tools") or {}

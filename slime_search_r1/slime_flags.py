@@ -43,12 +43,12 @@ def check_slime_args(args, config: SearchR1Config) -> list[str]:
             "--use-rollout-routing-replay (MoE routed-expert replay) is not supported by this plugin: drop the "
             "flag (Qwen2.5 is a dense model)"
         )
-    if getattr(args, "partial_rollout", False):
+    if getattr(args, "partial_rollout", False) and config.token_tracking_mode in ("router_radix", "router_handler"):
         raise ConfigError(
-            "--partial-rollout is not supported: slime would hand an aborted multi-turn sample back to generate() "
-            "to resume from its kept tokens, but an episode's turns, searches and conversation cannot be resumed "
-            "from tokens, so it would restart and train on stale metadata; drop --partial-rollout (slime's own "
-            "multi-turn examples refuse it too)"
+            f"--partial-rollout resumes an aborted episode from the tokens it wrote, but "
+            f"TOKEN_TRACKING_MODE={config.token_tracking_mode} takes the trajectory from the old slime router's "
+            "cache at the end of the episode, which a resumed episode cannot extend exactly; use "
+            "TOKEN_TRACKING_MODE=manual with --partial-rollout"
         )
     warnings = []
     if config.llm_api_mode == "chat" and config.token_tracking_mode == "router_radix":
@@ -104,6 +104,7 @@ def parse_slime_flags(train_args: list[str]) -> argparse.Namespace:
         "--get-mismatch-metrics",
         "--use-rollout-routing-replay",
         "--partial-rollout",
+        "--mask-offpolicy-in-partial-rollout",
     ):
         parser.add_argument(flag, action="store_true", default=False)
     parser.add_argument("--rollout-top-p", type=float, default=1.0)

@@ -11,17 +11,28 @@ from slime_search_r1.record import forget_episode
 
 
 class Trajectory:
-    """Owns the response side of `sample` for one generate() call (reset on creation: slime may retry a Sample)."""
+    """Owns the response side of `sample` for one generate() call: reset on creation (slime may retry a Sample), or,
+    for a partial rollout's aborted sample, continued as slime left it (loss mask off-policy-masked or not)."""
 
     def __init__(
-        self, args, sample: Sample, prompt_ids: list[int], *, track_log_probs: bool, train_observations: bool
+        self,
+        args,
+        sample: Sample,
+        prompt_ids: list[int],
+        *,
+        track_log_probs: bool,
+        train_observations: bool,
+        continued: bool = False,
     ):
         self.args = args
         self.sample = sample
         self.prompt_ids = list(prompt_ids)
         self.track_log_probs = track_log_probs
         self.train_observations = train_observations
-        reset_response_fields(sample, prompt_ids, track_log_probs)
+        if continued:
+            sample.reward, sample.remove_sample, sample.status = None, False, Sample.Status.PENDING
+        else:
+            reset_response_fields(sample, prompt_ids, track_log_probs)
 
     @property
     def response_length(self) -> int:
@@ -30,6 +41,9 @@ class Trajectory:
     @property
     def context_length(self) -> int:
         return len(self.sample.tokens)
+
+    def response_ids(self) -> list[int]:
+        return self.sample.tokens[len(self.prompt_ids) :]
 
     def add_generated(self, ids: list[int], log_probs: list[float] | None, meta_info: dict | None) -> None:
         if self.track_log_probs:
@@ -63,6 +77,22 @@ class Trajectory:
 
     def decode_response(self, tokenizer) -> None:
         self.sample.response = tokenizer.decode(self.sample.tokens[len(self.prompt_ids) :], skip_special_tokens=False)
+
+
+def why_not_continued(sample: Sample, prompt_ids: list[int], track_log_probs: bool) -> str | None:
+    """Why the sample's response fields cannot be continued as they are (None: they can): a prompt that renders
+    differently now, or fields that do not line up."""
+    response_length = sample.response_length
+    if list(sample.tokens[: len(prompt_ids)]) != list(prompt_ids):
+        return "its tokens do not start with the prompt's tokens as they render now"
+    if len(sample.tokens) != len(prompt_ids) + response_length:
+        return f"{len(sample.tokens)} tokens for {len(prompt_ids)} of prompt and {response_length} of response"
+    if len(sample.loss_mask or []) != response_length:
+        return f"a loss mask of {len(sample.loss_mask or [])} for {response_length} response tokens"
+    log_probs = sample.rollout_log_probs
+    if track_log_probs and (log_probs is None or len(log_probs) != response_length):
+        return f"{'no' if log_probs is None else len(log_probs)} rollout log probs for {response_length} tokens"
+    return None
 
 
 def reset_response_fields(sample: Sample, tokens: list[int], track_log_probs: bool) -> None:

@@ -213,7 +213,11 @@ def generate_refusal(flags: Namespace, env: dict) -> str:
         (["--use-tis"], {"TRACK_LOG_PROBS": "false"}, {"use_tis": True}),
         (["--rollout-top-p", "0.9"], {"TRACK_LOG_PROBS": "0"}, {"rollout_top_p": 0.9}),
         (["--use-rollout-routing-replay"], {}, {"use_rollout_routing_replay": True}),
-        (["--partial-rollout"], {}, {"partial_rollout": True}),
+        (
+            ["--partial-rollout"],
+            {"TOKEN_TRACKING_MODE": "router_radix", "LEGACY_SLIME_ROUTER": "1"},
+            {"partial_rollout": True},
+        ),
     ],
     ids=["tis-simple", "rollout-logprobs-simple", "mismatch-no-logprobs", "tis-no-logprobs", "top-p", "r3", "partial"],
 )
@@ -258,9 +262,17 @@ def test_the_check_reads_the_dict_as_edited_in_generate_with_search(tmp_path):
 
 
 def test_the_check_can_be_skipped():
-    run = dry_run("--partial-rollout", SKIP_PLUGIN_CHECK="1")
-    assert run.has("--partial-rollout")
+    run = dry_run("--use-rollout-routing-replay", SKIP_PLUGIN_CHECK="1")
+    assert run.has("--use-rollout-routing-replay")
     assert "SKIP_PLUGIN_CHECK is set" in run.result.stderr
+
+
+def test_partial_rollout_passes_the_launch_check_in_manual_mode():
+    run = dry_run("--partial-rollout", "--mask-offpolicy-in-partial-rollout", "--over-sampling-batch-size", "64")
+    assert run.has("--partial-rollout")
+    assert run.has("--mask-offpolicy-in-partial-rollout")
+    assert run.value("--over-sampling-batch-size") == "64"
+    assert "error" not in run.result.stderr
 
 
 def test_a_replaced_reward_post_process_is_warned_about():

@@ -328,9 +328,28 @@ async def test_apply_chat_template_kwargs_reach_the_template(
     assert tokenizer.decode(engine.calls[0].input_ids).startswith(f"NOTE: {expected}\n")
 
 
-async def test_partial_rollout_is_refused_at_the_first_sample(make_args, tokenizer, engine, search_config):
-    with pytest.raises(ConfigError, match="--partial-rollout is not supported"):
+async def test_partial_rollout_with_a_router_mode_is_refused_at_the_first_sample(
+    make_args, tokenizer, engine, search_config
+):
+    search_config["token_tracking_mode"] = "router_radix"
+    with pytest.raises(ConfigError, match="--partial-rollout resumes an aborted episode from the tokens it wrote"):
         await rollout(make_args, tokenizer, partial_rollout=True)
+    assert engine.calls == []
+
+
+async def test_a_registered_mode_that_cannot_resume_is_refused_with_partial_rollout(
+    make_args, tokenizer, engine, search_config
+):
+    from slime_search_r1.registry import TOKEN_DRIVERS
+    from slime_search_r1.tokens.manual import ManualDriver
+
+    TOKEN_DRIVERS.register("one_shot", type("OneShotDriver", (ManualDriver,), {"resumable": False}))
+    search_config["token_tracking_mode"] = "one_shot"
+    try:
+        with pytest.raises(ConfigError, match="TOKEN_TRACKING_MODE=one_shot cannot continue"):
+            await rollout(make_args, tokenizer, partial_rollout=True, mask_offpolicy_in_partial_rollout=False)
+    finally:
+        TOKEN_DRIVERS.unregister("one_shot")
     assert engine.calls == []
 
 

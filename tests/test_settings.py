@@ -188,8 +188,9 @@ def test_slime_flag_combinations_that_would_train_on_wrong_numbers():
         check(Namespace(use_rollout_routing_replay=True), resolved())
     with pytest.raises(ConfigError, match="--get-mismatch-metrics needs the engine's log probs"):
         check(Namespace(get_mismatch_metrics=True), resolved(TRACK_LOG_PROBS="false"))
-    with pytest.raises(ConfigError, match="--partial-rollout is not supported"):
-        check(Namespace(partial_rollout=True), resolved())
+    with pytest.raises(ConfigError, match="--partial-rollout resumes an aborted episode from the tokens it wrote"):
+        check(Namespace(partial_rollout=True), resolved(TOKEN_TRACKING_MODE="router_radix"))
+    check(Namespace(partial_rollout=True, mask_offpolicy_in_partial_rollout=True), resolved())  # manual: resumes
     check(Namespace(use_tis=True, rollout_top_p=0.9), resolved())  # strict + log probs: fine
 
 

@@ -99,8 +99,13 @@ def parse_engine_output(output: object, return_logprob: bool) -> Turn:
     meta_info = output["meta_info"]
     finish = meta_info.get("finish_reason") or {}
     finish_type = finish.get("type") if isinstance(finish, dict) else str(finish)
-    if finish_type == "abort":
-        return Turn([], "abort", log_probs=[] if return_logprob else None, meta_info=meta_info)
+    if finish_type == "abort":  # SGLang answers with what it had sampled (nothing when aborted before prefill)
+        if return_logprob:
+            pairs = meta_info.get("output_token_logprobs") or []
+            return Turn(
+                [int(p[1]) for p in pairs], "abort", log_probs=[float(p[0]) for p in pairs], meta_info=meta_info
+            )
+        return Turn([int(i) for i in output.get("output_ids") or []], "abort", meta_info=meta_info)
     if return_logprob:
         pairs = meta_info.get("output_token_logprobs")
         if pairs is None:

@@ -1,6 +1,8 @@
 """TOKEN_TRACKING_MODE=manual: the exact id list being trained goes to SGLang, its ids and log probs come back.
 
-Nothing is re-tokenized, so every id the engine conditioned on is a prefix of `sample.tokens`.
+Nothing is re-tokenized, so every id the engine conditioned on is a prefix of `sample.tokens`. With slime's
+--partial-rollout a turn the engine aborted keeps what it had sampled, and the resumed episode continues that turn
+from its last token (the engine's context is still the trajectory).
 """
 
 from slime_search_r1.tokens.engine import engine_url, generate_turn, keep_first_tokens, routing_headers
@@ -36,6 +38,8 @@ def cut_after_first_stop(ids: list[int], tokenizer, text: str, stops: tuple[str,
 class ManualDriver:
     """Each turn sends `input_ids` = the trajectory so far and appends what the engine sampled to the trajectory."""
 
+    resumable = True  # a partial rollout's aborted episode can continue from the trajectory it wrote
+
     @classmethod
     async def prepare(cls, state) -> None:
         """Nothing to check: any SGLang engine or router serves /generate."""
@@ -49,6 +53,8 @@ class ManualDriver:
         )
         self.headers = routing_headers(state.args, state.sample)
         self.cut_at_stops = protocol.cut_at_stops  # an engine that ignores stop strings is cut after the first
+        self.state = state
+        self.keep_aborted = bool(getattr(state.args, "partial_rollout", False))  # slime resumes them
 
     @property
     def context_length(self) -> int:
@@ -58,8 +64,15 @@ class ManualDriver:
     def response_length(self) -> int:
         return self.trajectory.response_length
 
+    def written_turn(self) -> Turn:
+        """The turn under way as the trajectory holds it: what it sampled before an abort (or all of it)."""
+        ids = self.trajectory.response_ids()[self.state.turn_start :]
+        return Turn(ids, "stop", text=self.tokenizer.decode(ids, skip_special_tokens=False))
+
     async def generate(self, sampling_params: dict) -> Turn:
+        """The turn under way: what the engine samples now, after what it sampled before an abort (if anything)."""
         trajectory = self.trajectory
+        written = self.written_turn().ids
         turn = await generate_turn(
             self.url,
             list(trajectory.sample.tokens),
@@ -68,16 +81,18 @@ class ManualDriver:
             use_slime_post=self.use_slime_post,
             headers=self.headers,
         )
-        if turn.finish_type == "abort":
+        if turn.finish_type == "abort" and not (self.keep_aborted and turn.ids):
             return turn
-        text = self.tokenizer.decode(turn.ids, skip_special_tokens=False)
-        keep = cut_after_first_stop(turn.ids, self.tokenizer, text, self.cut_at_stops)
-        if keep < len(turn.ids):
-            turn = keep_first_tokens(turn, keep)
-            text = self.tokenizer.decode(turn.ids, skip_special_tokens=False)
+        ids = written + turn.ids
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        # a stop string may span the tokens sampled before and after an abort: the engine saw only its own part
+        keep = cut_after_first_stop(ids, self.tokenizer, text, self.cut_at_stops)
+        if keep < len(ids):
+            turn = keep_first_tokens(turn, keep - len(written))
+            ids = written + turn.ids
+            text = self.tokenizer.decode(ids, skip_special_tokens=False)
         trajectory.add_generated(turn.ids, turn.log_probs, turn.meta_info)
-        turn.text = text
-        return turn
+        return Turn(ids, turn.finish_type, text=text, log_probs=turn.log_probs, meta_info=turn.meta_info)
 
     def add_observation(self, ids: list[int]) -> None:
         self.trajectory.add_observation(ids)

@@ -97,6 +97,12 @@ def search_metrics(samples) -> dict[str, float]:
         metrics["well_formed_wrong_share"] = fmean(bool(r.get("format_valid")) and not r.get("em") for r in scored)
     for status, lengths in sorted(lengths_by_status.items()):
         metrics[f"response_length/{status}"] = fmean(lengths)
+    resumed = [record for record in records if record.get("resumes")]
+    if resumed:  # --partial-rollout: episodes an abort interrupted, finished here
+        metrics["resumed_samples"] = len(resumed)
+        generated = sum(record.get("generated_tokens", 0) for record in resumed)
+        earlier = sum(record.get("earlier_policy_tokens", 0) for record in resumed)
+        metrics["resumed_earlier_policy_share"] = earlier / generated if generated else 0.0
     return metrics
 
 

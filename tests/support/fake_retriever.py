@@ -7,6 +7,7 @@ the protocol: both result shapes, status codes, latency and injected failures.
 
 import asyncio
 import re
+import threading
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -35,6 +36,17 @@ def article(contents: str) -> str:
     )
 
 
+class Hold:
+    def __init__(self):
+        self.reached = threading.Event()
+        self.released = threading.Event()
+        self.status = 200
+
+    def release(self, status: int = 200) -> None:
+        self.status = status
+        self.released.set()
+
+
 class FakeRetriever:
     def __init__(self, docs: list[str] | None = None, *, latency_s: float = 0.0, scores_shape: bool | None = None):
         """`scores_shape` forces one result shape whatever the request asks (None: honour return_scores)."""
@@ -45,6 +57,7 @@ class FakeRetriever:
         self.pages = {doc["url"]: {"url": doc["url"], "contents": article(doc["contents"])} for doc in self.docs}
         self.accessed: list[str] = []
         self.access_status: int | None = None  # answer /access with this status (a pages server that is down)
+        self.hold: Hold | None = None  # the next /retrieve waits in flight until released
         self.latency_s = latency_s
         self.scores_shape = scores_shape
         self.queries: list[str] = []
@@ -105,8 +118,19 @@ class FakeRetriever:
 
         return app
 
+    def hold_next(self) -> "Hold":
+        """The next /retrieve request waits in flight (`reached` is set) until `release(status)`."""
+        self.hold = Hold()
+        return self.hold
+
     async def _retrieve(self, body: dict):
         self.bodies.append(body)
+        if self.hold is not None:
+            hold, self.hold = self.hold, None
+            hold.reached.set()
+            await asyncio.get_running_loop().run_in_executor(None, hold.released.wait)
+            if hold.status != 200:
+                return JSONResponse({"detail": "released with an error"}, status_code=hold.status)
         if self.raw_answer is not None:
             content, status = self.raw_answer
             if self.stream_answer:

@@ -91,6 +91,24 @@ class Gate:
         self._open.set()
 
 
+class Hold:
+    """A request held in flight: `reached` is set once it waits; slime's abort (POST /abort_request) releases it."""
+
+    def __init__(self, tokens: int):
+        self.tokens = tokens
+        self.reached = threading.Event()
+        self.skipped = False
+        self._released: asyncio.Event | None = None
+
+    async def wait(self) -> None:
+        self._released = asyncio.Event()
+        self.reached.set()
+        await self._released.wait()
+
+    def abort(self) -> None:
+        self._released.set()
+
+
 class FakeSGLangEngine:
     def __init__(
         self,
@@ -120,6 +138,10 @@ class FakeSGLangEngine:
         self.failure_status = 500
         self.aborted = False
         self.gate: Gate | None = None
+        self.url = ""  # set by whoever serves it (its /workers answer names it, as a router would)
+        self.holds: dict[int, Hold] = {}  # call number -> where that request waits for slime's abort
+        self.held: set[Hold] = set()  # requests waiting now (what /v1/loads counts)
+        self.continuations: dict[tuple[int, ...], tuple[list[int], int]] = {}
         self.app = self._build_app()
 
     # ---- test controls -------------------------------------------------------------------------
@@ -127,6 +149,13 @@ class FakeSGLangEngine:
         """Requests after the first `calls` wait until the returned gate is opened (a run held at a known point)."""
         self.gate = Gate(calls)
         return self.gate
+
+    def hold_call(self, call: int, tokens: int) -> "Hold":
+        """The `call`-th /generate request (counting from 1 over the engine's life) samples `tokens` tokens and then
+        waits, in flight, until slime's abort reaches it; it answers those tokens with finish_reason abort. A turn
+        shorter than that is not held (`reached` is set and `skipped` is true)."""
+        hold = self.holds[call] = Hold(tokens)
+        return hold
 
     def fail_next(self, count: int, status: int = 500) -> None:
         self.failures_left, self.failure_status = count, status
@@ -158,11 +187,17 @@ class FakeSGLangEngine:
             out.extend(self._split(token) if index % self.split_every == 0 else [token])
         return out
 
+    def _planned(self, input_ids: list[int]) -> list[int]:
+        """What the policy writes next. A request that extends an aborted one (its context plus the tokens it had
+        sampled) continues the same plan: the policy is asked about the turn's context, not its own partial text."""
+        context, already = self.continuations.get(tuple(input_ids), (input_ids, 0))
+        context_text = self.tokenizer.decode(context, skip_special_tokens=False)
+        planned = self._non_canonical(self.tokenizer.encode(self.policy(context_text), add_special_tokens=False))
+        return [*planned, self.eos_ids[0]][already:]
+
     def _sample(self, input_ids: list[int], params: dict) -> tuple[list[int], dict]:
         tok = self.tokenizer
-        context_text = tok.decode(input_ids, skip_special_tokens=False)
-        planned = self._non_canonical(tok.encode(self.policy(context_text), add_special_tokens=False))
-        planned.append(self.eos_ids[0])
+        planned = self._planned(input_ids)
         stops = params.get("stop") or []
         stops = [stops] if isinstance(stops, str) else list(stops)
         stop_ids = set(params.get("stop_token_ids") or []) | (set() if params.get("ignore_eos") else set(self.eos_ids))
@@ -195,9 +230,19 @@ class FakeSGLangEngine:
         @app.post("/abort_request")
         async def abort_request(request: Request):
             body = await request.json()
-            if body.get("abort_all"):
-                self.aborted = True
+            if body.get("abort_all"):  # as SGLang: the requests in flight answer what they have sampled
+                for hold in self.held:
+                    hold.abort()
+                self.held.clear()
             return {}
+
+        @app.get("/workers")
+        async def workers():  # the router's list, which slime's abort() reads
+            return {"workers": [{"url": self.url}]}
+
+        @app.get("/v1/loads")
+        async def loads():  # slime's abort() waits until every engine reports none in flight
+            return {"num_reqs": len(self.held)}
 
         @app.post("/v1/chat/completions")
         async def chat_completions(request: Request):
@@ -253,6 +298,17 @@ class FakeSGLangEngine:
                 meta["completion_tokens"] = 0
                 return {"text": "", "output_ids": [], "meta_info": meta}
             out, finish = self._sample(input_ids, params)
+            hold = self.holds.pop(len(self.calls), None)
+            if hold is not None:
+                if len(out) > hold.tokens:
+                    self.held.add(hold)
+                    await hold.wait()
+                    base, already = self.continuations.get(tuple(input_ids), (input_ids, 0))
+                    out, finish = out[: hold.tokens], {"type": "abort", "message": "Abort by the rollout's abort"}
+                    self.continuations[tuple(input_ids + out)] = (base, already + len(out))
+                else:
+                    hold.skipped = True
+                    hold.reached.set()
             call.output_ids, call.finish = out, finish
             call.log_probs = [fake_log_prob(len(input_ids) + i, t) for i, t in enumerate(out)]
             skip = bool(params.get("skip_special_tokens", True))

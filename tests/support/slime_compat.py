@@ -104,6 +104,16 @@ def reset_http_client() -> None:
     http_utils._http_client = None
 
 
+async def close_http_client() -> None:
+    """Close slime's global httpx client inside the loop that used it, then drop it (for tests that run a loop
+    of their own per example, as hypothesis does)."""
+    from slime.utils import http_utils
+
+    if http_utils._http_client is not None:
+        await http_utils._http_client.aclose()
+    http_utils._http_client = None
+
+
 def slime_argument_parser(monkeypatch):
     """slime's own argument parser (slime/utils/arguments.py's flag provider) from the checkout SLIME_SRC names.
 

@@ -55,6 +55,13 @@ async def post(url, payload, max_retries=60, headers=None):
             await asyncio.sleep(1)
 
 
+async def get(url):
+    response = await _http_client.get(url)
+    response.raise_for_status()
+    content = await response.aread()
+    return json.loads(content)
+
+
 def reset_http_client() -> None:
     """Test helper (not in slime): forget the client, whose connections belong to a finished event loop."""
     global _http_client

@@ -1,0 +1,402 @@
+"""Partial rollout (slime's --partial-rollout): an episode slime aborts comes back in a later rollout and resumes where
+it stopped, and ends as the uninterrupted episode would have, token for token.
+
+Every rollout here goes through slime's own path: GenerateState.submit_generate_tasks -> generate_and_rm_group ->
+generate_and_rm -> generate(), and abort() (POST /abort_request to every engine the router lists, then the partial
+groups back to the data buffer); the stand-in follows slime's code, and SLIME_SRC runs slime's. The test engine holds a
+request in flight after a chosen number of tokens until the abort reaches it, and answers what it had sampled, as
+SGLang does; the test retriever holds a search the same way.
+"""
+
+import asyncio
+import copy
+import json
+import os
+import threading
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from slime.rollout.sglang_rollout import GenerateState, abort
+from slime.utils.http_utils import init_http_client
+from slime.utils.types import Sample
+from slime_search_r1.record import resume_point
+from slime_search_r1.training.metrics import search_metrics
+from support.episodes import CHAT_LABEL, QUESTION, chat_messages, chat_prompt_ids, info, label, searches
+from support import slime_compat
+from support.fidelity import assert_faithful
+from support.slime_rollout import chat_prompt
+
+XML_SCRIPT = [
+    "<think>I need to look this up first.</think>\n<search> capital of France </search>",
+    "<think>Paris is the capital, but let me check once more.</think>\n<search> Paris France capital city </search>",
+    "<think>The documents agree: Paris.</think>\n<answer> Paris </answer>",
+]
+CHAT_SCRIPT = [
+    '<think>Look it up.</think>\n<tool_call>\n{"name": "search", "arguments": {"query": "capital of France"}}\n'
+    "</tool_call>",
+    '<tool_call>\n{"name": "search", "arguments": {"query": "Paris France capital city"}}\n</tool_call>',
+    "<think>The documents agree: Paris.</think>\n<answer> Paris </answer>",
+]
+SCRIPTS = {"generate": XML_SCRIPT, "chat": CHAT_SCRIPT}
+MODES = ["generate", "chat"]
+
+
+@pytest.fixture
+def rollout_args(make_args, search_config):
+    """slime's args for a partial rollout of one prompt, 4 turns, a 1024-token response budget."""
+
+    def make(mode: str, masked: bool = False, **overrides):
+        search_config.update(llm_api_mode=mode, max_turns=4)
+        args = make_args(
+            **{
+                "partial_rollout": True,
+                "mask_offpolicy_in_partial_rollout": masked,
+                "rollout_max_response_len": 1024,
+                **overrides,
+            }
+        )
+        init_http_client(args)  # slime's rollout manager does; abort() talks to the engines with slime's client
+        slime_compat.reset_generate_state()  # slime's GenerateState is built once per process, from its args
+        return args
+
+    return make
+
+
+def new_sample(mode: str, tokenizer) -> Sample:
+    if mode == "chat":
+        return Sample(prompt=chat_messages(), label=CHAT_LABEL, index=0, group_index=0)
+    return Sample(prompt=chat_prompt(tokenizer, QUESTION), label=label("Paris"), index=0, group_index=0)
+
+
+def prompt_ids_of(mode: str, tokenizer) -> list[int]:
+    if mode == "chat":
+        return chat_prompt_ids(tokenizer, chat_messages())
+    return tokenizer.encode(chat_prompt(tokenizer, QUESTION), add_special_tokens=False)
+
+
+async def run_rollout(args, groups: list[list[Sample]]) -> list[list[Sample]]:
+    """One rollout that nothing interrupts: every group to its end."""
+    state = GenerateState(args)
+    state.submit_generate_tasks(groups)
+    done = await asyncio.gather(*state.pendings)
+    state.reset()
+    return list(done)
+
+
+async def reached(event: threading.Event, state) -> bool:
+    """Waits until `event` is set by a held request, or every task finished first (then False)."""
+    waiting = asyncio.ensure_future(asyncio.to_thread(event.wait))
+    everything = asyncio.ensure_future(asyncio.wait(set(state.pendings)))
+    done, _ = await asyncio.wait({waiting, everything}, return_when=asyncio.FIRST_COMPLETED)
+    if waiting not in done:
+        event.set()  # frees the waiting thread
+    everything.cancel()
+    return waiting in done and not everything.done()
+
+
+async def rollout_aborted_mid_generation(engine, args, groups, call: int, tokens: int, rollout_id: int):
+    """A rollout that slime aborts while the `call`-th engine request from now holds `tokens` sampled tokens."""
+    hold = engine.hold_call(len(engine.calls) + call, tokens)
+    state = GenerateState(args)
+    state.submit_generate_tasks(groups)
+    await reached(hold.reached, state)
+    buffered = await abort(args, rollout_id)
+    state.reset()
+    return buffered
+
+
+async def rollout_aborted_during_a_search(retriever, args, groups, rollout_id: int):
+    """A rollout that slime aborts while a search is in flight; the retriever, cut off, answers 503."""
+    hold = retriever.hold_next()
+    state = GenerateState(args)
+    state.submit_generate_tasks(groups)
+    if not await reached(hold.reached, state):  # no search came: the rollout ran to its end
+        retriever.hold = None
+        done = [task.result() for task in state.pendings]
+        state.reset()
+        return done
+    aborting = asyncio.ensure_future(abort(args, rollout_id))
+    while not state.aborted:  # abort() sets the flag before its first await
+        await asyncio.sleep(0)
+    hold.release(503)
+    buffered = await aborting
+    state.reset()
+    return buffered
+
+
+def assert_resumed_exactly(resumed: Sample, baseline: Sample, masked_before: int | None = None) -> None:
+    """The resumed episode is the uninterrupted one; `masked_before`: slime masked the first that many response
+    tokens out of the loss when the sample came back (--mask-offpolicy-in-partial-rollout)."""
+    assert resumed.status == baseline.status
+    assert resumed.tokens == baseline.tokens
+    assert resumed.response == baseline.response
+    assert resumed.rollout_log_probs == baseline.rollout_log_probs
+    expected_mask = list(baseline.loss_mask)
+    if masked_before is not None:
+        expected_mask[:masked_before] = [0] * masked_before
+    assert resumed.loss_mask == expected_mask
+    assert resumed.reward == baseline.reward
+    assert info(resumed)["turns"] == info(baseline)["turns"]
+    assert searches(resumed) == searches(baseline)
+    assert info(resumed)["finish_reason"] == info(baseline)["finish_reason"]
+
+
+async def baseline_of(mode, rollout_args, tokenizer, **args_overrides) -> Sample:
+    """The episode without any abort (the same scripted policy)."""
+    return (await run_rollout(rollout_args(mode, **args_overrides), [[new_sample(mode, tokenizer)]]))[0][0]
+
+
+# ---- where the abort comes ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("masked", [False, True], ids=["kept", "off-policy-masked"])
+async def test_an_episode_aborted_mid_turn_continues_from_its_last_token(
+    mode, masked, rollout_args, tokenizer, engine, policy, retriever
+):
+    policy.scripts[QUESTION + "?"] = SCRIPTS[mode]
+    baseline = await baseline_of(mode, rollout_args, tokenizer)
+    args = rollout_args(mode, masked=masked)
+    calls_before = len(engine.calls)
+    buffered = await rollout_aborted_mid_generation(engine, args, [[new_sample(mode, tokenizer)]], 2, 7, 0)
+    sample = buffered[0][0]
+    assert sample.status == Sample.Status.ABORTED
+    assert sample.metadata["start_rollout_id"] == 0  # slime tagged it for its data buffer
+    assert resume_point(info(sample)) == {
+        "turn_index": 1, "stage": "turn", "turn_start": resume_point(info(sample))["turn_start"],
+        "conversation_start": 2 if mode == "chat" else 0,
+    }  # fmt: skip
+    written = sample.response_length
+    assert sample.tokens[-7:] == engine.calls[calls_before + 1].output_ids  # the 7 tokens the engine had sampled
+    resumed = (await run_rollout(args, buffered))[0][0]
+    assert_resumed_exactly(resumed, baseline, masked_before=written if masked else None)
+    prompt_ids = prompt_ids_of(mode, tokenizer)
+    if not masked:  # every engine context a prefix of the tokens, sampled tokens with their own log probs
+        assert_faithful(resumed, engine.calls[calls_before:], tokenizer, prompt_ids, allow_cut=True)
+    assert info(resumed)["resumes"] == 1
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_episode_aborted_at_a_turn_boundary_resumes_with_that_turn(
+    mode, rollout_args, tokenizer, engine, policy, retriever
+):
+    policy.scripts[QUESTION + "?"] = SCRIPTS[mode]
+    baseline = await baseline_of(mode, rollout_args, tokenizer)
+    args = rollout_args(mode)
+    buffered = await rollout_aborted_mid_generation(engine, args, [[new_sample(mode, tokenizer)]], 3, 0, 0)
+    assert resume_point(info(buffered[0][0]))["turn_index"] == 2  # the third turn, nothing of it sampled yet
+    assert_resumed_exactly((await run_rollout(args, buffered))[0][0], baseline)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_search_the_abort_interrupted_runs_again(mode, rollout_args, tokenizer, engine, policy, retriever):
+    policy.scripts[QUESTION + "?"] = SCRIPTS[mode]
+    baseline = await baseline_of(mode, rollout_args, tokenizer)
+    args = rollout_args(mode)
+    retriever.queries.clear()
+    buffered = await rollout_aborted_during_a_search(retriever, args, [[new_sample(mode, tokenizer)]], 0)
+    sample = buffered[0][0]
+    assert resume_point(info(sample))["stage"] == "tool"  # its turn was read; its call is to run
+    assert info(sample)["tools"].get("search", {}).get("failures", 0) == 0  # stopped, not failed
+    assert retriever.queries == []  # the held search never answered
+    resumed = (await run_rollout(args, buffered))[0][0]
+    assert_resumed_exactly(resumed, baseline)
+    assert retriever.queries == ["capital of France", "Paris France capital city"]  # the first one ran again
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_episode_aborted_on_its_last_allowed_turn_counts_the_turns_it_took(
+    mode, rollout_args, tokenizer, engine, policy, retriever, search_config
+):
+    policy.scripts[QUESTION + "?"] = SCRIPTS[mode][:2]  # searches, never answers: max_turns ends it
+    baseline = await baseline_of(mode, rollout_args, tokenizer)
+    assert info(baseline)["finish_reason"] == "max_turns"
+    args = rollout_args(mode)
+    buffered = await rollout_aborted_mid_generation(engine, args, [[new_sample(mode, tokenizer)]], 4, 3, 0)
+    assert resume_point(info(buffered[0][0]))["turn_index"] == 3  # the last of 4
+    assert_resumed_exactly((await run_rollout(args, buffered))[0][0], baseline)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_episode_aborted_at_the_budget_edge_resumes_with_what_is_left(
+    mode, rollout_args, tokenizer, engine, policy, retriever
+):
+    policy.scripts[QUESTION + "?"] = SCRIPTS[mode]
+    calls_before = len(engine.calls)
+    full = await baseline_of(mode, rollout_args, tokenizer)
+    answer = len(engine.calls[calls_before + 2].output_ids)  # the tokens of the answer turn
+    budget = full.response_length - 5  # the answer turn runs out of budget 5 tokens before its end
+    baseline = await baseline_of(mode, rollout_args, tokenizer, rollout_max_response_len=budget)
+    assert info(baseline)["finish_reason"] == "token_budget"
+    args = rollout_args(mode, rollout_max_response_len=budget)
+    # aborted one token before the budget: the resumed turn is offered exactly one
+    buffered = await rollout_aborted_mid_generation(engine, args, [[new_sample(mode, tokenizer)]], 3, answer - 6, 0)
+    assert buffered[0][0].response_length == budget - 1
+    assert_resumed_exactly((await run_rollout(args, buffered))[0][0], baseline)
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_episode_aborted_twice_resumes_twice(mode, rollout_args, tokenizer, engine, policy, retriever):
+    policy.scripts[QUESTION + "?"] = SCRIPTS[mode]
+    baseline = await baseline_of(mode, rollout_args, tokenizer)
+    args = rollout_args(mode, masked=True)
+    buffered = await rollout_aborted_mid_generation(engine, args, [[new_sample(mode, tokenizer)]], 1, 4, 0)
+    buffered = await rollout_aborted_mid_generation(engine, args, buffered, 2, 9, 1)
+    written = buffered[0][0].response_length
+    assert buffered[0][0].metadata["start_rollout_id"] == 0  # slime keeps the first rollout it started in
+    resumed = (await run_rollout(args, buffered))[0][0]
+    assert_resumed_exactly(resumed, baseline, masked_before=written)
+    assert info(resumed)["resumes"] == 2
+
+
+# ---- what does not resume -----------------------------------------------------------------------------------------
+
+
+async def test_without_partial_rollout_slime_keeps_nothing_and_an_aborted_sample_starts_over(
+    rollout_args, tokenizer, engine, policy, retriever
+):
+    policy.scripts[QUESTION + "?"] = XML_SCRIPT
+    baseline = await baseline_of("generate", rollout_args, tokenizer)
+    args = rollout_args("generate", partial_rollout=False)
+    sample = new_sample("generate", tokenizer)
+    assert await rollout_aborted_mid_generation(engine, args, [[sample]], 2, 7, 0) == []  # nothing buffered
+    assert sample.status == Sample.Status.ABORTED
+    assert "resume" not in info(sample)
+    assert len(sample.tokens) == len(prompt_ids_of("generate", tokenizer)) + sample.response_length
+    restarted = (await run_rollout(args, [[sample]]))[0][0]  # as a retry would: from clean fields
+    assert_resumed_exactly(restarted, baseline)
+    assert info(restarted)["resumes"] == 0
+
+
+async def test_a_sample_whose_prompt_renders_differently_starts_over(
+    rollout_args, tokenizer, engine, policy, retriever, caplog
+):
+    policy.scripts[QUESTION + "?"] = XML_SCRIPT
+    baseline = await baseline_of("generate", rollout_args, tokenizer)
+    args = rollout_args("generate")
+    buffered = await rollout_aborted_mid_generation(engine, args, [[new_sample("generate", tokenizer)]], 2, 7, 0)
+    buffered[0][0].tokens[0] += 1  # not the prompt's first token any more
+    restarted = (await run_rollout(args, buffered))[0][0]
+    assert "starts over instead of resuming: its tokens do not start with the prompt's tokens" in caplog.text
+    assert_resumed_exactly(restarted, baseline)
+
+
+# ---- what slime's data buffer keeps -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_the_resume_point_is_plain_data_that_survives_slimes_copies(
+    mode, rollout_args, tokenizer, engine, policy, retriever
+):
+    """slime's buffer keeps the Sample objects; its debug dumps and checkpoints go through to_dict/from_dict."""
+    policy.scripts[QUESTION + "?"] = SCRIPTS[mode]
+    baseline = await baseline_of(mode, rollout_args, tokenizer)
+    args = rollout_args(mode)
+    buffered = await rollout_aborted_mid_generation(engine, args, [[new_sample(mode, tokenizer)]], 2, 7, 0)
+    record = info(buffered[0][0])
+    assert json.loads(json.dumps(record)) == record  # nothing but JSON types
+    copied = Sample.from_dict(copy.deepcopy(buffered[0][0].to_dict()))
+    assert_resumed_exactly((await run_rollout(args, [[copied]]))[0][0], baseline)
+
+
+async def test_the_log_hooks_count_resumed_samples_and_their_earlier_policy_tokens(
+    rollout_args, tokenizer, engine, policy, retriever
+):
+    policy.scripts[QUESTION + "?"] = XML_SCRIPT
+    args = rollout_args("generate")
+    samples = [new_sample("generate", tokenizer) for _ in range(2)]
+    samples[1].index = 1
+    buffered = await rollout_aborted_mid_generation(engine, args, [samples[:1]], 2, 7, 0)
+    earlier = info(buffered[0][0])["generated_tokens"]
+    finished = [*(await run_rollout(args, buffered))[0], *(await run_rollout(args, [samples[1:]]))[0]]
+    metrics = search_metrics(finished)
+    assert metrics["resumed_samples"] == 1
+    resumed = info(finished[0])
+    assert resumed["earlier_policy_tokens"] == earlier
+    assert metrics["resumed_earlier_policy_share"] == pytest.approx(earlier / resumed["generated_tokens"])
+    assert 0 < metrics["resumed_earlier_policy_share"] < 1
+
+
+# ---- any abort point ---------------------------------------------------------------------------------------------
+
+WORDS = ["Paris", "capital", "é", "東京", "🙂", "  ", "\n", "the", "river"]
+text = st.lists(st.sampled_from(WORDS), min_size=0, max_size=30).map(" ".join)
+xml_turn = st.one_of(
+    st.builds(lambda t, q: f"<think>{t}</think>\n<search> {q} </search>", text, text),
+    st.builds(lambda t, a: f"<think>{t}</think>\n<answer> {a} </answer>", text, text),
+    text,
+)
+chat_turn = st.one_of(
+    st.builds(
+        lambda t, q: (
+            f"<think>{t}</think>\n<tool_call>\n"
+            + json.dumps({"name": "search", "arguments": {"query": q or "x"}}, ensure_ascii=False)
+            + "\n</tool_call>"
+        ),
+        text,
+        text,
+    ),
+    st.builds(lambda t, a: f"<think>{t}</think>\n<answer> {a} </answer>", text, text),
+)
+# (the engine call from now, tokens it had sampled), or "search": while the next search is in flight
+abort_point = st.one_of(st.tuples(st.integers(1, 4), st.integers(0, 40)), st.just("search"))
+
+
+@settings(
+    max_examples=int(os.environ.get("FIDELITY_EXAMPLES", "30")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    mode=st.sampled_from(MODES),
+    xml_turns=st.lists(xml_turn, min_size=1, max_size=4),
+    chat_turns=st.lists(chat_turn, min_size=1, max_size=4),
+    aborts=st.lists(abort_point, min_size=1, max_size=3),
+    budget=st.integers(40, 700),
+    masked=st.booleans(),
+    honor_stops=st.booleans(),
+    non_canonical=st.booleans(),
+)
+def test_random_episodes_aborted_anywhere_resume_into_the_uninterrupted_episode(
+    rollout_args, tokenizer, engine, policy, retriever,
+    mode, xml_turns, chat_turns, aborts, budget, masked, honor_stops, non_canonical,
+):  # fmt: skip
+    policy.scripts = {QUESTION + "?": xml_turns if mode == "generate" else chat_turns}
+    engine.honor_stop_strings = honor_stops
+    engine.split_every = 2 if non_canonical else 0
+    engine.holds.clear()
+    retriever.hold = None
+
+    async def scenario():
+        try:
+            return await episodes()
+        finally:
+            await slime_compat.close_http_client()  # its connections belong to this example's loop
+
+    async def episodes():
+        args = rollout_args(mode, masked=masked, rollout_max_response_len=budget)
+        baseline = (await run_rollout(args, [[new_sample(mode, tokenizer)]]))[0][0]
+        groups, masked_before, calls_before = [[new_sample(mode, tokenizer)]], None, len(engine.calls)
+        for rollout_id, point in enumerate(aborts):
+            if point == "search":
+                groups = await rollout_aborted_during_a_search(retriever, args, groups, rollout_id)
+            else:
+                groups = await rollout_aborted_mid_generation(engine, args, groups, *point, rollout_id)
+            if groups[0][0].status != Sample.Status.ABORTED:
+                event("an abort came after the episode ended")
+                break  # it ended before this abort came
+            event(f"aborted in stage {resume_point(info(groups[0][0]))['stage']}")
+            masked_before = groups[0][0].response_length if masked else None
+        engine.holds.clear()
+        retriever.hold = None
+        resumed = (
+            (await run_rollout(args, groups))[0][0] if groups[0][0].status == Sample.Status.ABORTED else groups[0][0]
+        )
+        return baseline, resumed, masked_before, engine.calls[calls_before:]
+
+    baseline, resumed, masked_before, calls = asyncio.run(scenario())
+    assert_resumed_exactly(resumed, baseline, masked_before=masked_before)
+    if masked_before is None:
+        assert_faithful(resumed, calls, tokenizer, prompt_ids_of(mode, tokenizer), allow_cut=True)
