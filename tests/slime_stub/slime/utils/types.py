@@ -96,6 +96,14 @@ class Sample:
             self.spec_verify_ct += meta_info.get("spec_verify_ct", 0)
             self.completion_token_num += meta_info.get("completion_tokens", 0)
 
+        def to_dict(self) -> dict:
+            return {
+                "spec_accept_token_num": self.spec_accept_token_num,
+                "spec_draft_token_num": self.spec_draft_token_num,
+                "spec_verify_ct": self.spec_verify_ct,
+                "completion_token_num": self.completion_token_num,
+            }
+
     spec_info: SpecInfo = field(default_factory=SpecInfo)
 
     @dataclass
@@ -107,7 +115,19 @@ class Sample:
             self.cached_tokens += meta_info.get("cached_tokens", 0)
             self.total_prompt_tokens += meta_info.get("prompt_tokens", 0)
 
+        def to_dict(self) -> dict:
+            return {"cached_tokens": self.cached_tokens, "total_prompt_tokens": self.total_prompt_tokens}
+
     prefix_cache_info: PrefixCacheInfo = field(default_factory=PrefixCacheInfo)
+
+    def to_dict(self) -> dict:
+        """What --save-debug-rollout-data saves: every attribute (a shallow copy), the status as its value and
+        the two counter objects as dicts."""
+        value = dict(self.__dict__)
+        value["status"] = self.status.value
+        value["spec_info"] = self.spec_info.to_dict()
+        value["prefix_cache_info"] = self.prefix_cache_info.to_dict()
+        return value
 
     def get_reward_value(self, args) -> float:
         return self.reward if not args.reward_key else self.reward[args.reward_key]
