@@ -78,6 +78,8 @@ TRAIN_EPISODES = [
     Episode("failed", "generate", [SEARCH_TURN, ANSWER_TURN], "nq", retriever_down=True),
     Episode("aborted", "generate", [SEARCH_TURN, ANSWER_TURN], "nq", aborted=True),
 ]
+TRAIN_NAMES = [e.name for e in TRAIN_EPISODES]
+NEW_RECORD_KEY = {"from_turn": 1, "kept_tokens": 20}
 EVAL_EPISODES = [
     Episode("eval right", "generate", [SEARCH_TURN, ANSWER_TURN], "nq"),
     Episode("eval chat", "chat", [CALL, CHAT_ANSWER], "bamboogle"),
@@ -208,6 +210,8 @@ def train_payload(samples: list[Sample]) -> dict:
 
 def make_dumps(folder: Path, tokenizer, tokenizer_dir: str) -> Dumps:
     train, evaluation = _run_all(tokenizer, tokenizer_dir)
+    # a record key this viewer does not draw (a newer plugin's): the page must still show it
+    train[TRAIN_NAMES.index("wrong")].metadata["search_r1"]["resume"] = NEW_RECORD_KEY
     template = str(folder / "rollout_data" / "{rollout_id}.pt")
     save_debug_rollout_data(template, train, rollout_id=ROLLOUT_ID, evaluation=False)
     save_debug_rollout_data(
@@ -224,7 +228,7 @@ def make_dumps(folder: Path, tokenizer, tokenizer_dir: str) -> Dumps:
         evaluation=folder / "rollout_data" / f"eval_{ROLLOUT_ID}.pt",
         train=train_path,
         samples=train,
-        names=[e.name for e in TRAIN_EPISODES],
+        names=TRAIN_NAMES,
         eval_samples=evaluation,
         train_payload=payload,
     )
