@@ -243,3 +243,37 @@ def test_record_keys_the_viewer_does_not_know_are_shown(page, viewer_dumps):
     page.open(0, position(viewer_dumps, "wrong"))
     assert page.js("document.querySelector('[data-block=record-more] summary').textContent") == "record: resume"
     assert json.loads(page.js("document.querySelector('[data-block=record-more] pre').textContent")) == NEW_RECORD_KEY
+
+
+@pytest.fixture(scope="module")
+def evaluate_page(viewer_dumps, tokenizer, tmp_path_factory):
+    """An evaluate.py --viewer output folder: its lines written by evaluate.py's own trajectory_record."""
+    import evaluate
+    from slime_search_r1.evaluation.dataset import EvalRow
+
+    folder = tmp_path_factory.mktemp("evaluate_run")
+    with (folder / "trajectories.jsonl").open("w", encoding="utf-8") as lines:
+        for i, sample in enumerate(viewer_dumps.eval_samples):
+            row = EvalRow(index=i, data_source=sample.metadata["data_source"], row={"question": f"q{i}"})
+            record = evaluate.trajectory_record(row, sample, sample.reward, 0.1, with_tokens=True)
+            lines.write(json.dumps(record) + "\n")
+    return folder, build_page([folder], folder / "viewer", tokenizer=tokenizer).path
+
+
+def test_an_evaluate_run_shows_its_trajectories_token_by_token(browser, evaluate_page, viewer_dumps):
+    folder, path = evaluate_page
+    page = Page(browser, path)
+    try:
+        assert page.js("document.getElementById('run-name').textContent") == f"evaluate {folder.name}"
+        assert page.rows() == [0, 1]
+        page.tab.select_option("select[name=source]", "bamboogle")
+        assert page.rows() == [1]
+        for i, sample in enumerate(viewer_dumps.eval_samples):
+            page.open(0, i)
+            text = page.js("[...document.querySelectorAll('#sample-view span.t[data-i]')].map(s => s.textContent)")
+            assert "".join(text) == sample.response
+            masks = page.js("[...document.querySelectorAll('#sample-view span.t[data-i]')].map(s => s.classList[1])")
+            assert masks == ["m1" if m else "m0" for m in sample.loss_mask]
+        assert page.errors == []
+    finally:
+        page.tab.close()
