@@ -307,3 +307,29 @@ def test_the_command_runs_without_slime(viewer_dumps, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "index.html").stat().st_size > 10_000
+
+
+def test_rollouts_picks_which_rollouts_dumps_are_read(viewer_dumps, tmp_path, capsys):
+    """slime dumps every rollout; --rollouts shows some: ids, or a slice of the ids found (every Nth, the latest)."""
+    payload = torch.load(viewer_dumps.rollout, weights_only=True)
+    for rollout_id in range(4):
+        torch.save({**payload, "rollout_id": rollout_id}, tmp_path / f"rollout_{rollout_id}.pt")
+    (tmp_path / "rollout_eval_3.pt").write_bytes(viewer_dumps.evaluation.read_bytes())
+
+    def names(spec: str) -> list[str]:
+        assert viewer_main([str(tmp_path), "--output", str(tmp_path / "out"), f"--rollouts={spec}"]) == 0
+        page = (tmp_path / "out" / "index.html").read_text(encoding="utf-8")
+        return [
+            run["name"] for run in json.loads(re.search(r'id="viewer-data">(.*?)</script>', page, re.S)[1])["runs"]
+        ]
+
+    assert names("::2") == ["rollout 0", "rollout 2"]
+    assert names("-1:") == ["rollout 3", "eval 3"]
+    assert names("1,3") == ["rollout 1", "rollout 3", "eval 3"]
+    capsys.readouterr()
+    assert error_of([str(tmp_path), "--output", str(tmp_path / "o"), "--rollouts", "7"], capsys) == (
+        "viewer: error: --rollouts chose none of the rollout ids the dumps' names hold (0, 1, 2, 3)"
+    )
+    assert "expected rollout ids (10,20) or a slice" in error_of(
+        [str(tmp_path), "--output", str(tmp_path / "o"), "--rollouts", "a:b"], capsys
+    )

@@ -1,6 +1,7 @@
 """python -m slime_search_r1.viewer INPUT... --output DIR: one self-contained page of slime dumps and evaluate.py runs.
 
     python -m slime_search_r1.viewer /data/dumps --output /data/dumps/viewer          # a --dump-details folder
+    python -m slime_search_r1.viewer /data/dumps --rollouts ::50 --output viewer/     # every 50th rollout
     python -m slime_search_r1.viewer dumps/rollout_data/40.pt dumps/train_data/40.pt --tokenizer /root/Qwen2.5-3B \\
         --output viewer/
     python -m slime_search_r1.viewer eval/step_100 --output eval/step_100/viewer     # an evaluate.py --output-dir
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from slime_search_r1.viewer.build import build_page
 from slime_search_r1.viewer.dumps import InputError, allowed_global
+from slime_search_r1.viewer.inputs import rollouts_spec
 from slime_search_r1.viewer.vocabulary import TokenizerError
 
 
@@ -57,6 +59,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="mark trained tokens whose train and rollout log probs differ by more (changeable on the page)",
     )
     parser.add_argument(
+        "--rollouts",
+        default=None,
+        metavar="SPEC",
+        help="which rollouts' dumps to read (slime writes one per rollout): ids (10,20) or a slice of the ids found "
+        "(--rollouts=-1: the latest, ::50 every 50th); evaluate.py folders are always read",
+    )
+    parser.add_argument(
         "--max-samples-per-source",
         type=positive_int,
         default=None,
@@ -84,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             threshold=cli.logprob_diff_threshold,
             per_source=cli.max_samples_per_source,
             allowed_globals=[allowed_global(name) for name in cli.allow_global],
+            rollouts=rollouts_spec(cli.rollouts) if cli.rollouts is not None else None,
         )
     except (InputError, TokenizerError) as exc:
         print(f"viewer: error: {exc}", file=sys.stderr)

@@ -46,12 +46,13 @@ def build_page(
     threshold: float = 0.5,
     per_source: int | None = None,
     allowed_globals=(),
+    rollouts=None,
 ) -> Built:
     """Read `inputs` (slime dumps, evaluate.py folders) and write output_dir/index.html.
 
     The tokenizer is `tokenizer` (an object), else loaded from `tokenizer_path`, else from a folder found beside the
     inputs; without one the page shows tokens by id. TokenizerError when a named tokenizer cannot be loaded."""
-    found = read_inputs(inputs, allowed_globals)
+    found = read_inputs(inputs, allowed_globals, rollouts)
     warnings = list(found.warnings)
     name = None
     if tokenizer is not None:

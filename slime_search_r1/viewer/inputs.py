@@ -5,7 +5,8 @@ A folder is searched for both (slime's --dump-details writes rollout_data/ and t
 tokenizer beside them in tokenizer/). A file is read by what it holds, not by its name.
 """
 
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -68,8 +69,53 @@ def _natural(path: Path) -> list:
     return [str(path.parent), int(digits[-1]) if digits else -1, path.name]
 
 
-def read_inputs(paths: Iterable[Path], allowed_globals=()) -> Inputs:
+def rollouts_spec(spec: str) -> Callable[[list[int]], set[int]]:
+    """--rollouts: "10,20" those rollout ids; "START:STOP:STEP" a slice of the ids found, in order ("-1:" the
+    latest, written --rollouts=-1: on a command line; "::50" every 50th). slime writes a dump for every rollout; this
+    picks which ones the page shows."""
+    try:
+        if ":" in spec:
+            parts = spec.split(":")
+            if len(parts) > 3:
+                raise ValueError
+            chosen = slice(*(int(part) if part.strip() else None for part in parts))
+            if chosen.step == 0:
+                raise ValueError
+            return lambda ids: set(sorted(ids)[chosen])
+        wanted = {int(part) for part in spec.split(",")}
+        return lambda ids: wanted & set(ids)
+    except ValueError:
+        raise InputError(
+            f"--rollouts {spec!r}: expected rollout ids (10,20) or a slice of them (START:STOP:STEP, e.g. -1: or ::50)"
+        ) from None
+
+
+def rollout_id_in_name(path: Path) -> int | None:
+    """The rollout id slime's template put in a dump's name: the number after eval_, else the name's first number."""
+    match = re.search(r"eval_(\d+)", path.name) or re.search(r"(\d+)", path.stem)
+    return int(match.group(1)) if match else None
+
+
+def select_rollouts(files: list[Path], rollouts: Callable[[list[int]], set[int]]) -> list[Path]:
+    named = {path: rollout_id_in_name(path) for path in files}
+    found = sorted({i for i in named.values() if i is not None})
+    chosen = rollouts(found)
+    if not chosen:
+        raise InputError(f"--rollouts chose none of the rollout ids the dumps' names hold ({_ranges(found)})")
+    return [path for path in files if named[path] is None or named[path] in chosen]
+
+
+def _ranges(ids: list[int]) -> str:
+    if not ids:
+        return "none"
+    return ", ".join(map(str, ids)) if len(ids) <= 6 else f"{len(ids)} ids from {ids[0]} to {ids[-1]}"
+
+
+def read_inputs(paths: Iterable[Path], allowed_globals=(), rollouts: Callable | None = None) -> Inputs:
+    """The runs in `paths`; `rollouts` (rollouts_spec) picks which rollouts' dumps are read."""
     files, folders, tokenizers = find_inputs([Path(p) for p in paths])
+    if rollouts is not None and files:
+        files = select_rollouts(files, rollouts)
     runs: list[Run] = []
     train_dumps: list[tuple[Path, dict]] = []
     for path in files:
