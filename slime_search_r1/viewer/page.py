@@ -155,7 +155,8 @@ def sample_detail(sample: ViewSample, texts: TokenTexts | None) -> dict:
     steps = steps_of(sample, texts.vocabulary if texts else None)
     detail = {
         "prompt": sample.prompt,
-        "response": sample.response,
+        # the response text only where the page cannot spell it from the tokens
+        "response": sample.response if sample.response_ids is None or texts is None else None,
         "steps": [[s.kind, s.start, s.end] if s.start is not None else [s.kind, s.text] for s in steps],
         "tool_calls": tool_calls(sample, steps),
         "conversation": conversation_of(record) if record else None,
@@ -183,6 +184,8 @@ def sample_detail(sample: ViewSample, texts: TokenTexts | None) -> dict:
     if sample.rollout_log_probs is not None and len(sample.rollout_log_probs) == sample.response_length:
         series["rollout_log_probs"] = typed(sample.rollout_log_probs, "<f4")
     for name, values in sample.series.items():
+        if name == "loss_masks" and values == sample.loss_mask:
+            continue  # what slime trained is what the rollout recorded: the colours say it already
         series[name] = typed(values, "<f4")
     detail["series"] = series
     return detail
