@@ -169,6 +169,7 @@ def test_a_sample_shows_every_token_in_its_mask_colour_with_its_values(page, vie
     prompt_length = len(sample.tokens) - sample.response_length
     for i in (0, sample.loss_mask.index(0), len(sample.loss_mask) - 1):
         page.tab.hover(f"#sample-view span.t[data-i='{i}']")
+        page.tab.wait_for_selector(f".inspector td[data-field=position][data-value='{i}']", state="attached")
         values = page.js(
             "Object.fromEntries([...document.querySelectorAll('.inspector td[data-field]')]"
             ".map(td => [td.dataset.field, td.dataset.value]))"
