@@ -39,7 +39,7 @@ is_true() {
 }
 
 usage() {
-  sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
   echo "See the variables at the top of load_settings() in this file for every setting and its default."
 }
 
