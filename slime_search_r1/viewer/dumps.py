@@ -140,12 +140,19 @@ def sample_from_dict(position: int, data: dict) -> ViewSample:
 def read_rollout_dump(path: Path, payload: dict) -> Run:
     evaluation = is_evaluation_dump(path, payload)
     rollout_id = payload["rollout_id"]
+    notes = []
+    if evaluation:
+        notes.append(
+            "slime's evaluation dump holds the samples of every eval dataset in one list: these figures are over all "
+            "of them, where the hooks log each dataset apart"
+        )
     return Run(
         name=f"{'eval' if evaluation else 'rollout'} {rollout_id}",
         kind="eval" if evaluation else "rollout",
         source=str(path),
         samples=[sample_from_dict(i, data) for i, data in enumerate(payload["samples"])],
         rollout_id=rollout_id if isinstance(rollout_id, int) else None,
+        notes=notes,
     )
 
 
