@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The CPU wheel of torch 2.13.0 is preinstalled on the project's machines; elsewhere pick your build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install test lint demo bench bench-rollout bench-retriever bench-retriever-hostile bench-retriever-busy clean shellcheck
+.PHONY: install test lint demo bench bench-rollout bench-retriever bench-retriever-hostile bench-retriever-busy bench-viewer clean shellcheck
 
 $(STAMP): pyproject.toml requirements-assets.txt
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,10 @@ BUSY_CORES ?= 1
 bench-retriever-busy: $(STAMP)
 	-$(BIN)/python bench/retriever_load.py --busy_cores $(BUSY_CORES)  # exits 1 when a target is missed
 	$(BIN)/python bench/retriever_load.py --busy_cores $(BUSY_CORES) --wrapper
+
+# The viewer's page at 256 samples x 8k tokens in headless chromium (needs chromium); writes bench/RESULTS.md.
+bench-viewer: $(STAMP)
+	$(BIN)/python bench/viewer_page.py --samples 256 --tokens 8192 --repeats 3 --write-results
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache

@@ -9,6 +9,9 @@ reward_func() scores it (pure exact match in evaluation). Writes, under --output
   trajectories.jsonl  one line per finished sample, written as it finishes (rerun the command to resume)
   results.md / .json  EM per data source and their mean (Search-R1's "Avg")
   em_by_source.png    the same as a bar chart
+  viewer/index.html   with --viewer: every trajectory token by token, offline (python -m slime_search_r1.viewer)
+With --reference NAME (e.g. search-r1-base-grpo) the reports put the paper's EM for each data source beside this
+run's, with the difference and the table each figure comes from.
 The plugin's environment variables (RETRIEVAL_SERVER_URL, SEARCH_R1_MAX_TURNS, ...) apply as in training.
 
 Several evaluations, one per checkpoint, side by side (a Markdown table and a line chart of EM per source):
@@ -32,6 +35,7 @@ from urllib.parse import urlsplit
 
 from slime_search_r1.settings import ConfigError, resolve_config
 from slime_search_r1.evaluation.dataset import ColumnNames, DatasetError, EvalRow, build_sample, read_rows, select_rows
+from slime_search_r1.evaluation.paper import REFERENCES, beside_paper, beside_paper_markdown
 from slime_search_r1.evaluation.reports import (
     COMPARISON_MD,
     COMPARISON_PNG,
@@ -106,6 +110,25 @@ def parse_args(argv: list[str] | None = None) -> Namespace:
         help="extra chat-template arguments as JSON, as slime's flag (e.g. '{\"enable_thinking\": false}')",
     )
     parser.add_argument("--max-errors", type=int, default=20, help="stop after this many samples raise")
+    parser.add_argument(
+        "--reference",
+        choices=sorted(REFERENCES),
+        default=None,
+        help="print and write the paper's EM for each data source beside this run's (Search-R1, Qwen2.5-3B; "
+        "third-party transcriptions of its Tables 2 and 3)",
+    )
+    parser.add_argument(
+        "--viewer",
+        action="store_true",
+        help="record each trajectory's prompt, token ids, loss mask and log probs in trajectories.jsonl and write "
+        "viewer/index.html, an offline page of the run (python -m slime_search_r1.viewer)",
+    )
+    parser.add_argument(
+        "--viewer-samples",
+        type=positive_int,
+        default=200,
+        help="trajectories per data source on the viewer page (its figures count all)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="discard an earlier run in --output-dir")
     args = parser.parse_args(argv)
 
@@ -256,7 +279,7 @@ def preflight(cli: Namespace, config) -> None:
             raise PreflightError(f"the retrieval server answered {base}/health with HTTP {status}")
 
 
-def trajectory_record(eval_row: EvalRow, sample, reward, seconds: float) -> dict:
+def trajectory_record(eval_row: EvalRow, sample, reward, seconds: float, with_tokens: bool = False) -> dict:
     details = reward if isinstance(reward, dict) else {"score": reward, "em": reward}
     episode = episode_record(sample) or {}
     search = tool_counters(episode).get("search", {})
@@ -283,6 +306,23 @@ def trajectory_record(eval_row: EvalRow, sample, reward, seconds: float) -> dict
         "response_length": sample.response_length,
         "seconds": round(seconds, 3),
         "response": sample.response,
+        **(viewer_fields(sample, episode) if with_tokens else {}),
+    }
+
+
+def viewer_fields(sample, episode: dict) -> dict:
+    """What the viewer shows token by token (--viewer): the prompt, the plugin's whole record, and the ids, loss mask
+    and log probs of the trajectory, split at the prompt."""
+    prompt_length = len(sample.tokens) - sample.response_length
+    return {
+        "prompt": sample.prompt,
+        "episode": episode,
+        "tokens": {
+            "prompt_ids": list(sample.tokens[:prompt_length]),
+            "response_ids": list(sample.tokens[prompt_length:]),
+            "loss_mask": list(sample.loss_mask or []),
+            "rollout_log_probs": list(sample.rollout_log_probs) if sample.rollout_log_probs is not None else None,
+        },
     }
 
 
@@ -318,7 +358,7 @@ class Evaluation:
         started = time.perf_counter()
         sample = await self.plugin.generate(self.args, sample, self.sampling_params, evaluation=True)
         reward = await self.plugin.reward_func(self.args, sample)
-        return trajectory_record(eval_row, sample, reward, time.perf_counter() - started)
+        return trajectory_record(eval_row, sample, reward, time.perf_counter() - started, self.cli.viewer)
 
     async def run(self, todo: list[EvalRow]) -> None:
         from tqdm import tqdm
@@ -398,6 +438,26 @@ def load_plugin():
     return plugin, Sample
 
 
+def write_viewer(cli: Namespace, tokenizer) -> None:
+    """viewer/index.html of this run; a page that cannot be written is a warning, the evaluation stands."""
+    from slime_search_r1.viewer import InputError, TokenizerError, build_page
+
+    model = Path(str(cli.hf_checkpoint)).name or str(cli.hf_checkpoint)
+    try:
+        built = build_page(
+            [cli.output_dir],
+            cli.output_dir / "viewer",
+            tokenizer=tokenizer,
+            tokenizer_path=None if tokenizer is not None else Path(cli.hf_checkpoint),
+            title=f"evaluate.py: {model}",
+            per_source=cli.viewer_samples,
+        )
+    except (InputError, TokenizerError) as exc:
+        print(f"evaluate.py: warning: no viewer page: {exc}", file=sys.stderr)
+        return
+    print(f"evaluate.py: viewer page {built.path} ({built.size / 1e6:.1f} MB; open it in a browser)", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["compare"]:
@@ -464,14 +524,19 @@ def main(argv: list[str] | None = None) -> int:
     selected_keys = {row.key for row in selected}
     records = [r for k, r in store.load().items() if k in selected_keys]
     summary = summarize(records, dict(Counter(row.data_source for row in selected)))
-    write_reports(cli.output_dir, summary, settings)
+    reference = beside_paper(summary, REFERENCES[cli.reference]) if cli.reference else None
+    write_reports(cli.output_dir, summary, settings, reference)
     print(json.dumps({s: v["em"] for s, v in summary["data_sources"].items()} | {"average": summary["average_em"]}))
+    if reference is not None:
+        print(beside_paper_markdown(reference))
     try:
         chart = f", {write_em_chart(cli.output_dir, summary, settings).name}"
     except ImportError as exc:  # the results are written; only the picture is missing
         chart = ""
         print(f"evaluate.py: warning: no chart ({exc}); pip install matplotlib", file=sys.stderr)
     print(f"evaluate.py: results in {cli.output_dir}/results.md, results.json{chart}", file=sys.stderr)
+    if cli.viewer:
+        write_viewer(cli, evaluation.tokenizer if evaluation is not None else None)
 
     if interrupted:
         print("evaluate.py: interrupted; rerun the same command to resume", file=sys.stderr)

@@ -4,7 +4,8 @@
 #   bash run_qwen2.5_3B.sh [--dry-run] [extra train.py flags ...]
 #
 # Every path and setting comes from an environment variable (the defaults are the slime example's).
-# DRY_RUN=1 (or --dry-run) checks the settings and prints the commands instead of running them. Either way the
+# DRY_RUN=1 (or --dry-run) checks the settings and prints the commands instead of running them (and, after them,
+# the viewer command for DUMP_DIR and the commands from a checkpoint in SAVE_DIR to evaluate.py). Either way the
 # plugin's configuration and the slime flags are checked here, with the messages generate() would give at its
 # first sample, before Ray, SGLang or Megatron start (python -m slime_search_r1.launch_check; SKIP_PLUGIN_CHECK=1 skips).
 # The plugin's own variables (LLM_API_MODE, SEARCH_BACKEND, RETRIEVAL_SERVER_URL, SEARCH_R1_*, ...) are
@@ -38,7 +39,7 @@ is_true() {
 }
 
 usage() {
-  sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
+  sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
   echo "See the variables at the top of load_settings() in this file for every setting and its default."
 }
 
@@ -60,6 +61,14 @@ load_settings() {
   LOAD_DIR=${LOAD_DIR:-}
   SAVE_DIR=${SAVE_DIR:-}
   SAVE_INTERVAL=${SAVE_INTERVAL:-20}
+
+  # slime's debug dumps, for the trajectory viewer (python -m slime_search_r1.viewer): off unless DUMP_DIR is set.
+  # slime writes them for EVERY rollout (and every evaluation); it has no interval, so the viewer picks which ones
+  # to show (--rollouts ::50). Train dumps hold the train log probs, reference log probs, advantages and entropy.
+  DUMP_DIR=${DUMP_DIR:-}
+  DUMP_TRAIN_DATA=${DUMP_TRAIN_DATA:-1}
+  # the paper's row evaluate.py --reference prints beside the EM of a converted checkpoint (evaluate.py --help)
+  REFERENCE=${REFERENCE:-}
 
   # data and rollout
   PROMPT_DATA=${PROMPT_DATA:-/root/Search-R1/data/nq_hotpotqa_train/train.parquet}
@@ -129,7 +138,7 @@ load_settings() {
   EXTRA_TRAIN_ARGS=${EXTRA_TRAIN_ARGS:-}
 
   local flag
-  for flag in DRY_RUN USE_TIS USE_WANDB; do
+  for flag in DRY_RUN USE_TIS USE_WANDB DUMP_TRAIN_DATA; do
     is_true "$flag" "${!flag}" || true # stops on a value that is not a boolean
   done
 
@@ -181,7 +190,7 @@ load_model_args() {
 }
 
 build_train_args() {
-  local -a ckpt rollout eval_args perf grpo optimizer wandb sglang misc custom extra
+  local -a ckpt rollout eval_args perf grpo optimizer wandb sglang misc custom dumps extra
   ckpt=(--hf-checkpoint "$HF_CHECKPOINT" --ref-load "$REF_LOAD")
   [[ -z "$LOAD_DIR" ]] || ckpt+=(--load "$LOAD_DIR")
   [[ -z "$SAVE_DIR" ]] || ckpt+=(--save "$SAVE_DIR" --save-interval "$SAVE_INTERVAL")
@@ -289,6 +298,15 @@ build_train_args() {
     --attention-backend flash
   )
 
+  dumps=()
+  if [[ -n "$DUMP_DIR" ]]; then
+    # slime fills {rollout_id} (eval_<id> for evaluations); the layout is its --dump-details one
+    dumps=(--save-debug-rollout-data "${DUMP_DIR}/rollout_data/{rollout_id}.pt")
+    if is_true DUMP_TRAIN_DATA "$DUMP_TRAIN_DATA"; then
+      dumps+=(--save-debug-train-data "${DUMP_DIR}/train_data/{rollout_id}.pt")
+    fi
+  fi
+
   extra=()
   if [[ -n "$EXTRA_TRAIN_ARGS" ]]; then
     read -r -a extra <<<"$EXTRA_TRAIN_ARGS"
@@ -310,6 +328,7 @@ build_train_args() {
     "${sglang[@]}"
     "${misc[@]}"
     "${custom[@]}"
+    "${dumps[@]}"
     "${extra[@]}"
     "${CLI_TRAIN_ARGS[@]}"
   )
@@ -371,6 +390,40 @@ with open(target, "w", encoding="utf-8") as out:
     out.write("\n")
 PY
   )
+}
+
+# The viewer command for DUMP_DIR: the latest rollout's dumps, as one offline page.
+print_viewer_command() {
+  echo "# trajectory viewer, while or after training (--rollouts=-1: the latest rollout; ::50 every 50th; 10,20 those):"
+  printf 'PYTHONPATH=%q %q -m slime_search_r1.viewer %q --rollouts=-1: --tokenizer %q --output %q\n' \
+    "$SCRIPT_DIR" "$PYTHON_BIN" "$DUMP_DIR" "$HF_CHECKPOINT" "${DUMP_DIR}/viewer"
+}
+
+# From the latest checkpoint in SAVE_DIR (Megatron torch_dist, iter_<7 digits>/, the number in
+# latest_checkpointed_iteration.txt) to a Hugging Face folder with slime's converter, then to evaluate.py.
+# shellcheck disable=SC2016 # "$ITER" is printed as it is, for the user's shell to expand
+print_checkpoint_commands() {
+  local vocab_size="" i reference=$REFERENCE
+  for ((i = 0; i < ${#MODEL_ARGS[@]}; i++)); do
+    [[ "${MODEL_ARGS[i]}" == --vocab-size ]] && vocab_size=${MODEL_ARGS[i + 1]:-}
+  done
+  if [[ -z "$reference" ]]; then
+    # this script trains with GRPO; an Instruct checkpoint compares with the paper's instruct row
+    reference=search-r1-base-grpo
+    [[ "${HF_CHECKPOINT,,}" == *instruct* ]] && reference=search-r1-instruct-grpo
+  fi
+  local data=${EVAL_PROMPT_DATA:-/root/Search-R1/data/nq_hotpotqa_train/test.parquet}
+  echo "# after training: the latest checkpoint in SAVE_DIR to Hugging Face (slime's converter), served, evaluated:"
+  [[ -n "$vocab_size" ]] ||
+    echo "# (no --vocab-size in MODEL_ARGS_FILE: add the model's own to the converter if Megatron padded the embedding)"
+  printf 'ITER=$(printf iter_%%07d "$(cat %q)")\n' "${SAVE_DIR}/latest_checkpointed_iteration.txt"
+  # Megatron pads the embedding; --vocab-size (the model's, from MODEL_ARGS_FILE) removes the padding again
+  printf 'PYTHONPATH=%q %q %q --input-dir %q/"$ITER" --output-dir %q/"$ITER" --origin-hf-dir %q%s\n' \
+    "$MEGATRON_PATH" "$PYTHON_BIN" "${SLIME_DIR}/tools/convert_torch_dist_to_hf.py" "$SAVE_DIR" "${SAVE_DIR}/hf" \
+    "$HF_CHECKPOINT" "${vocab_size:+ --vocab-size ${vocab_size}}"
+  printf '%q -m sglang.launch_server --model-path %q/"$ITER" --port 30000 &\n' "$PYTHON_BIN" "${SAVE_DIR}/hf"
+  printf '%q %q --data %q --hf-checkpoint %q/"$ITER" --sglang-url http://127.0.0.1:30000 --output-dir %q/"$ITER" --llm-api-mode %q --reference %q --viewer\n' \
+    "$PYTHON_BIN" "${SCRIPT_DIR}/evaluate.py" "${data%@\[*\]}" "${SAVE_DIR}/hf" "${SAVE_DIR}/eval" "$LLM_API_MODE" "$reference"
 }
 
 ray_dashboard_up() {
@@ -489,6 +542,12 @@ main() {
     fi
     echo "# training job:"
     print_command "${SUBMIT_PREFIX[@]}" "<runtime-env-file>" "${SUBMIT_ENTRYPOINT[@]}"
+    [[ -z "$DUMP_DIR" ]] || print_viewer_command
+    if [[ -n "$SAVE_DIR" ]]; then
+      print_checkpoint_commands
+    else
+      echo "# no SAVE_DIR: no checkpoint is saved (set SAVE_DIR to get the commands from a checkpoint to evaluate.py)"
+    fi
     return 0
   fi
 
@@ -508,6 +567,7 @@ main() {
     start_ray_head
   fi
 
+  [[ -z "$DUMP_DIR" ]] || info "dumps go to ${DUMP_DIR}; see them with: $(print_viewer_command | tail -n 1)"
   info "submitting job ${JOB_ID}"
   JOB_SUBMITTED=1
   # In the background so that `wait` returns as soon as this script gets a signal, even one sent to it alone.

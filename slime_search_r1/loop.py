@@ -151,7 +151,7 @@ async def run_episode(args, sample: Sample, sampling_params: dict, config: Searc
         continued=record is not None,
     )
     if record is not None:
-        state.resume(record)
+        state.resume(record, sample.response_length)
     driver: TokenDriver = driver_class(state, trajectory, protocol)
     status, reason = await _turns(state, protocol, driver, episode_budget(args, sampling_params, config, evaluation))
     await driver.finish(status)

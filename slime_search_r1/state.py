@@ -31,6 +31,7 @@ class EpisodeStats:
     generated_tokens: int = 0  # model tokens in the response (observations are not)
     resumes: int = 0  # partial rollout: how often an aborted episode was resumed
     earlier_policy_tokens: int = 0  # of generated_tokens, those an earlier policy wrote (before the last resume)
+    resumed_at: list[int] = field(default_factory=list)  # the response length at each resume (tokens before it: older)
 
     def tool(self, name: str) -> ToolStats:
         return self.tools.setdefault(name, ToolStats())
@@ -70,13 +71,14 @@ class EpisodeState:
         self.turn_start = response_length
         self.stage = "turn"
 
-    def resume(self, record: dict) -> None:
+    def resume(self, record: dict, response_length: int) -> None:
         """Stand where an aborted episode stood (its record's resume point), with its counters and conversation;
-        what it generated so far was written by an earlier policy."""
+        what it generated so far (the first `response_length` response tokens) was written by an earlier policy."""
         point = resume_point(record)
         self.stats = EpisodeStats.from_record(record)
         self.stats.resumes += 1
         self.stats.earlier_policy_tokens = self.stats.generated_tokens
+        self.stats.resumed_at = [*self.stats.resumed_at, response_length]
         if self.conversation is not None:
             self.conversation = list(conversation_of(record) or [])
         self.turn_index, self.stage = point["turn_index"], point["stage"]

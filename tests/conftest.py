@@ -100,3 +100,11 @@ def router_args(make_args, router):
         return make_args(**router_address(router.url), **overrides)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def viewer_dumps(tmp_path_factory, tokenizer, tokenizer_dir):
+    """slime's rollout, evaluation and train dumps of real episodes (XML and chat), made once per session."""
+    from support.viewer_dumps import make_dumps
+
+    return make_dumps(tmp_path_factory.mktemp("dump_details"), tokenizer, tokenizer_dir)

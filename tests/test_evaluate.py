@@ -295,3 +295,61 @@ def test_chat_mode_keeps_the_messages_and_reads_tools_from_the_file(
     assert record["em"] == 1.0
     assert retriever.queries == ["capital of France"]
     assert json.loads((out / "run_config.json").read_text())["llm_api_mode"] == "chat"
+
+
+def test_reference_puts_the_paper_s_figures_beside_the_run_s(
+    data_file, engine, scripted, retriever, search_config, tokenizer_dir, tmp_path, capsys
+):
+    out = tmp_path / "out"
+    assert evaluate.main(cli(data_file, engine, tokenizer_dir, out, "--reference", "search-r1-base-grpo")) == 0
+    reference = json.loads((out / "results.json").read_text())["reference"]
+    assert (reference["name"], reference["table"]) == ("search-r1-base-grpo", "Table 3 (GRPO)")
+    assert reference["rows"] == {
+        "nq": {"n": 2, "em": 1.0, "paper": 0.421, "difference": pytest.approx(1.0 - 0.421)},
+        "hotpotqa": {"n": 1, "em": 0.0, "paper": 0.297, "difference": pytest.approx(-0.297)},
+        "bamboogle": {"n": 1, "em": 0.0, "paper": 0.128, "difference": pytest.approx(-0.128)},
+    }
+    # three of the seven sources: the paper's Avg column is not comparable, its figures for the same three are
+    average = reference["average"]
+    assert average["sources"] == ["nq", "hotpotqa", "bamboogle"]
+    assert average["paper"] == pytest.approx((0.421 + 0.297 + 0.128) / 3)
+    assert average["paper_over"] == "the paper's figures for the same sources"
+    printed = capsys.readouterr().out
+    for text in (
+        "| nq | 2 | 1.000 | 0.421 | +0.579 |",
+        "Search-R1 (Jin et al., arXiv 2503.09516 v5), Table 3 (GRPO), Qwen2.5-3B, Search-R1-base, GRPO",
+        "third-party transcriptions of the paper's tables, not checked against the PDF",
+    ):
+        assert text in printed
+        assert text in (out / "results.md").read_text()
+
+
+def test_an_unknown_reference_is_refused_with_the_names_there_are(data_file, tokenizer_dir, engine, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.main(cli(data_file, engine, tokenizer_dir, tmp_path / "out", "--reference", "search-r1-7b"))
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'search-r1-7b'" in capsys.readouterr().err
+
+
+def test_viewer_records_the_tokens_and_writes_the_run_s_page(
+    data_file, engine, scripted, retriever, search_config, tokenizer, tokenizer_dir, tmp_path, capsys
+):
+    out = tmp_path / "out"
+    assert evaluate.main(cli(data_file, engine, tokenizer_dir, out, "--viewer")) == 0
+    france = next(r for r in trajectories(out) if r["question"] == "What is the capital of France")
+    tokens = france["tokens"]
+    assert len(tokens["response_ids"]) == len(tokens["loss_mask"]) == len(tokens["rollout_log_probs"])
+    assert tokenizer.decode(tokens["response_ids"]) == france["response"]
+    assert tokenizer.decode(tokens["prompt_ids"]) == france["prompt"]
+    assert france["episode"]["tools"]["search"]["calls"] == 1
+    assert france["episode"]["reward"]["em"] == 1.0
+
+    page = (out / "viewer" / "index.html").read_text(encoding="utf-8")
+    data = json.loads(page.split('id="viewer-data">', 1)[1].split("</script>", 1)[0])
+    [run] = data["runs"]
+    assert (run["kind"], run["total"], len(run["rows"])) == ("evaluate", 4, 4)
+    results = json.loads((out / "results.json").read_text())
+    assert run["hooks"]["em"] == results["micro_em"]
+    assert run["hooks"]["em_by_source/nq"] == results["data_sources"]["nq"]["em"]
+    assert data["tokenizer"]  # the evaluation's own tokenizer
+    assert "viewer page" in capsys.readouterr().err

@@ -42,6 +42,13 @@ SLIME_FLAGS = {
     "--wandb-project", "--wandb-group", "--rollout-num-gpus-per-engine", "--lr", "--metadata-key",
     "--custom-rollout-log-function-path", "--custom-eval-rollout-log-function-path",
     "--custom-reward-post-process-path",
+    "--save-debug-rollout-data", "--save-debug-train-data",  # slime/utils/arguments.py add_debug_arguments
+}  # fmt: skip
+# slime's tools/convert_torch_dist_to_hf.py, checked by hand against THUDM/slime main (and read from a real
+# checkout's file when the tests run with SLIME_SRC).
+CONVERTER_FLAGS = {
+    "--model-name", "--input-dir", "--output-dir", "--origin-hf-dir", "--force", "--add-missing-from-origin-hf",
+    "--chunk-size", "--vocab-size",
 }  # fmt: skip
 SGLANG_FLAGS = {"--sglang-mem-fraction-static"}  # SGLang's --mem-fraction-static behind slime's --sglang- prefix
 MEGATRON_FLAGS = {
@@ -72,7 +79,9 @@ class DryRun:
         head_lines = out.split("# Ray head", 1)[1].split("# training job:", 1)[0].strip().splitlines()
         if len(head_lines) > 1:
             self.head = shlex.split(head_lines[1])
-        self.submit = shlex.split(out.split("# training job:\n", 1)[1].strip())
+        job, _, after = out.split("# training job:\n", 1)[1].partition("\n# ")
+        self.submit = shlex.split(job.strip())
+        self.after = ("# " + after).splitlines() if after else []  # the viewer and checkpoint commands
         self.train_args = self.submit[self.submit.index("--") + 3 :]
 
     def has(self, flag: str) -> bool:
@@ -489,3 +498,79 @@ def test_scripts_are_shellcheck_clean():
     scripts = [str(SCRIPT), str(REPO / "run_qwen2.5_3B_with_retrieval.sh")]
     result = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+def test_dumps_for_the_viewer_go_to_a_chosen_folder_and_the_viewer_command_is_printed(viewer_dumps, tmp_path):
+    """slime writes the dumps at every rollout (it has no interval); the printed command runs on them as it is."""
+    assert not dry_run().has("--save-debug-rollout-data")
+    run = dry_run(DUMP_DIR=str(viewer_dumps.folder), HF_CHECKPOINT=str(viewer_dumps.folder / "tokenizer"))
+    assert run.value("--save-debug-rollout-data") == f"{viewer_dumps.folder}/rollout_data/{{rollout_id}}.pt"
+    assert run.value("--save-debug-train-data") == f"{viewer_dumps.folder}/train_data/{{rollout_id}}.pt"
+    assert not dry_run(DUMP_DIR="/dumps", DUMP_TRAIN_DATA="0").has("--save-debug-train-data")
+    comment, command = run.after[:2]
+    assert comment.startswith("# trajectory viewer")
+    env = {**clean_env(), "PYTHON_BIN": sys.executable}
+    result = subprocess.run(["bash", "-c", command.replace("python3", sys.executable, 1)], env=env,
+                            capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    page = (viewer_dumps.folder / "viewer" / "index.html").read_text(encoding="utf-8")
+    assert '"name":"rollout 3"' in page and '"name":"eval 3"' in page  # --rollouts=-1: the latest rollout
+    assert "DUMP_TRAIN_DATA=maybe is not a boolean" in fails("--dry-run", DUMP_TRAIN_DATA="maybe")
+
+
+def test_a_dry_run_prints_the_way_from_its_checkpoints_to_evaluate_py(slime_tree, tmp_path):
+    import evaluate
+
+    (Path(slime_tree["SLIME_DIR"]) / "scripts" / "models" / "qwen2.5-3B.sh").write_text(
+        "MODEL_ARGS=(--num-layers 36 --vocab-size 151936)\n"
+    )
+    save = tmp_path / "ckpt"
+    (save / "iter_0000019").mkdir(parents=True)
+    (save / "latest_checkpointed_iteration.txt").write_text("19")  # Megatron's tracker: slime saves rollout_id 19
+    run = dry_run(**slime_tree, SAVE_DIR=str(save))
+    lines = [line for line in run.after if not line.startswith("#")]
+    assert len(lines) == 4
+    # run the lines with a python that echoes its arguments: what each program would be called with, expanded
+    echo = tmp_path / "echo_python"
+    echo.write_text('#!/bin/sh\nprintf "%s\\n" "$*"\n')
+    echo.chmod(0o755)
+    script = "\n".join(line.replace(slime_tree["PYTHON_BIN"], str(echo)) for line in lines) + "\nwait\n"
+    result = subprocess.run(["bash", "-c", script], env=clean_env(), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    called = {line.split()[0].rsplit("/", 1)[-1]: line.split() for line in result.stdout.splitlines()}
+    convert, serve, evaluation = called["convert_torch_dist_to_hf.py"], called["-m"], called["evaluate.py"]
+    assert convert[0] == f"{slime_tree['SLIME_DIR']}/tools/convert_torch_dist_to_hf.py"
+    flags = dict(zip(convert[1::2], convert[2::2], strict=True))
+    assert flags == {
+        "--input-dir": f"{save}/iter_0000019",
+        "--output-dir": f"{save}/hf/iter_0000019",
+        "--origin-hf-dir": slime_tree["HF_CHECKPOINT"],
+        "--vocab-size": "151936",  # Megatron's padded embedding cut back to the model's vocabulary
+    }
+    assert set(flags) <= converter_flags()
+    assert serve[:4] == ["-m", "sglang.launch_server", "--model-path", f"{save}/hf/iter_0000019"]
+    assert evaluation[0] == str(REPO / "evaluate.py")
+    cli = evaluate.parse_args(evaluation[1:])  # evaluate.py takes every flag as printed
+    assert (cli.hf_checkpoint, cli.output_dir, cli.reference, cli.viewer) == (
+        f"{save}/hf/iter_0000019",
+        save / "eval" / "iter_0000019",
+        "search-r1-base-grpo",
+        True,
+    )
+    assert str(cli.data) == "/root/Search-R1/data/nq_hotpotqa_train/test.parquet"
+    instruct = dry_run(**{**slime_tree, "HF_CHECKPOINT": "/models/Qwen2.5-3B-Instruct"}, SAVE_DIR=str(save))
+    assert "--reference search-r1-instruct-grpo" in instruct.after[-1]
+    assert dry_run().after == [
+        "# no SAVE_DIR: no checkpoint is saved (set SAVE_DIR to get the commands from a checkpoint to evaluate.py)"
+    ]
+
+
+def converter_flags() -> set[str]:
+    """The converter's flags: read from a real slime checkout's file, else the hand-checked list."""
+    from support.slime_compat import slime_src
+
+    source = slime_src()
+    if source is None:
+        return CONVERTER_FLAGS
+    text = (source / "tools" / "convert_torch_dist_to_hf.py").read_text()
+    return set(re.findall(r'add_argument\(\s*(?:"-\w",\s*)?"(--[\w-]+)"', text))

@@ -185,6 +185,7 @@ async def test_an_episode_aborted_mid_turn_continues_from_its_last_token(
         unmasked(resumed, baseline), engine.calls[calls_before:], tokenizer, prompt_ids_of(mode, tokenizer)
     )
     assert info(resumed)["resumes"] == 1
+    assert info(resumed)["resumed_at"] == [written]  # the response tokens an earlier policy wrote: the viewer marks
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -252,12 +253,14 @@ async def test_an_episode_aborted_twice_resumes_twice(mode, rollout_args, tokeni
     baseline = await baseline_of(mode, rollout_args, tokenizer)
     args = rollout_args(mode, masked=True)
     buffered = await rollout_aborted_mid_generation(engine, args, [[new_sample(mode, tokenizer)]], 1, 4, 0)
+    first = buffered[0][0].response_length
     buffered = await rollout_aborted_mid_generation(engine, args, buffered, 2, 9, 1)
     written = buffered[0][0].response_length
     assert buffered[0][0].metadata["start_rollout_id"] == 0  # slime keeps the first rollout it started in
     resumed = (await run_rollout(args, buffered))[0][0]
     assert_resumed_exactly(resumed, baseline, masked_before=written)
     assert info(resumed)["resumes"] == 2
+    assert info(resumed)["resumed_at"] == [first, written]
 
 
 # ---- what does not resume -----------------------------------------------------------------------------------------
@@ -277,6 +280,7 @@ async def test_without_partial_rollout_slime_keeps_nothing_and_an_aborted_sample
     restarted = (await run_rollout(args, [[sample]]))[0][0]  # as a retry would: from clean fields
     assert_resumed_exactly(restarted, baseline)
     assert info(restarted)["resumes"] == 0
+    assert info(restarted)["resumed_at"] == []
 
 
 async def test_a_sample_whose_prompt_renders_differently_starts_over(

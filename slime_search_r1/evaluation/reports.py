@@ -10,6 +10,7 @@ from statistics import fmean
 from pathlib import Path
 
 from slime_search_r1.data import SEARCH_R1_DATA_SOURCES
+from slime_search_r1.evaluation.paper import beside_paper_markdown
 
 TRAJECTORIES = "trajectories.jsonl"
 RUN_CONFIG = "run_config.json"
@@ -156,11 +157,16 @@ def markdown_report(summary: dict, run_config: dict) -> str:
     return "\n".join(lines)
 
 
-def write_reports(output_dir: Path, summary: dict, run_config: dict) -> None:
+def write_reports(output_dir: Path, summary: dict, run_config: dict, reference: dict | None = None) -> None:
+    """results.json and results.md; `reference` (evaluation/paper.py's beside_paper) adds the paper's figures."""
+    extra = {"reference": reference} if reference is not None else {}
     (output_dir / RESULTS_JSON).write_text(
-        json.dumps({"run_config": run_config, **summary}, indent=2) + "\n", encoding="utf-8"
+        json.dumps({"run_config": run_config, **summary, **extra}, indent=2) + "\n", encoding="utf-8"
     )
-    (output_dir / RESULTS_MD).write_text(markdown_report(summary, run_config), encoding="utf-8")
+    markdown = markdown_report(summary, run_config)
+    if reference is not None:
+        markdown += "\n" + beside_paper_markdown(reference)
+    (output_dir / RESULTS_MD).write_text(markdown, encoding="utf-8")
 
 
 def _save_png(figure, path: Path) -> None:
