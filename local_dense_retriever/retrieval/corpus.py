@@ -93,13 +93,16 @@ def count_documents(corpus_path: Path, progress: bool = True) -> int:
     return len(load_offsets(corpus_path, progress=progress)) - 1
 
 
-def parse_object(line: bytes, path: Path, line_number: int, expected: str = "a JSON object") -> dict:
-    """The JSON object on a line; CorpusFormatError names the file, the line and `expected`."""
+def parse_object(
+    line: bytes, path: Path, line_number: int, expected: str = "a JSON object", string_field: str | None = None
+) -> dict:
+    """The JSON object on a line (with a string `string_field`, when named); CorpusFormatError names the file, the
+    line and `expected`."""
     try:
         record = orjson.loads(line)
     except orjson.JSONDecodeError as err:
         raise CorpusFormatError(f"{path}:{line_number}: not valid JSON ({err})") from None
-    if not isinstance(record, dict):
+    if not isinstance(record, dict) or (string_field is not None and not isinstance(record.get(string_field), str)):
         raise CorpusFormatError(f"{path}:{line_number}: expected {expected}, got {line[:120]!r}")
     return record
 
@@ -108,10 +111,7 @@ _PASSAGE = 'a JSON object with a string "contents" field, like {"id": "0", "cont
 
 
 def parse_document(line: bytes, path: Path, line_number: int) -> dict:
-    document = parse_object(line, path, line_number, _PASSAGE)
-    if not isinstance(document.get("contents"), str):
-        raise CorpusFormatError(f"{path}:{line_number}: expected {_PASSAGE}, got {line[:120]!r}")
-    return document
+    return parse_object(line, path, line_number, _PASSAGE, "contents")
 
 
 class JsonLines:

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from local_dense_retriever.retrieval.corpus import CorpusFormatError, JsonLines, parse_object
+from local_dense_retriever.retrieval.corpus import JsonLines, parse_object
 
 URL_INDEX_SUFFIX = ".urls.npy"
 URL_INDEX_DTYPE = np.dtype([("hash", "<u8"), ("row", "<u8")])
@@ -34,10 +34,7 @@ _PAGE = 'a page: a JSON object with a string "url" (and its "contents")'
 
 
 def parse_page(line: bytes, path: Path, line_number: int) -> dict:
-    page = parse_object(line, path, line_number, _PAGE)
-    if not isinstance(page.get("url"), str):
-        raise CorpusFormatError(f"{path}:{line_number}: expected {_PAGE}, got {line[:120]!r}")
-    return page
+    return parse_object(line, path, line_number, _PAGE, "url")
 
 
 def url_index_path_for(pages_path: Path) -> Path:
