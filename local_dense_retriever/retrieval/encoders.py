@@ -1,10 +1,11 @@
 """Text encoders for dense retrieval: E5, BGE, DPR and any Hugging Face encoder, on CPU or GPU.
 
 One `TextEncoder` must be used from one thread at a time: a fast (Rust) tokenizer shared across threads has
-returned wrong token ids here, and the server runs all inference on a single worker thread anyway.
+returned wrong token ids here. `fork()` gives another thread an encoder of its own that shares the model's weights.
 """
 
-from collections.abc import Callable
+import copy
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -113,19 +114,37 @@ class TextEncoder:
     def encode_queries(self, texts: list[str]) -> np.ndarray:
         return self.encode([self.family.query_prefix + text for text in texts])
 
-    def encode_passages(self, texts: list[str], on_batch: Callable[[int], object] | None = None) -> np.ndarray:
-        return self.encode([self.family.passage_prefix + text for text in texts], on_batch=on_batch)
+    def encode_passages(self, texts: list[str], **options) -> np.ndarray:
+        """`options`: encode()'s `on_batch` and `run`."""
+        return self.encode([self.family.passage_prefix + text for text in texts], **options)
 
-    @torch.inference_mode()
-    def encode(self, texts: list[str], on_batch: Callable[[int], object] | None = None) -> np.ndarray:
-        """Vectors in input order; `on_batch(n)` is called after each forward pass (progress bars)."""
+    def fork(self) -> "TextEncoder":
+        """The same encoder for another thread: the weights are shared (inference only reads them), the tokenizer is
+        a copy."""
+        twin = copy.copy(self)
+        twin.tokenizer = copy.deepcopy(self.tokenizer)
+        return twin
+
+    def encode(
+        self,
+        texts: list[str],
+        on_batch: Callable[[int], object] | None = None,
+        run: Callable[[Callable, list[np.ndarray]], Iterable] = map,
+    ) -> np.ndarray:
+        """Vectors in input order; `on_batch(n)` is called after each forward pass (progress bars). `run(forward,
+        passes)` runs the forward passes and yields their results in any order (the index builder runs them on
+        several threads); texts are tokenized once, here, on the calling thread."""
         if not texts:
             return np.empty((0, self.dim), dtype=np.float32)
         token_ids = self.tokenizer(texts, truncation=True, max_length=self.max_length)["input_ids"]
+
+        def forward(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            with torch.inference_mode():  # per thread in torch, so here and not on encode()
+                return rows, self._embed(*self._pad([token_ids[row] for row in rows]))
+
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        for rows in self._micro_batches([len(ids) for ids in token_ids]):
-            input_ids, attention_mask = self._pad([token_ids[row] for row in rows])
-            out[rows] = self._embed(input_ids, attention_mask)
+        for rows, vectors in run(forward, self._micro_batches([len(ids) for ids in token_ids])):
+            out[rows] = vectors
             if on_batch is not None:
                 on_batch(len(rows))
         return out
