@@ -242,6 +242,7 @@ class FakeCpu:
         self.noise = lambda: 1.0  # a factor on each batch's time
         self.running: list[tuple[float, cpu_threads.Ticket, int]] = []
         self.layouts_run: list[str] = []
+        self.sizes_run: list[int] = []
         self.most_threads_at_once = 0
 
     def set_threads(self, threads: int) -> None:
@@ -251,15 +252,17 @@ class FakeCpu:
         """`batches` batches of `size` queries, at most `in_flight` at once (1: one client)."""
         for _ in range(batches):
             while len(self.running) < in_flight and (ticket := self.tuner.begin()) is not None:
-                seconds = self.seconds[str(ticket.layout)] * size * self.noise()
-                self.running.append((self.now + seconds, ticket, size))
+                queries = size
+                seconds = self.seconds[str(ticket.layout)] * queries * self.noise()
+                self.running.append((self.now + seconds, ticket, queries))
                 self.layouts_run.append(str(ticket.layout))
+                self.sizes_run.append(queries)
                 threads = sum(ticket.layout.threads for _, ticket, _ in self.running)
                 self.most_threads_at_once = max(self.most_threads_at_once, threads)
             self.running.sort(key=lambda batch: batch[0])
-            ends, ticket, size_ = self.running.pop(0)
+            ends, ticket, queries = self.running.pop(0)
             self.now = ends
-            self.tuner.end(ticket, size_)
+            self.tuner.end(ticket, queries)
 
     @property
     def layout(self) -> str:
@@ -309,7 +312,7 @@ def test_tuner_keeps_one_batch_on_every_cpu_on_an_idle_machine():
 
 def test_tuner_checks_the_other_layout_right_after_start_up():
     cpu = FakeCpu(seconds=dict(BUSY))  # started beside a busy process
-    cpu.run(40)  # the first window of 16 batches, then the probe
+    cpu.run(12)  # a short first window (4 batches), then a probe (half a window, 8)
     assert cpu.layout == "2x1"
 
 
@@ -318,10 +321,10 @@ def test_tuner_splits_the_cpus_when_a_neighbour_takes_a_core_and_shares_them_aga
     cpu.run(600)
     assert cpu.layout == "1x2"
     cpu.seconds = dict(BUSY)
-    cpu.run(40)  # a window that slowed by far more than 20% triggers a probe at once
+    cpu.run(20)  # two batches 1.5x slower end the window and trigger a probe
     assert cpu.layout == "2x1"
     cpu.seconds = dict(IDLE)
-    cpu.run(40)  # faster by more than 20%: probed at once too
+    cpu.run(80)  # a window faster by more than 20% triggers a probe too
     assert cpu.layout == "1x2"
 
 
@@ -334,15 +337,27 @@ def test_tuner_chooses_the_faster_layout_for_single_queries_too():
     assert cpu.layout == "2x1"
 
 
-def test_a_probe_that_is_clearly_worse_stops_after_two_batches():
+def test_a_probe_that_is_far_worse_stops_after_its_first_batch():
     cpu = FakeCpu({"probe_every": 8, "max_probe_every": 8}, seconds=dict(BUSY))
     cpu.run(40)
     assert cpu.layout == "2x1"
     start = len(cpu.layouts_run)
     cpu.run(16 * 9)  # eight windows, then a probe of 1x2, then back
-    probed = cpu.layouts_run[start:].count("1x2")
-    assert probed == 2, cpu.layouts_run[start:]
+    assert cpu.layouts_run[start:].count("1x2") == 1, cpu.layouts_run[start:]  # one batch, not a window of them
     assert cpu.layout == "2x1"
+
+
+def test_a_moderate_change_must_last_two_windows_to_trigger_a_probe():
+    cpu = FakeCpu({"probe_every": 1000, "max_probe_every": 1000}, seconds=dict(BUSY))
+    cpu.run(40)
+    probes = cpu.tuner.report()["probes"]
+    for factor in (1.3, 1.0, 0.7, 1.0) * 5:  # single windows 30% off, then back
+        cpu.seconds = {layout: seconds * factor for layout, seconds in BUSY.items()}
+        cpu.run(16)
+    assert cpu.tuner.report()["probes"] == probes
+    cpu.seconds = {layout: seconds * 1.3 for layout, seconds in BUSY.items()}
+    cpu.run(16 * 3)
+    assert cpu.tuner.report()["probes"] == probes + 1
 
 
 def test_probes_grow_rarer_while_they_keep_confirming_the_layout():

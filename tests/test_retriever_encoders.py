@@ -121,3 +121,31 @@ def test_forward_passes_run_by_others_in_any_order_land_in_input_order(minilm):
         minilm.max_tokens_per_forward = 4096
     np.testing.assert_allclose(shuffled, in_order, atol=2e-5)
     assert ran_on and all(name.startswith("pass") for name in ran_on)
+
+
+def test_on_cpu_the_model_runs_as_one_traced_graph_with_the_models_vectors(minilm):
+    eager = TextEncoder(str(minilm_model_dir()), retriever_name="minilm", device="cpu", trace=False)
+    texts = ["a", "The Eiffel Tower is in Paris", "who wrote the Iliad and the Odyssey? " * 20]
+    assert minilm.traced is True and eager.traced is False
+    np.testing.assert_allclose(minilm.encode(texts), eager.encode(texts), atol=1e-5)
+
+
+class ShapeBakingGraph:
+    """Stands in for a trace that baked its example's shape in: right for that shape only."""
+
+    def __init__(self, model, example):
+        self.model, self.shape = model, example[0].shape
+
+    def __call__(self, input_ids, attention_mask):
+        output = self.model(input_ids=input_ids, attention_mask=attention_mask)
+        hidden = output.last_hidden_state
+        return {"last_hidden_state": hidden if input_ids.shape == self.shape else hidden + 1.0}
+
+
+def test_a_trace_that_differs_on_other_shapes_or_fails_leaves_the_model_eager(monkeypatch):
+    monkeypatch.setattr(torch.jit, "trace", lambda model, example, **options: ShapeBakingGraph(model, example))
+    baked = TextEncoder(str(minilm_model_dir()), retriever_name="minilm", device="cpu")
+    monkeypatch.setattr(torch.jit, "trace", lambda *args, **options: (_ for _ in ()).throw(RuntimeError("no")))
+    failed = TextEncoder(str(minilm_model_dir()), retriever_name="minilm", device="cpu")
+    assert baked.traced is False and failed.traced is False
+    assert baked.encode(["some text"]).shape == (1, 384)

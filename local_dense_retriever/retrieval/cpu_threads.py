@@ -246,6 +246,7 @@ class Ticket:
 
     layout: Layout
     rung: int
+    started: float
 
 
 @dataclass
@@ -254,6 +255,7 @@ class _Window:
 
     rung: int
     open: bool = False  # its first batch has begun: batches of the previous layout have drained
+    size: int = 16  # batches it measures
     busy: float = 0.0  # seconds during which at least one batch was running
     items: int = 0  # queries (or passages) of the batches that ended in it
     batches: int = 0
@@ -277,8 +279,11 @@ class ThreadTuner:
     check), and then every `probe_every` windows (doubling up to `max_probe_every` while probes keep confirming the
     layout), and at once when a window's cost moved by `change` from the layout's confirmed cost (a neighbour came
     or went, or the load changed), one window runs a neighbouring layout; it is kept when it beats the current
-    layout's last window by `margin`. A probe that is clearly worse after 2 batches stops early, so probing a
-    shared layout beside a busy process costs 2 slow batches, not a window of them. Thread-safe.
+    layout's last window by `margin`. A window whose cost after 2 batches is already `early_stop` times its
+    reference (for a probe, the current layout's last window; else the confirmed cost) ends there: probing a
+    shared layout beside a busy process costs 2 slow batches, not a window of them, and a neighbour's arrival is
+    acted on after 2 batches.
+    Thread-safe.
     `adaptive=False` (--num_threads, GPUs, BM25) keeps the first layout: one batch at a time on `cpus` threads;
     `fixed` keeps that layout.
     """
@@ -291,10 +296,11 @@ class ThreadTuner:
         set_threads: Callable[[int], None] | None = None,
         window: int = 16,
         probe_every: int = 8,
-        max_probe_every: int = 32,
+        max_probe_every: int = 64,
         margin: float = 0.05,
         change: float = 0.2,
-        early_stop: float = 1.5,
+        jump: float = 1.5,
+        far_worse: float = 2.0,
         clock: Callable[[], float] = time.perf_counter,
         fixed: Layout | None = None,
     ):
@@ -306,13 +312,14 @@ class ThreadTuner:
         self.adaptive = adaptive and len(self.ladder) > 1
         self.workers = max(layout.batches for layout in self.ladder)  # worker threads the batcher needs
         self._set_threads = set_pool_threads if set_threads is None else set_threads
-        self.window, self.margin, self.change, self.early_stop = window, margin, change, early_stop
+        self.window, self.margin, self.change, self.jump, self.far_worse = window, margin, change, jump, far_worse
         self.probe_every, self.max_probe_every = probe_every, max_probe_every
         self._clock = clock
         self._lock = threading.Lock()
         self._local = threading.local()  # the thread count applied in each worker thread
         self.rung = 0  # the layout in use
-        self._window = _Window(0, open=True)
+        # The start-up check is short: a shared layout beside a busy process takes seconds per window.
+        self._window = _Window(0, open=True, size=max(2, window // 4))
         self._threads_in_use = 0
         self._running = 0
         self._last_event = clock()
@@ -321,6 +328,7 @@ class ThreadTuner:
         self._probe: int | None = None  # the rung a probe window runs
         self._probe_interval = 1  # windows from one probe to the next: the first right after start-up
         self._last_step = 1  # the direction of the last probe on the ladder (+1: fewer threads per batch)
+        self._moved = 0  # the last window's move beyond `change` from the confirmed cost: -1, 0 or +1
         self._windows_since_probe = 0
         self.costs: dict[int, float] = {}  # rung -> its last window's seconds per query, for /health
         self.probes = 0
@@ -337,12 +345,12 @@ class ThreadTuner:
             layout = self.ladder[rung]
             if self._threads_in_use + layout.threads > self.cpus:
                 return None
-            self._advance()
-            if not self._window.open:  # the first batch of a new layout: measure from here
-                self._window.open = True
+            now = self._advance()
+            window = self._window
+            window.open = True  # the first batch of a new layout: measure from here
             self._threads_in_use += layout.threads
             self._running += 1
-            return Ticket(layout, rung)
+            return Ticket(layout, rung, now)
 
     def enter(self, ticket: Ticket) -> None:
         """Size this thread's torch and FAISS pools for the ticket (a no-op when they already are)."""
@@ -361,19 +369,25 @@ class ThreadTuner:
                 return  # a batch of the layout before: its time is not the new layout's
             window.items += items
             window.batches += 1
-            probe_lost = (
-                self._probe is not None
-                and window.batches >= 2
-                and window.cost > self.early_stop * (self._current_cost or math.inf)
-            )
-            if window.batches >= self.window or probe_lost:
+            # Far worse need not wait for a whole window (beside a busy process a shared batch was 3-5x slower
+            # here): a probe's first batch, taken as if its layout's other batches ran beside it, or the current
+            # layout's first batches (two per batch at once: batches in flight skew fewer) end the window there.
+            if self._probe is not None:
+                alone = (self._last_event - ticket.started) / (max(1, items) * ticket.layout.batches)
+                far_worse = window.batches == 1 and alone > self.far_worse * self._current_cost
+            else:
+                far_worse = window.batches >= 2 * ticket.layout.batches and window.cost > self.far_worse * (
+                    self._confirmed_cost or math.inf
+                )
+            if window.batches >= window.size or far_worse:
                 self._close_window()
 
-    def _advance(self) -> None:
+    def _advance(self) -> float:
         now = self._clock()
         if self._running and self._window.open:
             self._window.busy += now - self._last_event
         self._last_event = now
+        return now
 
     def _close_window(self) -> None:
         window = self._window
@@ -397,16 +411,24 @@ class ThreadTuner:
                 self._probe_interval = min(self.max_probe_every, max(self.probe_every, 2 * self._probe_interval))
             self._probe = None
             self._windows_since_probe = 0
+            self._moved = 0
         else:
             self._current_cost = cost
             if self._confirmed_cost is None:
                 self._confirmed_cost = cost
             self._windows_since_probe += 1
-            moved = abs(cost / self._confirmed_cost - 1) > self.change if self._confirmed_cost else True
+            # A move beyond `change` must last two windows in a row (beside a busy process single windows vary by
+            # 20-40% here), unless the window was `jump` times slower (a neighbour came: act at once).
+            ratio = cost / self._confirmed_cost if self._confirmed_cost else 1.0
+            direction = 0 if abs(ratio - 1) <= self.change else (1 if ratio > 1 else -1)
+            moved = ratio > self.jump or (direction != 0 and direction == self._moved)
+            self._moved = direction
             if moved or self._windows_since_probe >= self._probe_interval:
                 self._probe = self._neighbour(slower=cost > self._confirmed_cost)
         rung = self.rung if self._probe is None else self._probe
-        self._window = _Window(rung, open=rung == window.rung)  # a new layout opens when its first batch begins
+        # A new layout opens when its first batch begins. Probes are half windows: they cost what they measure.
+        size = self.window if self._probe is None else max(2, self.window // 2)
+        self._window = _Window(rung, open=rung == window.rung, size=size)
 
     def _neighbour(self, slower: bool) -> int:
         """The rung a probe tries: after a slowdown (most likely a busy neighbour) the one with fewer threads per
