@@ -429,3 +429,12 @@ def test_a_failing_forward_pass_stops_the_others_and_raises():
     with pytest.raises(RuntimeError, match="pass 2 failed"):
         list(TunedPasses(tuner)(forward, [[i] for i in range(10)]))
     assert ran == [0, 1, 2]  # one pass at a time (1x2), and none after the failure
+
+
+def test_a_jump_in_either_direction_triggers_a_probe_after_one_window():
+    cpu = FakeCpu()
+    cpu.run(2000)  # settled: periodic probes are rare by now
+    probes = cpu.tuner.report()["probes"]
+    cpu.seconds = {layout: seconds / 3 for layout, seconds in IDLE.items()}  # e.g. the load went up
+    cpu.run(16 + 16 + 8)  # the window under way, one window at the new cost, then a probe (half a window)
+    assert cpu.tuner.report()["probes"] == probes + 1

@@ -295,7 +295,7 @@ class ThreadTuner:
         parallel_batches: bool = True,
         set_threads: Callable[[int], None] | None = None,
         window: int = 16,
-        probe_every: int = 8,
+        probe_every: int = 16,
         max_probe_every: int = 64,
         margin: float = 0.05,
         change: float = 0.2,
@@ -418,10 +418,10 @@ class ThreadTuner:
                 self._confirmed_cost = cost
             self._windows_since_probe += 1
             # A move beyond `change` must last two windows in a row (beside a busy process single windows vary by
-            # 20-40% here), unless the window was `jump` times slower (a neighbour came: act at once).
+            # 20-40% here), unless it was a `jump` either way (a neighbour came, or the load changed: act at once).
             ratio = cost / self._confirmed_cost if self._confirmed_cost else 1.0
             direction = 0 if abs(ratio - 1) <= self.change else (1 if ratio > 1 else -1)
-            moved = ratio > self.jump or (direction != 0 and direction == self._moved)
+            moved = not 1 / self.jump <= ratio <= self.jump or (direction != 0 and direction == self._moved)
             self._moved = direction
             if moved or self._windows_since_probe >= self._probe_interval:
                 self._probe = self._neighbour(slower=cost > self._confirmed_cost)
