@@ -23,7 +23,8 @@ from pydantic import BaseModel  # noqa: E402
 
 from local_dense_retriever.retrieval.backends import DenseSearcher, FaissIndex  # noqa: E402
 from local_dense_retriever.retrieval.corpus import Corpus  # noqa: E402
-from local_dense_retriever.retrieval.encoders import TextEncoder, configure_cpu_threads  # noqa: E402
+from local_dense_retriever.retrieval import cpu_threads  # noqa: E402
+from local_dense_retriever.retrieval.encoders import TextEncoder  # noqa: E402
 
 
 class QueryRequest(BaseModel):
@@ -67,7 +68,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8001)
     args = parser.parse_args()
     encoder = TextEncoder(args.retriever_model, retriever_name=args.retriever_name, max_length=args.max_length)
-    configure_cpu_threads()
+    cpu_threads.configure_pools(cpu_threads.thread_count())  # every CPU, libgomp's default wait, as torch would
     searcher = DenseSearcher(encoder, FaissIndex(args.index_path))
     app = create_app(searcher, Corpus(args.corpus_path), args.topk)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)

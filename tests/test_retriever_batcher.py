@@ -1,4 +1,4 @@
-"""Dynamic batching on one worker thread, with a stand-in search function that records its calls."""
+"""Dynamic batching on one or several worker threads, with stand-in search functions that record their calls."""
 
 import asyncio
 import threading
@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from local_dense_retriever.retrieval.cpu_threads import Layout, ThreadTuner
 from local_dense_retriever.serving.batcher import BatcherClosed, DynamicBatcher
 
 
@@ -248,3 +249,114 @@ def test_closing_fails_queued_work_at_once_instead_of_running_it():
 def test_batch_size_must_be_positive():
     with pytest.raises(ValueError, match="max_batch_size"):
         DynamicBatcher(RecordingSearch(), max_batch_size=0)
+
+
+# Several workers: batches side by side, as many as the tuner's layout allows.
+
+
+def two_single_threaded_workers(**options) -> ThreadTuner:
+    return ThreadTuner(1, fixed=Layout(threads=1, batches=2), set_threads=lambda threads: None, **options)
+
+
+class Gate:
+    """A search that blocks each call until the test releases it, so which calls overlap is up to the test."""
+
+    def __init__(self):
+        self.search = RecordingSearch(delay=0.0)
+        self.entered = threading.Semaphore(0)
+        self.release: dict[str, threading.Event] = {}
+        self.lock = threading.Lock()
+        self.inside = 0
+        self.most_inside = 0
+
+    def __call__(self, queries, k):
+        with self.lock:
+            self.inside += 1
+            self.most_inside = max(self.most_inside, self.inside)
+            event = self.release.setdefault(queries[0], threading.Event())
+        self.entered.release()
+        assert event.wait(10), "never released"
+        with self.lock:
+            self.inside -= 1
+        return self.search(queries, k)
+
+    def open(self, first_query: str) -> None:
+        with self.lock:
+            self.release.setdefault(first_query, threading.Event()).set()
+
+    def wait_entered(self, calls: int) -> None:
+        for _ in range(calls):
+            assert self.entered.acquire(timeout=10), "a worker never started"
+
+
+def test_free_workers_share_the_waiting_queries_and_run_side_by_side():
+    gate = Gate()
+    batcher = DynamicBatcher([gate, gate], max_batch_size=64, tuner=two_single_threaded_workers())
+
+    async def scenario():
+        request = asyncio.ensure_future(batcher.submit([f"q{i}" for i in range(10)], 2))
+        await asyncio.get_running_loop().run_in_executor(None, gate.wait_entered, 2)  # both inside at once
+        gate.open("q5")  # the second half finishes first
+        gate.open("q0")
+        return await request
+
+    try:
+        _, rows = asyncio.run(scenario())
+    finally:
+        batcher.close()
+    assert sorted(len(call) for call in gate.search.calls) == [5, 5]  # shared out, not 10 for one worker
+    assert gate.search.threads == {"retrieval-worker-0", "retrieval-worker-1"}
+    assert rows[:, 0].tolist() == [200] * 10  # every row in its place, though its slices finished out of order
+    assert gate.most_inside == 2
+
+
+def test_a_batch_on_every_cpu_keeps_the_other_workers_waiting():
+    gate = Gate()
+    tuner = ThreadTuner(2, adaptive=False, set_threads=lambda threads: None)  # one batch at a time on 2 threads
+    batcher = DynamicBatcher([gate, gate], max_batch_size=4, tuner=tuner)
+
+    async def scenario():
+        first = asyncio.ensure_future(batcher.submit(["a1", "a2", "a3", "a4"], 1))
+        await asyncio.get_running_loop().run_in_executor(None, gate.wait_entered, 1)
+        second = asyncio.ensure_future(batcher.submit(["b1"], 1))
+        await asyncio.sleep(0.2)  # room for a wrong second batch to start
+        gate.open("a1")
+        gate.open("b1")
+        await asyncio.gather(first, second)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        batcher.close()
+    assert gate.most_inside == 1
+    assert [len(call) for call in gate.search.calls] == [4, 1]
+
+
+def test_each_worker_sizes_its_own_thread_pools_before_its_first_batch():
+    resized: list[tuple[str, int]] = []
+
+    def set_threads(threads: int) -> None:
+        resized.append((threading.current_thread().name, threads))
+
+    tuner = ThreadTuner(1, fixed=Layout(threads=1, batches=2), set_threads=set_threads)
+    gate = Gate()
+    batcher = DynamicBatcher([gate, gate], max_batch_size=1, tuner=tuner)
+
+    async def scenario():
+        requests = [asyncio.ensure_future(batcher.submit([name], 1)) for name in ("x", "y")]
+        await asyncio.get_running_loop().run_in_executor(None, gate.wait_entered, 2)
+        gate.open("x")
+        gate.open("y")
+        await asyncio.gather(*requests)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        batcher.close()
+    # FAISS's OpenMP thread count is per calling thread: set where the batches run, not where the pools were made.
+    assert sorted(resized) == [("retrieval-worker-0", 1), ("retrieval-worker-1", 1)]
+
+
+def test_a_tuner_with_more_batches_than_searches_is_refused():
+    with pytest.raises(ValueError, match="2 batches at once; got 1 searches"):
+        DynamicBatcher([RecordingSearch()], tuner=two_single_threaded_workers())

@@ -234,11 +234,11 @@ def test_a_build_that_fails_while_encoding_leaves_no_embeddings_file(small_wiki,
     saved = tmp_path / "embeddings.npy"
     real, calls = TextEncoder.encode_passages, []
 
-    def failing_on_the_third_chunk(self, texts, on_batch=None):
+    def failing_on_the_third_chunk(self, texts, **options):
         calls.append(len(texts))
         if len(calls) == 3:
             raise ValueError("the GPU fell off the bus")
-        return real(self, texts, on_batch)
+        return real(self, texts, **options)
 
     monkeypatch.setattr(TextEncoder, "encode_passages", failing_on_the_third_chunk)
     argv = builder_argv(small_wiki, corpus, "--index_path", str(tmp_path / "x.index"), "--save_embeddings", str(saved))

@@ -36,6 +36,13 @@ def test_lookup_by_row_returns_each_line(tmp_path):
         corpus[50]
 
 
+def test_lookups_read_the_mapped_offsets_as_a_plain_array_not_through_numpy_memmap(tmp_path):
+    corpus = Corpus(write_lines(tmp_path / "c.jsonl", documents(5)), progress=False)
+    assert type(corpus._bounds) is np.ndarray  # memmap's per-lookup hooks cost more than the lookup
+    assert isinstance(corpus._bounds.base, np.memmap)  # still the mapped file, not a copy in memory
+    assert corpus.lines_bytes([0, 4]) == len(corpus.line(0)) + len(corpus.line(4))
+
+
 def test_sidecar_is_built_once_and_reused(tmp_path):
     path = write_lines(tmp_path / "c.jsonl", documents(10))
     Corpus(path, progress=False)

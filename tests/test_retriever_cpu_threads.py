@@ -3,8 +3,10 @@ index builder really run with (real subprocesses, with OpenMP printing its own s
 
 import contextlib
 import os
+import random
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -15,7 +17,9 @@ from local_dense_retriever.serving.launcher import PACKAGE_ROOT, ServerProcess
 from local_dense_retriever.demo.mini_wiki import load_summaries, write_corpus
 from support.retriever_fixtures import small_wiki_fixture  # noqa: F401
 
-PASSIVE_IN_OPENMP = "OMP_WAIT_POLICY = 'PASSIVE'"  # libgomp's OMP_DISPLAY_ENV line
+# libgomp's OMP_DISPLAY_ENV=VERBOSE lines: its default wait spins 300000 rounds, then sleeps; PASSIVE sleeps at once
+SPIN_THEN_SLEEP_IN_OPENMP = "GOMP_SPINCOUNT = '300000'"
+PASSIVE_IN_OPENMP = "GOMP_SPINCOUNT = '0'"
 
 
 def fake_proc_self(tmp_path: Path, cgroup: str, mounts: list[tuple[str, str, str, str]]) -> Path:
@@ -115,22 +119,27 @@ def test_thread_count_is_num_threads_when_given_else_the_usable_cpus(monkeypatch
 
 @pytest.fixture
 def fresh_wait_policy(monkeypatch):
-    """No OMP_WAIT_POLICY in the environment, and calm_openmp()'s record restored after the test."""
+    """No OMP_WAIT_POLICY in the environment, and set_wait_policy()'s record restored after the test."""
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    monkeypatch.setattr(cpu_threads, "_calmed_before_load", cpu_threads._calmed_before_load)
+    monkeypatch.setattr(cpu_threads, "_policy_before_load", cpu_threads._policy_before_load)
 
 
-def test_calm_openmp_sets_the_passive_wait_policy_unless_the_user_chose_one(monkeypatch, fresh_wait_policy):
-    cpu_threads.calm_openmp()
+def test_tuned_layouts_keep_libgomps_default_wait(fresh_wait_policy):
+    assert cpu_threads.set_wait_policy(tuned=True) in (True, False)
+    assert "OMP_WAIT_POLICY" not in os.environ
+
+
+def test_a_fixed_thread_count_gets_the_passive_wait_policy_unless_the_user_chose_one(monkeypatch, fresh_wait_policy):
+    cpu_threads.set_wait_policy(tuned=False)
     assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
-    cpu_threads.calm_openmp()
+    cpu_threads.set_wait_policy(tuned=False)
     assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
-def test_calm_openmp_says_when_it_comes_too_late(monkeypatch, fresh_wait_policy):
+def test_set_wait_policy_says_when_it_comes_too_late(monkeypatch, fresh_wait_policy):
     monkeypatch.setitem(sys.modules, "torch", sys.modules.get("torch", object()))
-    assert cpu_threads.calm_openmp() is False
+    assert cpu_threads.set_wait_policy(tuned=False) is False
 
 
 @contextlib.contextmanager
@@ -149,30 +158,49 @@ needs_two_cpus = pytest.mark.skipif(
 )
 
 
-@needs_two_cpus
-def test_server_sizes_its_threads_to_its_affinity_and_sets_the_wait_policy_before_openmp_loads(
-    small_wiki, tmp_path, fresh_wait_policy
-):
+def start_server(small_wiki, tmp_path, *extra: str) -> tuple[ServerProcess, dict]:
+    """A real server; its /health `cpu_threads`. Each OpenMP runtime prints its settings when it loads."""
     flags = ["--index_path", str(small_wiki.index_path), "--corpus_path", str(small_wiki.corpus_path),
-             "--retriever_name", "minilm", "--retriever_model", str(small_wiki.model_dir)]  # fmt: skip
-    env = {"OMP_DISPLAY_ENV": "TRUE"}  # each OpenMP runtime prints its settings when it loads
-    server = ServerProcess(flags, log_path=tmp_path / "server.log", startup_timeout=120, env=env)
-    with one_cpu_for_children():
-        server.start()
+             "--retriever_name", "minilm", "--retriever_model", str(small_wiki.model_dir), *extra]  # fmt: skip
+    log_path = tmp_path / f"server{len(extra)}.log"
+    server = ServerProcess(flags, log_path=log_path, startup_timeout=120, env={"OMP_DISPLAY_ENV": "VERBOSE"})
+    server.start()
     try:
-        threads = httpx.get(f"{server.url}/health").json()["cpu_threads"]
+        return server, httpx.get(f"{server.url}/health").json()["cpu_threads"]
     finally:
         server.stop()
+
+
+@needs_two_cpus
+def test_server_sizes_its_threads_to_its_affinity_and_leaves_the_wait_to_the_tuner(
+    small_wiki, tmp_path, fresh_wait_policy
+):
+    with one_cpu_for_children():
+        server, threads = start_server(small_wiki, tmp_path)
     assert threads["affinity_cpus"] == 1 and threads["usable_cpus"] == 1
     assert threads["torch_threads"] == 1, threads
     assert threads["faiss_threads"] == 1, threads
-    assert threads["omp_wait_policy"] == "PASSIVE" and threads["wait_policy_set_before_openmp_loaded"] is True
-    # torch's and faiss's own libgomp copies both read it
+    assert threads["layouts"] == ["1x1"] and threads["adaptive_threads"] is False
+    assert threads["omp_wait_policy"].startswith("default") and threads["wait_policy_set_before_openmp_loaded"]
+    # torch's and faiss's own libgomp copies both keep the default wait
+    assert server.log_path.read_text().count(SPIN_THEN_SLEEP_IN_OPENMP) == 2, server.log_tail(60)
+
+
+@needs_two_cpus
+def test_server_tunes_its_layout_on_several_cpus_and_num_threads_fixes_one_with_passive_threads(
+    small_wiki, tmp_path, fresh_wait_policy
+):
+    _, tuned = start_server(small_wiki, tmp_path)
+    assert tuned["adaptive_threads"] is True and tuned["layouts"][0] == f"1x{tuned['usable_cpus']}"
+    assert tuned["layouts"][-1] == f"{tuned['usable_cpus']}x1"  # one single-threaded batch per CPU
+    server, fixed = start_server(small_wiki, tmp_path, "--num_threads", "2")
+    assert fixed["adaptive_threads"] is False and fixed["layouts"] == ["1x2"]
+    assert fixed["omp_wait_policy"] == "PASSIVE"
     assert server.log_path.read_text().count(PASSIVE_IN_OPENMP) == 2, server.log_tail(60)
 
 
 @needs_two_cpus
-def test_index_builder_encodes_with_threads_sized_to_its_affinity_and_the_passive_wait_policy(small_wiki, tmp_path):
+def test_index_builder_encodes_with_threads_sized_to_its_affinity_and_the_default_wait(small_wiki, tmp_path):
     corpus = write_corpus(load_summaries()[:8], tmp_path / "corpus.jsonl")
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     with one_cpu_for_children():
@@ -180,123 +208,233 @@ def test_index_builder_encodes_with_threads_sized_to_its_affinity_and_the_passiv
             [sys.executable, "-m", "local_dense_retriever.index_builder", "--corpus_path", str(corpus),
              "--retriever_name", "minilm", "--retriever_model", str(small_wiki.model_dir),
              "--index_path", str(tmp_path / "x.index"), "--no_progress"],
-            cwd=PACKAGE_ROOT, capture_output=True, text=True, timeout=300, env={**env, "OMP_DISPLAY_ENV": "TRUE"},
+            cwd=PACKAGE_ROOT, capture_output=True, text=True, timeout=300, env={**env, "OMP_DISPLAY_ENV": "VERBOSE"},
         )  # fmt: skip
     assert built.returncode == 0, built.stderr
     assert "'torch_threads': 1" in built.stderr, built.stderr[-3000:]
-    assert built.stderr.count(PASSIVE_IN_OPENMP) == 2, built.stderr[-3000:]
+    assert built.stderr.count(SPIN_THEN_SLEEP_IN_OPENMP) == 2, built.stderr[-3000:]
 
 
-def test_index_builder_num_threads_overrides_the_detected_count(small_wiki, tmp_path):
+def test_index_builder_num_threads_overrides_the_detected_count_with_passive_threads(small_wiki, tmp_path):
     corpus = write_corpus(load_summaries()[:8], tmp_path / "corpus.jsonl")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     built = subprocess.run(
         [sys.executable, "-m", "local_dense_retriever.index_builder", "--corpus_path", str(corpus),
          "--retriever_name", "minilm", "--retriever_model", str(small_wiki.model_dir), "--num_threads", "3",
          "--index_path", str(tmp_path / "x.index"), "--no_progress"],
-        cwd=PACKAGE_ROOT, capture_output=True, text=True, timeout=300,
+        cwd=PACKAGE_ROOT, capture_output=True, text=True, timeout=300, env={**env, "OMP_DISPLAY_ENV": "VERBOSE"},
     )  # fmt: skip
     assert built.returncode == 0, built.stderr
     assert "'torch_threads': 3" in built.stderr, built.stderr[-3000:]
+    assert built.stderr.count(PASSIVE_IN_OPENMP) == 2, built.stderr[-3000:]
 
 
 class FakeCpu:
-    """A search whose batches take `seconds[threads]` on a fake clock: the thread counts' speed, set by the test."""
+    """Batches on a fake clock, kept coming as a closed loop of clients would: a batch of `size` queries takes
+    `seconds[layout] * size`, where the test sets the layouts' speed (and changes it when a neighbour comes)."""
 
-    def __init__(self, seconds: dict[int, float]):
-        self.seconds = seconds
+    def __init__(self, tuner_options: dict | None = None, seconds: dict[str, float] | None = None, cpus: int = 2):
         self.now = 0.0
-        self.threads: int | None = None
-        self.changes: list[int] = []
+        self.seconds = seconds or dict(IDLE)
+        self.changes: list[tuple[str, int]] = []  # (thread, threads) for every pool resize
+        self.tuner = cpu_threads.ThreadTuner(cpus, set_threads=self.set_threads, clock=lambda: self.now,
+                                             **(tuner_options or {}))  # fmt: skip
+        self.noise = lambda: 1.0  # a factor on each batch's time
+        self.running: list[tuple[float, cpu_threads.Ticket, int]] = []
+        self.layouts_run: list[str] = []
+        self.sizes_run: list[int] = []
+        self.most_threads_at_once = 0
 
     def set_threads(self, threads: int) -> None:
-        self.threads = threads
-        self.changes.append(threads)
+        self.changes.append((threading.current_thread().name, threads))
 
-    def clock(self) -> float:
-        return self.now
+    def run(self, batches: int, size: int = 64, in_flight: int = 1 << 30) -> None:
+        """`batches` batches of `size` queries, at most `in_flight` at once (1: one client)."""
+        for _ in range(batches):
+            while len(self.running) < in_flight and (ticket := self.tuner.begin()) is not None:
+                queries = size
+                seconds = self.seconds[str(ticket.layout)] * queries * self.noise()
+                self.running.append((self.now + seconds, ticket, queries))
+                self.layouts_run.append(str(ticket.layout))
+                self.sizes_run.append(queries)
+                threads = sum(ticket.layout.threads for _, ticket, _ in self.running)
+                self.most_threads_at_once = max(self.most_threads_at_once, threads)
+            self.running.sort(key=lambda batch: batch[0])
+            ends, ticket, queries = self.running.pop(0)
+            self.now = ends
+            self.tuner.end(ticket, queries)
 
-    def search(self, queries: list[str], k: int) -> str:
-        self.now += self.seconds[self.threads] * len(queries) ** 0.5
-        return f"{len(queries)} queries on {self.threads} threads"
-
-
-def run_batches(search, count: int, size: int = 64) -> None:
-    for _ in range(count):
-        search(["q"] * size, 3)
-
-
-def test_thread_ladder_steps_down_by_about_a_third():
-    assert cpu_threads.thread_ladder(8) == [8, 6, 4, 3, 2, 1]
-    assert cpu_threads.thread_ladder(2) == [2, 1]
-    assert cpu_threads.thread_ladder(1) == [1]
-
-
-def test_tuner_keeps_every_usable_cpu_while_that_is_fastest():
-    cpu = FakeCpu({2: 0.212, 1: 0.308})  # one batch of 64 on the idle 2-core machine
-    tuner = cpu_threads.ThreadTuner(2, set_threads=cpu.set_threads, clock=cpu.clock)
-    search = tuner.wrap(cpu.search)
-    assert search(["q"] * 64, 3) == "64 queries on 2 threads"
-    run_batches(search, 200)
-    assert cpu.threads == 2
-    assert tuner.report()["by_batch_size"]["64-127"]["threads"] == 2
+    @property
+    def layout(self) -> str:
+        return self.tuner.report()["layout"]
 
 
-def test_tuner_drops_a_thread_while_a_busy_process_holds_a_core_and_takes_it_back_after():
-    cpu = FakeCpu({2: 0.212, 1: 0.308})
-    tuner = cpu_threads.ThreadTuner(2, set_threads=cpu.set_threads, clock=cpu.clock, probe_every=32)
-    search = tuner.wrap(cpu.search)
-    run_batches(search, 100)
-    cpu.seconds = {2: 0.40, 1: 0.309}  # the same batch beside a process spinning on one core
-    run_batches(search, 8)  # the slowdown triggers probes at once, not after 32 batches
-    assert tuner.report()["by_batch_size"]["64-127"]["threads"] == 1
-    cpu.seconds = {2: 0.212, 1: 0.308}  # one thread is no slower now, so only the periodic probes notice
-    run_batches(search, 32)  # the first of them goes back: two threads' busy-time figure is not held against it
-    assert tuner.report()["by_batch_size"]["64-127"]["threads"] == 2
+# Seconds per query in a batch of 64 (in-process, 10k, this 2-core machine): one batch on 2 spinning threads is the
+# fastest idle; beside a process spinning on one core it collapses, while single-threaded batches side by side
+# keep going (2x1 = two batches at once, so each query's share of the wall time is half its batch's).
+IDLE = {"1x2": 0.109 / 64, "2x1": 0.239 / 64}
+BUSY = {"1x2": 1.19 / 64, "2x1": 0.39 / 64}
 
 
-def test_tuner_tunes_each_batch_size_on_its_own():
-    cpu = FakeCpu({2: 0.2, 1: 0.3})
-    tuner = cpu_threads.ThreadTuner(2, set_threads=cpu.set_threads, clock=cpu.clock)
-    search = tuner.wrap(cpu.search)
-    run_batches(search, 100, size=64)
-    cpu.seconds = {2: 0.3, 1: 0.2}
-    run_batches(search, 100, size=1)
-    by_size = tuner.report()["by_batch_size"]
-    assert by_size["1"]["threads"] == 1
-    assert by_size["64-127"]["threads"] == 2  # untouched: no batch of that size ran meanwhile
+def test_layouts_go_from_one_batch_on_every_cpu_to_one_single_threaded_batch_per_cpu():
+    assert [str(layout) for layout in cpu_threads.layouts(2)] == ["1x2", "2x1"]
+    assert [str(layout) for layout in cpu_threads.layouts(8)] == ["1x8", "1x6", "2x4", "2x3", "4x2", "8x1"]
+    assert [str(layout) for layout in cpu_threads.layouts(2, parallel_batches=False)] == ["1x2", "1x1"]
+    assert [str(layout) for layout in cpu_threads.layouts(1)] == ["1x1"]
 
 
-def test_tuner_accepts_a_slower_machine_when_no_other_count_is_faster():
-    cpu = FakeCpu({2: 0.2, 1: 0.3})
-    tuner = cpu_threads.ThreadTuner(2, set_threads=cpu.set_threads, clock=cpu.clock, probe_every=32)
-    search = tuner.wrap(cpu.search)
-    run_batches(search, 10)
-    cpu.seconds = {2: 0.4, 1: 0.6}  # everything slower, two threads still best
-    cpu.changes.clear()
-    run_batches(search, 20)  # batches 11-30: the next periodic probe would be batch 32
-    assert cpu.changes.count(1) <= 2  # a probe or two while its time settles, not one per batch
-    assert tuner.report()["by_batch_size"]["64-127"]["threads"] == 2
+def test_a_batch_starts_only_while_its_threads_fit_on_the_usable_cpus():
+    tuner = cpu_threads.ThreadTuner(2, set_threads=lambda threads: None, clock=lambda: 0.0)
+    first = tuner.begin()
+    assert str(first.layout) == "1x2"
+    assert tuner.begin() is None  # one batch on both CPUs: a second waits
+    tuner.end(first, 64)
+    assert tuner.begin() is not None
 
 
-def test_ordinary_batch_time_noise_triggers_a_probe_at_most_while_settling():
-    cpu = FakeCpu({2: 0.2, 1: 0.3})
-    tuner = cpu_threads.ThreadTuner(2, set_threads=cpu.set_threads, clock=cpu.clock, probe_every=32)
-    search = tuner.wrap(cpu.search)
-    for seconds in [0.16, 0.24, 0.24, 0.16, 0.2, 0.2] * 5:  # +-20% around 0.2 s, no trend
-        cpu.seconds[2] = seconds
-        search(["q"] * 64, 3)
-    assert tuner.report()["by_batch_size"]["64-127"]["probes"] <= 1
+def test_single_threaded_layout_runs_one_batch_per_cpu():
+    cpu = FakeCpu({"probe_every": 1 << 20}, seconds=dict(BUSY))
+    cpu.run(40)
+    assert cpu.layout == "2x1"
+    cpu.run(5)
+    assert cpu.layouts_run[-2:] == ["2x1", "2x1"] and len(cpu.running) == 1  # two at once: one still running
+    assert cpu.most_threads_at_once == 2  # never more threads than CPUs, also while the layout changed
 
 
-def test_tuner_resizes_the_pools_only_when_the_count_changes():
-    cpu = FakeCpu({2: 0.2, 1: 0.3})
-    search = cpu_threads.ThreadTuner(2, set_threads=cpu.set_threads, clock=cpu.clock, probe_every=32).wrap(cpu.search)
-    run_batches(search, 65)
-    assert cpu.changes == [2, 1, 2, 1, 2]  # the first batch, then batches 32 and 64 probe one thread, and back
+def test_tuner_keeps_one_batch_on_every_cpu_on_an_idle_machine():
+    cpu = FakeCpu()
+    cpu.run(2000)
+    assert cpu.layout == "1x2"
+    report = cpu.tuner.report()
+    assert report["switches"] == 0 and report["probes"] >= 1  # the start-up check, then periodic ones
+    assert cpu.layouts_run.count("2x1") / len(cpu.layouts_run) < 0.1  # probing costs a few batches in ten
 
 
-def test_num_threads_fixes_the_count_and_leaves_search_unwrapped():
-    cpu = FakeCpu({3: 0.2})
-    tuner = cpu_threads.ThreadTuner(3, adaptive=False, set_threads=cpu.set_threads, clock=cpu.clock)
-    assert tuner.wrap(cpu.search) == cpu.search
-    assert tuner.report()["adaptive_threads"] is False
+def test_tuner_checks_the_other_layout_right_after_start_up():
+    cpu = FakeCpu(seconds=dict(BUSY))  # started beside a busy process
+    cpu.run(12)  # a short first window (4 batches), then a probe (half a window, 8)
+    assert cpu.layout == "2x1"
+
+
+def test_tuner_splits_the_cpus_when_a_neighbour_takes_a_core_and_shares_them_again_when_it_leaves():
+    cpu = FakeCpu({"probe_every": 8, "max_probe_every": 32})
+    cpu.run(600)
+    assert cpu.layout == "1x2"
+    cpu.seconds = dict(BUSY)
+    cpu.run(20)  # two batches 1.5x slower end the window and trigger a probe
+    assert cpu.layout == "2x1"
+    cpu.seconds = dict(IDLE)
+    cpu.run(80)  # a window faster by more than 20% triggers a probe too
+    assert cpu.layout == "1x2"
+
+
+def test_tuner_chooses_the_faster_layout_for_single_queries_too():
+    cpu = FakeCpu(seconds={"1x2": 0.007, "2x1": 0.0136})  # one query alone: 2 spinning threads beat 1 thread
+    cpu.run(500, size=1, in_flight=1)
+    assert cpu.layout == "1x2"
+    cpu.seconds = {"1x2": 0.309, "2x1": 0.031}  # beside a busy core
+    cpu.run(60, size=1, in_flight=1)
+    assert cpu.layout == "2x1"
+
+
+def test_a_probe_that_is_far_worse_stops_after_its_first_batch():
+    cpu = FakeCpu({"probe_every": 8, "max_probe_every": 8}, seconds=dict(BUSY))
+    cpu.run(40)
+    assert cpu.layout == "2x1"
+    start = len(cpu.layouts_run)
+    cpu.run(16 * 9)  # eight windows, then a probe of 1x2, then back
+    assert cpu.layouts_run[start:].count("1x2") == 1, cpu.layouts_run[start:]  # one batch, not a window of them
+    assert cpu.layout == "2x1"
+
+
+def test_a_moderate_change_must_last_two_windows_to_trigger_a_probe():
+    cpu = FakeCpu({"probe_every": 1000, "max_probe_every": 1000}, seconds=dict(BUSY))
+    cpu.run(40)
+    probes = cpu.tuner.report()["probes"]
+    for factor in (1.3, 1.0, 0.7, 1.0) * 5:  # single windows 30% off, then back
+        cpu.seconds = {layout: seconds * factor for layout, seconds in BUSY.items()}
+        cpu.run(16)
+    assert cpu.tuner.report()["probes"] == probes
+    cpu.seconds = {layout: seconds * 1.3 for layout, seconds in BUSY.items()}
+    cpu.run(16 * 3)
+    assert cpu.tuner.report()["probes"] == probes + 1
+
+
+def test_probes_grow_rarer_while_they_keep_confirming_the_layout():
+    cpu = FakeCpu({"probe_every": 2, "max_probe_every": 8})
+    cpu.run(16 * 60)
+    runs = "".join("s" if layout == "2x1" else "." for layout in cpu.layouts_run)
+    probes = [len(gap) for gap in runs.strip(".").split("s") if gap]
+    assert probes[-1] >= 8 * 16 - 2 * 16  # the gap between the last probes: max_probe_every windows
+
+
+def test_ordinary_noise_does_not_switch_the_layout():
+    cpu = FakeCpu()
+    rng = random.Random(0)
+    cpu.noise = lambda: rng.uniform(0.85, 1.15)  # batch times vary by +-15% here, with no trend
+    cpu.run(3000)
+    assert cpu.tuner.report()["switches"] == 0
+
+
+def test_each_thread_resizes_its_own_pools_and_only_when_its_count_changes():
+    calls: list[tuple[str, int]] = []
+
+    def set_threads(threads: int) -> None:
+        calls.append((threading.current_thread().name, threads))
+
+    tuner = cpu_threads.ThreadTuner(2, set_threads=set_threads)
+    ticket = tuner.begin()
+    tuner.enter(ticket)
+    tuner.enter(ticket)
+    worker = threading.Thread(target=tuner.enter, args=(ticket,), name="other")
+    worker.start()
+    worker.join()
+    assert calls == [("MainThread", 2), ("other", 2)]  # OpenMP thread counts are per thread
+
+
+def test_num_threads_fixes_one_batch_on_that_many_threads():
+    cpu = FakeCpu({"adaptive": False}, seconds=dict(BUSY), cpus=3)
+    cpu.seconds["1x3"] = 0.01
+    cpu.run(200)
+    assert set(cpu.layouts_run) == {"1x3"}
+    assert cpu.tuner.report()["adaptive_threads"] is False and cpu.tuner.workers == 1
+
+
+def test_the_index_builder_runs_forward_passes_in_the_tuners_layout():
+    from local_dense_retriever.building.index import TunedPasses
+
+    tuner = cpu_threads.ThreadTuner(1, fixed=cpu_threads.Layout(threads=1, batches=2), set_threads=lambda n: None)
+    both_inside = threading.Barrier(2, timeout=10)  # fails unless two passes run at once
+
+    def forward(rows):
+        both_inside.wait()
+        return rows[0] * 10
+
+    results = list(TunedPasses(tuner)(forward, [[1], [2], [3], [4]]))
+    assert sorted(results) == [10, 20, 30, 40]
+
+
+def test_a_failing_forward_pass_stops_the_others_and_raises():
+    from local_dense_retriever.building.index import TunedPasses
+
+    tuner = cpu_threads.ThreadTuner(2, adaptive=False, set_threads=lambda n: None)
+    ran = []
+
+    def forward(rows):
+        ran.append(rows[0])
+        if rows[0] == 2:
+            raise RuntimeError("pass 2 failed")
+        return rows
+
+    with pytest.raises(RuntimeError, match="pass 2 failed"):
+        list(TunedPasses(tuner)(forward, [[i] for i in range(10)]))
+    assert ran == [0, 1, 2]  # one pass at a time (1x2), and none after the failure
+
+
+def test_a_jump_in_either_direction_triggers_a_probe_after_one_window():
+    cpu = FakeCpu()
+    cpu.run(2000)  # settled: periodic probes are rare by now
+    probes = cpu.tuner.report()["probes"]
+    cpu.seconds = {layout: seconds / 3 for layout, seconds in IDLE.items()}  # e.g. the load went up
+    cpu.run(16 + 16 + 8)  # the window under way, one window at the new cost, then a probe (half a window)
+    assert cpu.tuner.report()["probes"] == probes + 1

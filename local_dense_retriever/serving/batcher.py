@@ -1,25 +1,34 @@
-"""Dynamic cross-request batching: concurrent requests share one encoder forward pass and one index search.
+"""Dynamic cross-request batching: concurrent requests share encoder forward passes and index searches, computed by
+a few worker threads at once when the CPU layout says so.
 
-Requests wait in a queue; a single worker thread builds each batch of at most `max_batch_size` queries by fair
-share over every request waiting (a large request is split into slices and interleaved with the others, so a
-single query sent while a 512-query request is in flight waits about one batch, not the whole request), runs it,
-and hands each request its rows once all its slices are done. While a batch runs, the next one accumulates, so
-batches grow with load. With `max_wait_ms` > 0 the worker may also wait that long for the batch to reach the size
-of the previous one (the clients it just answered are likely to return at once); it never waits when idle.
-One worker, not a pool: the fast tokenizer and FAISS GPU indexes are not thread-safe, and on CPU one batch
-already uses every core. The event loop only enqueues and awaits, so it stays free to accept requests.
+Requests wait in a list; a free worker builds each batch of at most `max_batch_size` queries by fair share over
+every request waiting (a large request is split into slices and interleaved with the others, so a single query
+sent while a 512-query request is in flight waits about one batch, not the whole request), runs it, and hands each
+request its rows once all its slices are done (slices of one request may finish out of order on different
+workers). While batches run, the next ones accumulate, so batches grow with load. With `max_wait_ms` > 0 a worker
+may also wait that long for its batch to reach the size of the previous one (the clients just answered are likely
+to return at once); it never waits when idle.
+
+How many batches run at once, and on how many threads each, is the tuner's call (retrieval/cpu_threads.py): one
+batch on every CPU while that is fastest, or one single-threaded batch per worker, so no OpenMP barrier waits on a
+core another process holds. A worker asks it before each batch; when more batches may run at once, the waiting
+queries are shared out so the idle workers all get some. Each worker has its own search function (its own
+tokenizer: a fast tokenizer shared across threads has returned wrong ids here). GPU searchers keep one worker.
+The event loop only enqueues and awaits, so it stays free to accept requests.
 """
 
 import asyncio
 import logging
-import queue
+import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
+
+from local_dense_retriever.retrieval.cpu_threads import Layout, ThreadTuner
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +46,9 @@ class _Pending:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     next_query: int = 0  # queries before this one are in a batch already
-    scores: list[np.ndarray] = field(default_factory=list)  # one slice per batch this request was part of
-    rows: list[np.ndarray] = field(default_factory=list)
+    answered: int = 0  # queries whose rows are in `scores` and `rows`
+    scores: np.ndarray | None = None  # (len(queries), topk), filled slice by slice
+    rows: np.ndarray | None = None
     abandoned: bool = False  # the caller stopped waiting (client gone, shutdown): run none of its other queries
 
     @property
@@ -58,9 +68,10 @@ class BatcherStats:
     batches: int = 0
     queries: int = 0
     largest_batch: int = 0
-    busy_seconds: float = 0.0
+    busy_seconds: float = 0.0  # summed over the workers
     slowest_batch_seconds: float = 0.0
     errors: int = 0
+    abandoned_requests: int = 0  # their caller stopped waiting (client gone, shutdown) before the answer
 
     def as_dict(self) -> dict:
         return {
@@ -71,6 +82,7 @@ class BatcherStats:
             "busy_seconds": round(self.busy_seconds, 3),
             "slowest_batch_seconds": round(self.slowest_batch_seconds, 3),
             "errors": self.errors,
+            "abandoned_requests": self.abandoned_requests,
         }
 
 
@@ -90,75 +102,128 @@ def _send(item: _Pending, result=None, error: BaseException | None = None) -> No
         pass
 
 
+def _leave(threads: int) -> None:
+    """Pools left as they are (a batcher built without a tuner)."""
+
+
 class DynamicBatcher:
-    def __init__(self, search: SearchFn, max_batch_size: int = 64, max_wait_ms: float = 0.0):
+    """`search`: one search function per worker thread (or one function: one worker). `tuner`: when batches may
+    start and on how many threads (default: as many batches at once as workers, pools left alone)."""
+
+    def __init__(
+        self,
+        search: SearchFn | Sequence[SearchFn],
+        max_batch_size: int = 64,
+        max_wait_ms: float = 0.0,
+        tuner: ThreadTuner | None = None,
+    ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
-        self._search = search
+        searches = [search] if callable(search) else list(search)
+        self.tuner = tuner or ThreadTuner(1, fixed=Layout(threads=1, batches=len(searches)), set_threads=_leave)
+        if len(searches) < self.tuner.workers:
+            raise ValueError(f"the tuner runs {self.tuner.workers} batches at once; got {len(searches)} searches")
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait_ms / 1000.0
         self.stats = BatcherStats()
-        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._lock = threading.Condition()
         self._waiting: deque[_Pending] = deque()  # requests with queries not yet in a batch, in serving order
+        self._running = 0  # batches being computed
         self._last_batch_size = 0
         self._closing = False
-        self._thread = threading.Thread(target=self._run, name="retrieval-worker", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._run, args=(fn,), name=f"retrieval-worker-{i}", daemon=True)
+            for i, fn in enumerate(searches[: self.tuner.workers])
+        ]
+        if len(self._threads) == 1:
+            self._threads[0].name = "retrieval-worker"
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def workers(self) -> int:
+        return len(self._threads)
 
     async def submit(self, queries: list[str], topk: int) -> tuple[np.ndarray, np.ndarray]:
         """Scores and rows, (len(queries), topk) each, for one request's queries."""
-        if self._closing:
-            raise BatcherClosed("the retriever is shutting down")
         loop = asyncio.get_running_loop()
         pending = _Pending(queries, topk, loop.create_future(), loop)
-        self._queue.put(pending)
+        with self._lock:
+            if self._closing:
+                raise BatcherClosed("the retriever is shutting down")
+            self._waiting.append(pending)
+            self._lock.notify()
         try:
             return await pending.future
         except asyncio.CancelledError:
-            pending.abandoned = True
+            with self._lock:
+                pending.abandoned = True
+                self.stats.abandoned_requests += 1
             raise
 
+    def report(self) -> dict:
+        """The counters, plus what is queued and running now."""
+        with self._lock:
+            waiting = sum(item.unbatched for item in self._waiting if not item.abandoned)
+            return {**self.stats.as_dict(), "waiting_queries": waiting, "running_batches": self._running}
+
     def close(self, timeout: float = 10.0) -> None:
-        """Stop after the batch in progress; requests still waiting fail with BatcherClosed instead of running."""
-        self._closing = True
-        self._queue.put(None)
-        self._thread.join(timeout)
-        if not self._thread.is_alive():  # else the worker fails them itself once its batch is done
-            self._fail_waiting()  # anything submitted while the worker was stopping
+        """Stop after the batches in progress; requests still waiting fail with BatcherClosed instead of running."""
+        with self._lock:
+            self._closing = True
+            self._lock.notify_all()
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        with self._lock:  # anything submitted while the workers were stopping (a busy one fails them itself later)
+            self._fail_waiting()
 
-    def _collect(self) -> bool:
-        """Move queued requests to the waiting list (blocking while there are none); False once closing."""
-        if self._closing:
-            return False
-        if not self._waiting:
-            item = self._queue.get()
-            if item is None:
-                return False
-            self._waiting.append(item)
-        # Waiting only pays when more requests are due: the clients answered by the last batch tend to come
-        # straight back, so wait (at most max_wait) until that many queries are here, and never when idle.
-        expected = min(self.max_batch_size, max(1, self._last_batch_size))
-        deadline = time.monotonic() + self.max_wait
-        available = sum(item.unbatched for item in self._waiting)
+    def _run(self, search: SearchFn) -> None:
         while True:
-            remaining = deadline - time.monotonic() if available < expected else 0.0
-            try:
-                item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
-            except queue.Empty:
-                return True
-            if item is None:
-                return False
-            self._waiting.append(item)
-            available += item.unbatched
+            with self._lock:
+                taken = self._take()
+                if taken is None:
+                    self._fail_waiting()
+                    return
+            self._run_batch(search, *taken)
 
-    def _next_batch(self) -> list[_Slice]:
-        """Fair share of max_batch_size over the waiting requests: each gets an equal part, capped by what it has.
+    def _take(self):
+        """(ticket, batch) once there are queries and the tuner lets a batch start; None once closing. Holds the lock
+        (its waits release it)."""
+        deadline = None
+        while not self._closing:
+            available = sum(item.unbatched for item in self._waiting if not item.abandoned)
+            if available:
+                # Waiting only pays when more requests are due: the clients answered by the last batch tend to come
+                # straight back, so wait (at most max_wait) until that many queries are here, and never when idle.
+                expected = min(self.max_batch_size, max(1, self._last_batch_size))
+                if available < expected and self.max_wait > 0:
+                    deadline = deadline or time.monotonic() + self.max_wait
+                    if deadline > time.monotonic():
+                        self._lock.wait(deadline - time.monotonic())
+                        continue
+                ticket = self.tuner.begin()
+                if ticket is not None:
+                    # Workers free for this layout share the waiting queries, so each gets some at once.
+                    free = max(1, ticket.layout.batches - self._running)
+                    room = min(self.max_batch_size, math.ceil(available / free))
+                    self._running += 1
+                    batch = self._next_batch(room)
+                    self._last_batch_size = sum(part.end - part.start for part in batch)
+                    if any(item.unbatched for item in self._waiting):
+                        self._lock.notify()  # another worker may start on the rest
+                    return ticket, batch
+            self._lock.wait()  # for requests, or for a batch to end and free its CPUs
+        return None
+
+    def _next_batch(self, room: int) -> list[_Slice]:
+        """Fair share of `room` queries over the waiting requests: each gets an equal part, capped by what it has.
 
         Requests that got nothing (more requests than room) go first next time, then those with queries left.
         """
         waiting = [item for item in self._waiting if not item.abandoned]
         takes = dict.fromkeys(waiting, 0)
-        room, open_ = self.max_batch_size, waiting
+        open_ = waiting
         while room and open_:
             share = max(1, room // len(open_))
             for item in open_:
@@ -177,48 +242,52 @@ class DynamicBatcher:
         self._waiting = deque(unserved + [item for item in waiting if takes[item] and item.unbatched])
         return batch
 
-    def _run(self) -> None:
-        while self._collect():
-            batch = self._next_batch()
-            if batch:
-                self._run_batch(batch)
-        self._fail_waiting()
-
-    def _run_batch(self, batch: list[_Slice]) -> None:
+    def _run_batch(self, search: SearchFn, ticket, batch: list[_Slice]) -> None:
         queries = [query for part in batch for query in part.request.queries[part.start : part.end]]
-        self._last_batch_size = len(queries)
+        self.tuner.enter(ticket)
         started = time.perf_counter()
         try:
-            scores, rows = self._search(queries, max(part.request.topk for part in batch))
+            scores, rows = search(queries, max(part.request.topk for part in batch))
         except Exception as err:  # one bad batch must not stop the worker
             logger.exception("retrieval batch of %d queries failed", len(queries))
-            self.stats.errors += 1
-            for part in batch:
-                part.request.abandoned = True  # its other slices would be wasted work
-                _send(part.request, error=err)
-            self._waiting = deque(item for item in self._waiting if not item.abandoned)
+            with self._lock:
+                self._finish(ticket, len(queries))
+                self.stats.errors += 1
+                for part in batch:
+                    part.request.abandoned = True  # its other slices would be wasted work
+                    _send(part.request, error=err)
+                self._waiting = deque(item for item in self._waiting if not item.abandoned)
             return
-        self._record(len(queries), time.perf_counter() - started)
-        offset = 0
-        for part in batch:
-            request, size = part.request, part.end - part.start
-            request.scores.append(scores[offset : offset + size, : request.topk])
-            request.rows.append(rows[offset : offset + size, : request.topk])
-            offset += size
-            if part.end == len(request.queries):  # its last slice: slices run in order, so all are done
-                _send(request, (np.concatenate(request.scores), np.concatenate(request.rows)))
+        seconds = time.perf_counter() - started
+        with self._lock:
+            self._finish(ticket, len(queries))
+            self._record(len(queries), seconds)
+            offset = 0
+            for part in batch:
+                request, size = part.request, part.end - part.start
+                part_scores = scores[offset : offset + size, : request.topk]
+                part_rows = rows[offset : offset + size, : request.topk]
+                offset += size
+                if request.abandoned:
+                    continue
+                if request.scores is None:
+                    request.scores = np.empty((len(request.queries), request.topk), dtype=part_scores.dtype)
+                    request.rows = np.empty((len(request.queries), request.topk), dtype=part_rows.dtype)
+                request.scores[part.start : part.end] = part_scores
+                request.rows[part.start : part.end] = part_rows
+                request.answered += size
+                if request.answered == len(request.queries):
+                    _send(request, (request.scores, request.rows))
+
+    def _finish(self, ticket, queries: int) -> None:
+        self._running -= 1
+        self.tuner.end(ticket, queries)
+        self._lock.notify_all()  # its CPUs are free: a waiting worker may start
 
     def _fail_waiting(self) -> None:
         error = BatcherClosed("the retriever is shutting down")
         while self._waiting:
             _send(self._waiting.popleft(), error=error)
-        while True:
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if item is not None:
-                _send(item, error=error)
 
     def _record(self, size: int, seconds: float) -> None:
         stats = self.stats

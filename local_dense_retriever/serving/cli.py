@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
                 logger.info("address written to %s", write_address(args.save_address_to, args.host, port))
 
     config, args = parse_config(argv)
-    cpu_threads.calm_openmp()  # before torch and faiss load (in the loader thread): OpenMP reads it only then
+    # Before torch and faiss load (in the loader thread): OpenMP reads it only then.
+    cpu_threads.set_wait_policy(tuned=config.num_threads is None)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # it logs every SIMD variant it tries
     app = create_app(config)

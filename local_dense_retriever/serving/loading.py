@@ -1,5 +1,6 @@
 """What the server loads before it answers: the model, index and corpus, checked against each other, and the
-batching worker; in a background thread, so the server listens at once and /health says which stage it is at."""
+batching workers (one per batch the CPU layout may run at once); in a background thread, so the server listens at
+once and /health says which stage it is at."""
 
 import gc
 import logging
@@ -27,7 +28,7 @@ class Resources:
     batcher: DynamicBatcher
     description: str
     thread_settings: dict = field(default_factory=dict)  # what the process was given (usable CPUs, wait policy)
-    thread_tuner: cpu_threads.ThreadTuner | None = None  # the thread count it uses now, per batch size
+    thread_tuner: cpu_threads.ThreadTuner | None = None  # how it spends the CPUs now (batches x threads)
     pages: Pages | None = None  # --pages_path: POST /access
 
     def close(self) -> None:
@@ -40,7 +41,7 @@ class Resources:
 
 
 def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda stage: None) -> Resources:
-    """Model, index and corpus, checked against each other, the pages when given, plus the batching worker."""
+    """Model, index and corpus, checked against each other, the pages when given, plus the batching workers."""
     report("importing torch and faiss")
     from local_dense_retriever.retrieval import backends
 
@@ -68,9 +69,14 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
             )
         cpu_threads.configure_pools(threads)  # torch and faiss are loaded now
         searcher = backends.DenseSearcher(encoder, index)
-        # Fewer threads while other processes hold cores (--num_threads fixes the count; GPUs need no tuning).
+        # The tuner picks how the CPU threads are spent, by measurement (--num_threads fixes one batch on that many
+        # threads; GPUs need no tuning). Batches may run side by side only where each worker can have a searcher of
+        # its own: an encoder on the CPU and a FAISS index on the CPU (GPU indexes are not thread-safe).
         on_cpu = encoder.device.type == "cpu" or (config.backend == "faiss" and not config.faiss_gpu)
-        tuner = cpu_threads.ThreadTuner(threads, adaptive=on_cpu and config.num_threads is None)
+        parallel = encoder.device.type == "cpu" and config.backend == "faiss" and not config.faiss_gpu
+        tuner = cpu_threads.ThreadTuner(
+            threads, adaptive=on_cpu and config.num_threads is None, parallel_batches=parallel
+        )
         max_batch_size = config.max_batch_size or (
             GPU_MAX_BATCH_SIZE if encoder.device.type == "cuda" else CPU_MAX_BATCH_SIZE
         )
@@ -87,8 +93,9 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
         pages = Pages(config.pages_path)
     report("warming up")
     searcher.search(["warm-up query"], min(config.topk, len(corpus)))
-    search = tuner.wrap(searcher.search) if tuner else searcher.search
-    batcher = DynamicBatcher(search, max_batch_size=max_batch_size, max_wait_ms=config.max_wait_ms)
+    workers = tuner.workers if tuner else 1
+    searches = [searcher.search] + [searcher.fork().search for _ in range(workers - 1)]
+    batcher = DynamicBatcher(searches, max_batch_size=max_batch_size, max_wait_ms=config.max_wait_ms, tuner=tuner)
     description = f"{searcher.description}; corpus {corpus.path} ({len(corpus)} documents)"
     settings = cpu_threads.report()
     logger.info("CPU threads: %s", settings)
