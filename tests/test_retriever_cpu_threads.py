@@ -236,6 +236,7 @@ class FakeCpu:
     def __init__(self, tuner_options: dict | None = None, seconds: dict[str, float] | None = None, cpus: int = 2):
         self.now = 0.0
         self.seconds = seconds or dict(IDLE)
+        self.overhead = dict.fromkeys(self.seconds, 0.0)  # seconds per batch on top of its queries'
         self.changes: list[tuple[str, int]] = []  # (thread, threads) for every pool resize
         self.tuner = cpu_threads.ThreadTuner(cpus, set_threads=self.set_threads, clock=lambda: self.now,
                                              **(tuner_options or {}))  # fmt: skip
@@ -253,7 +254,8 @@ class FakeCpu:
         for _ in range(batches):
             while len(self.running) < in_flight and (ticket := self.tuner.begin()) is not None:
                 queries = size
-                seconds = self.seconds[str(ticket.layout)] * queries * self.noise()
+                layout = str(ticket.layout)
+                seconds = (self.overhead.get(layout, 0.0) + self.seconds[layout] * queries) * self.noise()
                 self.running.append((self.now + seconds, ticket, queries))
                 self.layouts_run.append(str(ticket.layout))
                 self.sizes_run.append(queries)
@@ -431,10 +433,35 @@ def test_a_failing_forward_pass_stops_the_others_and_raises():
     assert ran == [0, 1, 2]  # one pass at a time (1x2), and none after the failure
 
 
-def test_a_jump_in_either_direction_triggers_a_probe_after_one_window():
+def test_a_jump_in_either_direction_re_measures_the_layout_then_probes():
     cpu = FakeCpu()
-    cpu.run(2000)  # settled: periodic probes are rare by now
+    cpu.run(2000)  # settled on 1x2: periodic probes are rare by now
     probes = cpu.tuner.report()["probes"]
+    while cpu.tuner.report()["probes"] == probes:  # up to the end of a probe: a window of 1x2 starts afresh
+        cpu.run(1)
     cpu.seconds = {layout: seconds / 3 for layout, seconds in IDLE.items()}  # e.g. the load went up
-    cpu.run(16 + 16 + 8)  # the window under way, one window at the new cost, then a probe (half a window)
-    assert cpu.tuner.report()["probes"] == probes + 1
+    ran = len(cpu.layouts_run)
+    cpu.run(16 + 8 + 8 + 4)  # (the probe's last batches end after the next layout's first begin)
+    after = cpu.layouts_run[ran:]
+    assert after.index("2x1") == 16 + 8  # a window at the new cost (a jump), half a window re-measuring, the probe
+    assert cpu.layout == "1x2" and cpu.tuner.report()["probes"] == probes + 2
+
+
+def test_a_window_mixing_lone_queries_and_full_batches_does_not_decide_the_layout():
+    """Seen on the real server beside a busy core: one client, then 256. The window that mixed both cost 15.6 ms per
+    query on 2x1; a probe of 1x2 at 4.8 ms beat it, though 2x1 runs full batches at 3.4 ms. The probe must be
+    measured against the layout under the new load."""
+    cpu = FakeCpu(seconds={"1x2": 0.0042, "2x1": 0.0062})  # per query in a batch of 64: 1x2 4.8 ms, 2x1 3.4 ms
+    cpu.overhead = {"1x2": 0.060, "2x1": 0.040}  # a lone query: 1x2 64 ms, 2x1 46 ms
+    cpu.run(300, size=1, in_flight=1)  # one client
+    assert cpu.layout == "2x1"
+    probes = cpu.tuner.report()["probes"]
+    while cpu.tuner.report()["probes"] == probes:  # up to the end of a probe: a window of 2x1 starts afresh
+        cpu.run(1, size=1, in_flight=1)
+    cpu.run(14, size=1, in_flight=1)
+    switches = cpu.tuner.report()["switches"]
+    ran = len(cpu.layouts_run)
+    cpu.run(400, size=64)  # 256 clients: the window ends with 2 full batches (7.6 ms per query in all)
+    assert cpu.tuner.report()["switches"] == switches and cpu.layout == "2x1"
+    after = cpu.layouts_run[ran:]
+    assert after.count("1x2") <= 8, after.count("1x2")  # one probe of half a window, not a stay

@@ -276,13 +276,14 @@ class ThreadTuner:
     the batch, and calls `end(ticket, items)`. The tuner measures windows of `window` batches: the wall time during
     which at least one batch ran, per query. That one figure ranks layouts under any load: under full load it is
     1 / throughput; with one query at a time it is that query's latency. After the first window (the start-up
-    check), and then every `probe_every` windows (doubling up to `max_probe_every` while probes keep confirming the
-    layout), and at once when a window's cost moved by `change` from the layout's confirmed cost (a neighbour came
-    or went, or the load changed), one window runs a neighbouring layout; it is kept when it beats the current
-    layout's last window by `margin`. A window whose cost after 2 batches is already `early_stop` times its
-    reference (for a probe, the current layout's last window; else the confirmed cost) ends there: probing a
-    shared layout beside a busy process costs 2 slow batches, not a window of them, and a neighbour's arrival is
-    acted on after 2 batches.
+    check), then every `probe_every` windows (doubling up to `max_probe_every` while probes keep confirming the
+    layout), after two windows whose cost moved by `change` the same way from the layout's confirmed cost, and
+    after a window whose cost moved by a factor `jump` either way (a neighbour came or went, or the load changed)
+    followed by a half window re-measuring the current layout, a half window runs a neighbouring layout; it is kept
+    when it beats the current layout's last window by `margin`. A window whose cost after 2 batches is already
+    `far_worse` times its reference (for a probe, the current layout's last window; else the confirmed cost) ends
+    there: probing a shared layout beside a busy process costs 2 slow batches, not a window of them, and a
+    neighbour's arrival is acted on after 4.
     Thread-safe.
     `adaptive=False` (--num_threads, GPUs, BM25) keeps the first layout: one batch at a time on `cpus` threads;
     `fixed` keeps that layout.
@@ -329,6 +330,7 @@ class ThreadTuner:
         self._probe_interval = 1  # windows from one probe to the next: the first right after start-up
         self._last_step = 1  # the direction of the last probe on the ladder (+1: fewer threads per batch)
         self._moved = 0  # the last window's move beyond `change` from the confirmed cost: -1, 0 or +1
+        self._rebaseline = False  # the last window jumped: re-measure this layout before probing
         self._windows_since_probe = 0
         self.costs: dict[int, float] = {}  # rung -> its last window's seconds per query, for /health
         self.probes = 0
@@ -417,17 +419,30 @@ class ThreadTuner:
             if self._confirmed_cost is None:
                 self._confirmed_cost = cost
             self._windows_since_probe += 1
-            # A move beyond `change` must last two windows in a row (beside a busy process single windows vary by
-            # 20-40% here), unless it was a `jump` either way (a neighbour came, or the load changed: act at once).
             ratio = cost / self._confirmed_cost if self._confirmed_cost else 1.0
-            direction = 0 if abs(ratio - 1) <= self.change else (1 if ratio > 1 else -1)
-            moved = not 1 / self.jump <= ratio <= self.jump or (direction != 0 and direction == self._moved)
-            self._moved = direction
-            if moved or self._windows_since_probe >= self._probe_interval:
-                self._probe = self._neighbour(slower=cost > self._confirmed_cost)
+            if self._rebaseline:
+                # The clean window after a jump: this layout's cost as things are now, what a probe must beat.
+                self._rebaseline = False
+                self._current_cost = self._confirmed_cost = cost
+                self._probe = self._neighbour(slower=ratio > 1)
+            elif not 1 / self.jump <= ratio <= self.jump:
+                # A jump either way (a neighbour came or went, the load changed): this window mixes before and
+                # after (a probe once beat such a window by 3x and then lost to the layout it replaced), so a
+                # short window of this layout measures the new conditions first, then a probe runs.
+                self._rebaseline = True
+                self._moved = 0
+            else:
+                # A move beyond `change` must last two windows in a row (beside a busy process single windows vary
+                # by 20-40% here).
+                direction = 0 if abs(ratio - 1) <= self.change else (1 if ratio > 1 else -1)
+                moved = direction != 0 and direction == self._moved
+                self._moved = direction
+                if moved or self._windows_since_probe >= self._probe_interval:
+                    self._probe = self._neighbour(slower=ratio > 1)
         rung = self.rung if self._probe is None else self._probe
-        # A new layout opens when its first batch begins. Probes are half windows: they cost what they measure.
-        size = self.window if self._probe is None else max(2, self.window // 2)
+        # A new layout opens when its first batch begins. Probes and re-measures are half windows: they cost what
+        # they measure.
+        size = self.window if self._probe is None and not self._rebaseline else max(2, self.window // 2)
         self._window = _Window(rung, open=rung == window.rung, size=size)
 
     def _neighbour(self, slower: bool) -> int:
