@@ -49,7 +49,7 @@ bench-retriever: $(STAMP)
 bench-retriever-hostile: $(STAMP)
 	$(BIN)/python bench/retriever_hostile.py --write-results
 
-# The retriever beside BUSY_CORES spinning processes (idle vs busy, 1 and 256 clients; checks issue 13's targets),
+# The retriever idle and beside BUSY_CORES spinning processes (1 and 256 clients, the in-process ceiling; checks the targets),
 # then through the tmux wrapper with a CPU-busy stand-in training; each writes its own section of bench/RESULTS.md.
 BUSY_CORES ?= 1
 bench-retriever-busy: $(STAMP)
