@@ -161,14 +161,19 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
             }
         )
 
+    async def read_when_ready(request: Request, body: BodyRules):
+        """The request's checked body, or the error response: a bad body first, then a server still loading."""
+        payload = await read_request(request, body, config.timeout_request)
+        if not isinstance(payload, Response) and runtime.status != "ok":
+            return error_response(503, f"the retriever is not ready ({runtime.status}: {runtime.stage})")
+        return payload
+
     @app.post("/retrieve", responses=RETRIEVE_RESPONSES, openapi_extra=body_schema(rules))
     async def retrieve(request: Request) -> Response:
         """Search-R1's retrieval API: `{"queries": [...], "topk": 3, "return_scores": false}`."""
-        payload = await read_request(request, rules, config.timeout_request)
+        payload = await read_when_ready(request, rules)
         if isinstance(payload, Response):
             return payload
-        if runtime.status != "ok":
-            return error_response(503, f"the retriever is not ready ({runtime.status}: {runtime.stage})")
         resources = runtime.resources
         topk = payload.topk or config.topk
         hits = len(payload.queries) * min(topk, len(resources.corpus))
@@ -206,11 +211,9 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
     @app.post("/access", responses=ACCESS_RESPONSES, openapi_extra=body_schema(page_rules))
     async def access(request: Request) -> Response:
         """ASearcher's page access: `{"urls": [...]}` -> `{"result": [page or null, ...]}`, one per URL, in order."""
-        payload = await read_request(request, page_rules, config.timeout_request)
+        payload = await read_when_ready(request, page_rules)
         if isinstance(payload, Response):
             return payload
-        if runtime.status != "ok":
-            return error_response(503, f"the retriever is not ready ({runtime.status}: {runtime.stage})")
         pages = runtime.resources.pages
         if pages is None:
             return error_response(
