@@ -63,6 +63,6 @@ bench-viewer: $(STAMP)
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache
 
-# The launch scripts (needs shellcheck: apt-get install shellcheck); tests/test_launch_scripts.py runs it too.
+# The launch scripts (needs shellcheck: apt-get install shellcheck); tests/launch/test_launch_scripts.py runs it too.
 shellcheck:
 	shellcheck run_qwen2.5_3B.sh run_qwen2.5_3B_with_retrieval.sh

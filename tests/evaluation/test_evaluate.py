@@ -16,7 +16,7 @@ from support.slime_compat import subprocess_pythonpath
 from support.search_r1_data import write_search_r1_parquet
 from support.slime_rollout import chat_prompt
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 QUESTIONS = [
     ("nq", "What is the capital of France", ["Paris"]),

@@ -18,7 +18,7 @@ from support.episodes import ANSWER, MODES, MODE_IDS, QUESTION, SEARCH, run_chat
 from support.fidelity import assert_faithful
 from support.slime_compat import subprocess_pythonpath
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # ---- a third search backend ---------------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from local_dense_retriever.serving.loading import load_resources
 from support.loopback import free_port, serve_in_thread
 from support.retriever_fixtures import dense_config, serve_ready, small_wiki_fixture, wait_ready  # noqa: F401
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BIG = "x" * (2 * 1024 * 1024)  # a 2 MB page
 PAGES = [
     {"url": "https://en.wikipedia.org/wiki/Paris", "title": "Paris", "contents": "Paris is the capital of France."},

@@ -15,7 +15,7 @@ import pytest
 import evaluate
 from slime_search_r1.evaluation.reports import comparison_figure, em_bar_figure, load_results, summarize, write_reports
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

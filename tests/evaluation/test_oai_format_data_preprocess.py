@@ -18,7 +18,7 @@ from slime_search_r1.training.metrics import eval_search_metrics
 from slime.utils.types import Sample
 from slime_search_r1.data import search_r1_prompt
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def search_r1_rows():

@@ -14,7 +14,7 @@ from slime_search_r1.settings import SETTINGS, ConfigError, resolve_config, sear
 from slime_search_r1.slime_flags import check_slime_args
 from support.slime_compat import subprocess_pythonpath
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEFAULTS = generate_with_search.SEARCH_R1_CONFIGS
 
 

@@ -24,7 +24,7 @@ from support.fake_retriever import FakeRetriever
 from support.loopback import free_port, serve_in_thread
 from support.retriever_fixtures import small_wiki_fixture  # noqa: F401
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WRAPPER = REPO / "run_qwen2.5_3B_with_retrieval.sh"
 STANDIN = REPO / "tests" / "support" / "standin_training.py"
 

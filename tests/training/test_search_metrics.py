@@ -34,7 +34,7 @@ from support.slime_compat import subprocess_pythonpath
 from support.slime_rollout import eval_data, log_eval_rollout_data, log_rollout_data, slime_sampling_params
 from support.tracking import record_tracking
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TRAIN = "rollout/search_r1/"
 
 

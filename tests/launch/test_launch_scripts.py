@@ -23,7 +23,7 @@ from support.slime_compat import slime_argument_parser, using_real_slime
 from support.loopback import free_port
 from support.slime_rollout import EVAL_ROLLOUT_LOG_FUNCTION, ROLLOUT_LOG_FUNCTION, load_function
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "run_qwen2.5_3B.sh"
 FAKE_RAY = REPO / "tests" / "support" / "fake_ray.py"
 

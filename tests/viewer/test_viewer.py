@@ -26,7 +26,7 @@ from slime_search_r1.viewer.summary import hook_metrics, viewer_metrics
 from slime_search_r1.viewer.vocabulary import TokenTexts
 from support.viewer_dumps import GAP, HOSTILE_TEXT, RESUMED_AFTER, train_log_probs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Colour(Enum):  # a type no slime dump holds: torch.load(weights_only=True) must refuse it
