@@ -193,7 +193,8 @@ def test_the_openapi_document_lists_every_status_the_retrieve_endpoint_sends(den
 
 def test_a_schema_based_fuzz_finds_no_response_that_differs_from_the_openapi_document(small_limits_server, tmp_path):
     """schemathesis, every check, fixed (derandomized) examples: valid and invalid requests to both endpoints."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "SCHEMATHESIS_HOOKS": "support.schema_fuzz_hooks"}
+    tests = str(Path(__file__).parents[1])  # support.schema_fuzz_hooks is imported from tests/
+    env = {**os.environ, "PYTHONPATH": tests, "SCHEMATHESIS_HOOKS": "support.schema_fuzz_hooks"}
     command = [
         sys.executable, "-m", "schemathesis.cli", "run", f"{small_limits_server}/openapi.json",
         "--checks", "all", "--max-examples", "12", "--generation-deterministic", "--no-color",
