@@ -51,7 +51,7 @@ from slime_search_r1.evaluation.reports import (
     write_reports,
 )
 from slime_search_r1.http_client import close_loop_sessions
-from slime_search_r1.record import episode_record, tool_counters
+from slime_search_r1.episode import episode_record, tool_counters
 
 logger = logging.getLogger("evaluate")
 

@@ -31,6 +31,8 @@ from tqdm import tqdm
 
 from slime_search_r1.data import CHAT_SYSTEM_PROMPT, chat_question, golden_answers
 from slime_search_r1.registry import TOOLS
+from slime_search_r1.tools.access import ACCESS
+from slime_search_r1.tools.search import SEARCH
 
 REQUIRED_COLUMNS = ("question", "data_source")
 PASSED_THROUGH = ("id", "ability", "extra_info", "golden_answers")
@@ -150,7 +152,8 @@ def convert(
     tools: tuple[str, ...] = ("search",),
 ) -> int:
     rows, total = read_rows(source, split)
-    tools_json = json.dumps([TOOLS.get(name).schema for name in tools], ensure_ascii=False)
+    offered = [TOOLS.get(name, {"search": SEARCH, "access": ACCESS}) for name in tools]  # the built-ins by name
+    tools_json = json.dumps([tool.schema for tool in offered], ensure_ascii=False)
     converted = []
     skipped_sources = set()
     for index, row in enumerate(tqdm(rows, total=total, desc="converting", unit="row")):

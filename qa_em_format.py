@@ -24,6 +24,7 @@ from slime_search_r1.protocols.chat_reward import read_conversation
 from slime_search_r1.protocols.xml_tags import ANSWER_PATTERN, INFORMATION_PATTERN, invalid_action_message
 from slime_search_r1.registry import TOOLS
 from slime_search_r1.tools.contract import Tool
+from slime_search_r1.tools.search import SEARCH
 
 ASSISTANT_MARKER = re.compile(r"<\|im_start\|>assistant\s*")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
@@ -92,7 +93,7 @@ def em_check(prediction: str, golden_answers: str | Iterable[str]) -> bool:
 
 def search_only() -> dict[str, Tool]:
     """The tools when none are named: Search-R1's one."""
-    return {"search": TOOLS.get("search")}
+    return {"search": TOOLS.get("search", {"search": SEARCH})}
 
 
 def format_problem(text: str, tools: Iterable[str] = ("search",)) -> str | None:
