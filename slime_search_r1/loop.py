@@ -1,21 +1,21 @@
 """The episode loop every mode shares: generate a turn, read it, run its tool calls, reply, until the episode ends.
 
-This file is the map of the rollout; one XML search turn reads in the files named here:
+This file is the rollout's map: one XML search episode runs in the files named here, read in this order.
 
-  generate_with_search.generate    the settings (settings.py) and slime's flags (slime_flags.py) checked, then
-  run_episode (below)              one EpisodeState, a protocol, a token driver and the trajectory; per turn:
-    driver.generate()   -> Turn    tokens/manual.py: SGLang's /generate, the trajectory written token by token
-                                   (TOKEN_TRACKING_MODE=manual; tokens/legacy_router.py: the old slime router's cache)
-    protocol.read()     -> Action  protocols/xml_tags.py: Search-R1's tags (LLM_API_MODE=generate; protocols/chat.py:
-                                   OpenAI tool calls through the chat template)
-    run_calls()         -> results tools/contract.py: each call run by its tool, counted by name; tools/search.py:
-                                   the search tool and its backends (tools/access.py: pages)
-    protocol.reply()    -> Reply   the results as the model is shown them, committed to the trajectory here
-  finish (below)                   the status on the sample, the record in sample.metadata["search_r1"] (episode.py)
+  generate_with_search.generate   settings.py resolves the settings, slime_flags.py checks slime's flags against them
+  run_episode (below)             one EpisodeState, the protocol and token driver the settings name, the trajectory;
+                                  then per turn:
+    driver.generate()  -> Turn    tokens/manual.py: the trajectory's ids to SGLang's /generate, the sampled ids (and
+                                  log probs) appended to the trajectory (tokens/legacy_router.py: the router modes)
+    protocol.read()    -> Action  protocols/xml_tags.py: Search-R1's tags (protocols/chat.py: OpenAI tool calls)
+    run_calls()        -> results tools/contract.py: each call run by its tool and counted under its name;
+                                  tools/search.py: the search tool, its backends and its text (tools/access.py: pages)
+    protocol.reply()   -> Reply   the results as the model is shown them, appended to the trajectory here
+  finish (below)                  the status on the sample and the record in sample.metadata["search_r1"]
 
-episode.py holds what every part shares: Turn, Action, ToolCall, Reply, the EpisodeState and the record. The built-in
-protocols, token drivers and tools are imported here and picked by the name a setting gives (registry.py holds the
-names, and what extensions register). How an episode ends:
+episode.py holds what they all share: Turn, Action, ToolCall, Reply, the EpisodeState and the record. The built-in
+protocols, token drivers and tools are imported here and picked by the name a setting gives them (registry.py
+holds those names, and what extensions register). How an episode ends:
 
   answer                              COMPLETED  answer
   engine abort, or slime's abort      ABORTED    engine_abort / rollout_aborted (checked before every turn)
