@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import oai_format_data_preprocess
 from generate_with_search import generate
 from slime.utils.types import Sample
 from slime_search_r1 import loop
@@ -49,6 +50,7 @@ def test_every_built_in_a_registry_names_is_imported_under_that_name():
     assert tuple(loop.BUILT_IN_TOKEN_DRIVERS) == TOKEN_DRIVERS.builtins
     assert tuple(loop.BUILT_IN_TOOLS) == TOOLS.builtins
     assert [tool.name for tool in loop.BUILT_IN_TOOLS.values()] == list(TOOLS.builtins)
+    assert tuple(oai_format_data_preprocess.BUILT_IN_TOOLS) == TOOLS.builtins  # the tools a chat-format row offers
     assert tuple(BUILT_IN_SEARCH_BACKENDS) == SEARCH_BACKENDS.builtins
 
 
