@@ -13,6 +13,8 @@ import matplotlib.image
 import pytest
 
 import evaluate
+from slime_search_r1.data import SEARCH_R1_DATA_SOURCES
+from slime_search_r1.evaluation.references import load_reference, shipped
 from slime_search_r1.evaluation.reports import comparison_figure, em_bar_figure, load_results, summarize, write_reports
 
 REPO = Path(__file__).resolve().parents[2]
@@ -227,3 +229,24 @@ def test_compare_shows_every_score_a_run_has(tmp_path):
     ]
     judge_lines = {line.get_label(): list(line.get_ydata()) for line in figure.axes[3].get_lines()}
     assert math.isnan(judge_lines["nq"][0]) and judge_lines["nq"][1:] == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("name", shipped())
+def test_every_shipped_table_loads_and_names_its_paper_table_and_version(name):
+    reference = load_reference(name)
+    assert "arXiv" in reference.source and reference.table
+    assert set(reference.scores) <= {"em", "f1", "cover_em", "judge"}
+    for score, average in reference.averages.items():  # a transcription slip shows in the paper's own average
+        figures = list(reference.scores[score].values())
+        assert sum(figures) / len(figures) == pytest.approx(average, abs=0.0015), score
+
+
+def test_two_papers_beyond_search_r1_give_f1_or_judge_on_the_seven_sources():
+    papers = {
+        load_reference(name).source.split(" (")[0]
+        for name in shipped()
+        if any(
+            set(load_reference(name).scores.get(score, {})) == set(SEARCH_R1_DATA_SOURCES) for score in ("f1", "judge")
+        )
+    }
+    assert {"ASearcher", "DeepResearcher"} <= papers
