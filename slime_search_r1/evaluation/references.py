@@ -179,13 +179,14 @@ def _fmt(value: float | None, signed: bool = False) -> str:
     return f"{value:+.3f}" if signed else f"{value:.3f}"
 
 
-def beside_paper_markdown(comparisons: list[dict], labels: dict[str, str]) -> str:
-    """One reference's comparisons as a Markdown section: a column triple per score, each naming its origin."""
+def beside_paper_markdown(comparisons: list[dict], labels: dict[str, str], run_labels: dict[str, str]) -> str:
+    """One reference's comparisons as a Markdown section: a column triple per score, each naming its origin
+    (`run_labels` say what this run's figure is, e.g. "F1 avg@4")."""
     first = comparisons[0]
     header = ["data source", "n"]
     for comparison in comparisons:
-        label = labels.get(comparison["score"], comparison["score"])
-        header += [f"{label} (this run)", f"paper: {label}", "difference"]
+        score = comparison["score"]
+        header += [f"{run_labels.get(score, score)} (this run)", f"paper: {labels.get(score, score)}", "difference"]
     lines = [
         f"## Beside the paper: {first['method']}",
         "",

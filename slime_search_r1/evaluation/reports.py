@@ -258,11 +258,12 @@ def markdown_report(summary: dict, run_config: dict) -> str:
 
 def references_markdown(comparisons: list[dict], samples_per_question: int = 1) -> str:
     """Each reference's comparisons (evaluation/references.py's beside_paper) as one Markdown section."""
-    labels = {score: score_label(score, samples_per_question) for score in BASE_SCORES}
+    labels = {score: score_label(score) for score in BASE_SCORES}
+    run_labels = {score: score_label(score, samples_per_question) for score in BASE_SCORES}
     by_name: dict[str, list[dict]] = {}
     for comparison in comparisons:
         by_name.setdefault(comparison["name"], []).append(comparison)
-    return "\n".join(beside_paper_markdown(group, labels) for group in by_name.values())
+    return "\n".join(beside_paper_markdown(group, labels, run_labels) for group in by_name.values())
 
 
 def write_reports(output_dir: Path, summary: dict, run_config: dict, references: list[dict] | None = None) -> None:

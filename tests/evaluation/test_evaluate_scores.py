@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import evaluate
-from support.fake_judge import FakeJudge
+from support.fake_judge import FakeJudge, default_rule
 from support.fake_sglang import ScriptedPolicy, question_of
 from support.loopback import serve_in_thread
 from support.search_r1_data import write_search_r1_parquet
@@ -291,3 +291,46 @@ def test_the_api_key_reaches_the_judge_and_nothing_written(
     for path in out.rglob("*"):
         if path.is_file():
             assert key.encode() not in path.read_bytes(), path
+
+
+README_ANSWERS = {  # the test engine's four samples of each question (README: Evaluation)
+    "What is the capital of France?": ["Paris", "Paris, France", "Lyon", "Paris"],
+    "Who created the Python programming language?": [
+        "Guido van Rossum",
+        "van Rossum",
+        "Guido van Rossum",
+        "Larry Wall",
+    ],
+    "Which physicist won two Nobel Prizes?": ["Albert Einstein", "Pierre Curie", "Albert Einstein", "Einstein"],
+    "What is Earth's highest mountain?": ["Mt. Everest", "K2", "Mount Everest", "Everest"],
+}
+
+
+def readme_judge(prompt: str) -> str:
+    """The stand-in judge of the README's run: a gold answer inside the answer, or a short form of one."""
+    reply = default_rule(prompt)
+    if reply.endswith("incorrect") and "System's answer: van Rossum\n" in prompt:
+        return "The surname names the same person.\nVerdict: correct"
+    return reply
+
+
+def test_the_readme_s_run_every_score_side_by_side(
+    data_file, engine, retriever, search_config, tokenizer_dir, judge_server, tmp_path, policy, capsys
+):
+    """The run the README shows: four samples per question, judged by a stand-in."""
+    policy.answers = README_ANSWERS
+    judge_server.rule = readme_judge
+    out = tmp_path / "eval_output"
+    extra = ("--samples-per-question", "4", "--temperature", "0.7", "--reference", "asearcher-local-7b")
+    assert evaluate.main(cli(data_file, engine, tokenizer_dir, out, *extra, *judge_flags(judge_server))) == 0
+    printed = capsys.readouterr().out
+    print(printed)  # pytest -s shows what the README pastes
+    summary = results(out)["data_sources"]
+    # France: EM 1,0,0,1  F1 1,2/3,0,1  cover 1,1,0,1  judge 1,1,0,1; Python: EM 1,0,1,0  F1 1,.8,1,0  cover 1,0,1,0
+    # and judge 1,1,1,0 ("van Rossum"); Nobel: EM 0, F1 0,.5,0,0, cover and judge 0: pass@4 0 but F1's 0.5
+    assert summary["nq"]["f1"] == pytest.approx((2 + 2 / 3 + 2.8) / 8)
+    assert (summary["nq"]["cover_em"], summary["nq"]["judge"]) == (0.625, 0.75)
+    assert (summary["hotpotqa"]["em_pass@4"], summary["hotpotqa"]["f1_pass@4"]) == (0.0, 0.5)
+    assert "| nq | 8 | 0.500 | 0.683 | 0.625 | 0.750 | 1.000 | 1.000 | 1.000 | 1.000 |" in printed
+    assert "| F1 avg@4 (this run) | paper: F1 | difference | judge avg@4 (this run) | paper: judge |" in printed
+    assert "| nq | 8 | 0.683 | 0.556 | +0.127 | 0.750 | 0.545 | +0.205 |" in printed
