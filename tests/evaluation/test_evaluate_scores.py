@@ -140,6 +140,7 @@ def test_a_judge_that_is_down_marks_the_samples_and_rescore_asks_again_without_g
     assert summary["average_judge"] == pytest.approx(2 / 3)
 
     judged = len(judge_server.bodies)
+    assert evaluate.main(["rescore", str(out), *judge_flags(judge_server)]) == 0  # every answer has its verdict
     assert evaluate.main(["rescore", str(out)]) == 0  # no judge flags: the judge that ran here, nobody asked
     assert len(judge_server.bodies) == judged
     assert results(out)["average_judge"] == pytest.approx(2 / 3)
