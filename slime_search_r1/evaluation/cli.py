@@ -27,6 +27,7 @@ from slime_search_r1.evaluation.dataset import (
     with_samples,
 )
 from slime_search_r1.evaluation.judging import (
+    JUDGE_JSON,
     JUDGEMENTS,
     identity_of,
     judge_run,
@@ -427,7 +428,12 @@ def main(argv: list[str] | None, load_plugin: Callable[[], tuple]) -> int:
     store = TrajectoryStore(cli.output_dir)
     settings = run_config(cli, config)
     if cli.overwrite:
-        for path in (store.path, cli.output_dir / RUN_CONFIG, cli.output_dir / JUDGEMENTS):
+        for path in (
+            store.path,
+            cli.output_dir / RUN_CONFIG,
+            cli.output_dir / JUDGEMENTS,
+            cli.output_dir / JUDGE_JSON,
+        ):
             path.unlink(missing_ok=True)
     try:
         check_run_config(cli.output_dir, settings)

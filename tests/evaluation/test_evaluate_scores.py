@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 
 import evaluate
-from support.fake_judge import FakeJudge, default_rule
+from support.fake_judge import default_rule
 from support.fake_sglang import ScriptedPolicy, question_of
-from support.loopback import serve_in_thread
 from support.search_r1_data import write_search_r1_parquet
 
 QUESTIONS = [
@@ -49,17 +48,6 @@ def policy():
 @pytest.fixture
 def data_file(tmp_path):
     return write_search_r1_parquet(tmp_path / "test.parquet", QUESTIONS)
-
-
-@pytest.fixture
-def judge_server():
-    judge = FakeJudge()
-    with serve_in_thread(judge.app) as url:
-        judge.url = url + "/v1"
-        try:
-            yield judge
-        finally:
-            judge.release.set()
 
 
 def cli(data_file, engine, tokenizer_dir, output_dir, *extra):

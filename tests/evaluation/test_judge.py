@@ -17,18 +17,6 @@ from slime_search_r1.scoring.judge import (
     read_verdict,
 )
 from support.fake_judge import UNREADABLE, FakeJudge
-from support.loopback import serve_in_thread
-
-
-@pytest.fixture
-def judge_server():
-    judge = FakeJudge()
-    with serve_in_thread(judge.app) as url:
-        judge.url = url + "/v1"
-        try:
-            yield judge
-        finally:
-            judge.release.set()  # a held request returns before the server stops
 
 
 def client(judge: FakeJudge, **overrides) -> JudgeClient:

@@ -7,7 +7,6 @@ without a verdict line, and a hold that answers only once released (what a clien
 """
 
 import asyncio
-import json
 import re
 import threading
 import uuid
@@ -107,6 +106,3 @@ class FakeJudge:
             "model": body.get("model"),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
         }
-
-    def prompts(self) -> list[str]:
-        return [json.dumps(body["messages"]) for body in self.bodies]
