@@ -62,7 +62,7 @@ from slime_search_r1.evaluation.runner import (
     run_config,
     write_viewer,
 )
-from slime_search_r1.scoring.answers import RULE_SCORES
+from slime_search_r1.scoring.answers import rule_scores
 from slime_search_r1.scoring.judge import DEFAULT_PROMPT, JudgeClient, JudgeConfig, JudgePrompt, JudgeSetupError
 from slime_search_r1.settings import ConfigError, resolve_config
 
@@ -371,13 +371,10 @@ def rescore_main(argv: list[str]) -> int:
         reference = load_reference(cli.reference, set(selected)) if cli.reference else None
     except ReferenceError as exc:
         return _error(str(exc), "evaluate.py rescore")
-    for record in records:  # the rule-based scores of the recorded answer, as scoring/answers.py gives them now
+    for record in records:  # F1 and cover EM of the recorded answer, as scoring/answers.py gives them now
         if "answer" in record and record.get("golden_answers") is not None:
-            record |= {
-                name: score(record["answer"], record["golden_answers"])
-                for name, score in RULE_SCORES.items()
-                if name != "em"
-            }  # EM stays reward_func's
+            scores = rule_scores(record["answer"], record["golden_answers"])
+            record.update(f1=scores["f1"], cover_em=scores["cover_em"])  # EM stays reward_func's
     interrupted = False
     try:
         judge_pending(cli.judge, records, output_dir)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 import evaluate
+from slime_search_r1.scoring.answers import exact_match
 from support.fake_judge import default_rule
 from support.fake_sglang import ScriptedPolicy, question_of
 from support.search_r1_data import write_search_r1_parquet
@@ -91,6 +92,8 @@ def test_em_f1_cover_em_and_the_judge_side_by_side(
     assert summary["judge"]["model"] == "judge-7b"
 
     trajectories = {r["question"]: r for r in lines(out / "trajectories.jsonl")}
+    for record in trajectories.values():  # the answer kept is the one reward_func scored
+        assert record["em"] == exact_match(record["answer"], record["golden_answers"])
     france = trajectories["What is the capital of France"]
     assert (france["answer"], france["em"], france["f1"], france["cover_em"]) == ("Paris, France", 0.0, 2 / 3, 1.0)
     verdicts = {v["key"]: v for v in lines(out / "judgements.jsonl")}
