@@ -11,24 +11,23 @@
 
 With format_score = final_format_score = retrieval_score = 0 this is plain EM (qa_em). XML responses are read
 here (score_response); chat conversations are read by slime_search_r1/protocols/chat_reward.py and scored with
-the same table (score_conversation).
+the same table (score_conversation). The normalisation, exact match and the reading of the last <answer> live in
+slime_search_r1/scoring/answers.py (with F1 and cover EM) and keep their names here.
 """
 
 import re
-import string
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
 from slime_search_r1.protocols.chat_reward import read_conversation
-from slime_search_r1.protocols.xml_tags import ANSWER_PATTERN, INFORMATION_PATTERN, invalid_action_message
-from slime_search_r1.registry import TOOLS
+from slime_search_r1.protocols.xml_tags import INFORMATION_PATTERN
+
+# Search-R1's normalisation, EM and answer reading are the package's (evaluate.py scores with them too)
+from slime_search_r1.scoring.answers import em_check, last_answer, normalize_answer, search_only
 from slime_search_r1.tools.contract import Tool
-from slime_search_r1.tools.search import SEARCH
 
 ASSISTANT_MARKER = re.compile(r"<\|im_start\|>assistant\s*")
-_PUNCTUATION = str.maketrans("", "", string.punctuation)
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
 
 
 @dataclass(frozen=True)
@@ -78,24 +77,6 @@ class ScoreDetails:
     answer: str | None
 
 
-def normalize_answer(text: str) -> str:
-    """SQuAD normalisation: lower-case, drop punctuation and articles, collapse whitespace."""
-    text = text.lower().translate(_PUNCTUATION)
-    return " ".join(_ARTICLES.sub(" ", text).split())
-
-
-def em_check(prediction: str, golden_answers: str | Iterable[str]) -> bool:
-    if isinstance(golden_answers, str):
-        golden_answers = [golden_answers]
-    normalized = normalize_answer(prediction)
-    return any(normalize_answer(gold) == normalized for gold in golden_answers)
-
-
-def search_only() -> dict[str, Tool]:
-    """The tools when none are named: Search-R1's one."""
-    return {"search": TOOLS.get("search", {"search": SEARCH})}
-
-
 def format_problem(text: str, tools: Iterable[str] = ("search",)) -> str | None:
     """Why `text` (prompt + response) breaks Search-R1's format with these tools' tags, or None when it is valid."""
     marker = ASSISTANT_MARKER.search(text)
@@ -119,20 +100,6 @@ def format_problem(text: str, tools: Iterable[str] = ("search",)) -> str | None:
         elif state not in automaton.inside_tag:
             return f"unexpected text {part.strip()[:40]!r} in state {state}"
     return None if state == "end" else f"incomplete sequence, ended in state {state}"
-
-
-def last_answer(response: str, tools: Mapping[str, Tool] | None = None) -> str | None:
-    """The last <answer>…</answer> the model wrote.
-
-    Search-R1 searches prompt + response and needs two matches because its prompt holds one example
-    answer; searching the response alone gives the same answer for that prompt and does not depend on it.
-    The environment's text is left out: the invalid-action hint itself says "<answer> and </answer>",
-    and a retrieved page may hold answer tags.
-    """
-    message = invalid_action_message((tools or search_only()).values())
-    written = INFORMATION_PATTERN.sub(" ", response.replace(message, " "))
-    matches = ANSWER_PATTERN.findall(written)
-    return matches[-1].strip() if matches else None
 
 
 def contains_gold(texts: Iterable[str], golden_answers: Iterable[str]) -> bool:

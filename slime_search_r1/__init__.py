@@ -14,7 +14,8 @@ protocols/       what the model writes and is shown: XML tags, chat tool calls
 tools/           what the model may call: the tool contract, the search tool with its client, the access tool
 search/          search backends of their own (google.py)
 training/        what slime does with finished samples: group advantages, search metrics in its logs
-evaluation/      evaluate.py's data files and reports, and the paper's figures beside them (paper.py)
+evaluation/      evaluate.py's body: its command lines, the run, the judge's pass, reports, papers' figures beside them
+scoring/         how an answer scores: EM, F1, cover EM (Search-R1's normalisation), an LLM judge; reward and eval
 viewer/          an offline HTML page of slime's dumps and evaluate.py runs (`python -m slime_search_r1.viewer`)
 data.py          Search-R1's prompts, labels and test sets
 http_client.py   aiohttp plumbing shared by the engine, router and search clients

@@ -8,7 +8,7 @@ the chat template when --apply-chat-template is set (XML mode) and otherwise kee
 
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from slime_search_r1.data import golden_answers
@@ -34,10 +34,18 @@ class EvalRow:
     index: int  # position in the data file: the key that makes a run resumable
     data_source: str
     row: dict
+    sample: int | None = None  # which of the question's samples (--samples-per-question > 1), else None
 
     @property
     def key(self) -> str:
-        return str(self.index)
+        return str(self.index) if self.sample is None else f"{self.index}#{self.sample}"
+
+
+def with_samples(rows: list[EvalRow], samples_per_question: int) -> list[EvalRow]:
+    """Each row once (k = 1, keyed by its index as before), or k times, keyed index#0 .. index#k-1."""
+    if samples_per_question == 1:
+        return rows
+    return [replace(row, sample=j) for row in rows for j in range(samples_per_question)]
 
 
 def read_rows(path: Path) -> list[dict]:
@@ -61,6 +69,11 @@ def read_rows(path: Path) -> list[dict]:
                         raise DatasetError(f"{path}:{number} is not valid JSON: {exc}") from exc
         return rows
     raise DatasetError(f"unsupported data file {path}: expected .parquet or .jsonl (slime reads both)")
+
+
+def source_names(rows: list[dict], columns: ColumnNames) -> set[str]:
+    """Every data source the file names (a row without one is UNKNOWN_SOURCE)."""
+    return {str(row.get(columns.data_source_key) or UNKNOWN_SOURCE) for row in rows}
 
 
 def select_rows(

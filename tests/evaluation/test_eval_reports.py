@@ -13,6 +13,8 @@ import matplotlib.image
 import pytest
 
 import evaluate
+from slime_search_r1.data import SEARCH_R1_DATA_SOURCES
+from slime_search_r1.evaluation.references import load_reference, shipped
 from slime_search_r1.evaluation.reports import comparison_figure, em_bar_figure, load_results, summarize, write_reports
 
 REPO = Path(__file__).resolve().parents[2]
@@ -155,3 +157,96 @@ def test_compare_help_runs_as_a_script():
     assert result.returncode == 0
     assert "--labels" in result.stdout
     assert "comparison.png" in result.stdout
+
+
+def scored_records(source: str, scores: list[tuple[float, float, float, float | None]]) -> list[dict]:
+    """One trajectory per (em, f1, cover_em, judge) of `source`; judge None is a marked (unjudged) sample."""
+    return [
+        {
+            "data_source": source,
+            "index": i,
+            "key": f"{source}{i}",
+            "status": "completed",
+            "em": em,
+            "f1": f1,
+            "cover_em": cover,
+            "judge": judge,
+            "searches": 1,
+            "turns": 2,
+        }
+        for i, (em, f1, cover, judge) in enumerate(scores)
+    ]
+
+
+JUDGE = {"model": "judge-7b", "prompt_sha256": "0" * 64, "url": "http://127.0.0.1:8000/v1/chat/completions"}
+
+
+def test_every_score_is_summarised_and_a_marked_sample_is_left_out_of_the_judge_s(tmp_path):
+    records = scored_records("nq", [(1.0, 1.0, 1.0, 1.0), (0.0, 0.5, 1.0, None)]) + scored_records(
+        "hotpotqa", [(0.0, 0.0, 0.0, 0.0)]
+    )
+    summary = summarize(records, {"nq": 2, "hotpotqa": 1}, judge=JUDGE)
+    assert summary["scores"] == ["em", "f1", "cover_em", "judge"]
+    nq = summary["data_sources"]["nq"]
+    assert (nq["em"], nq["f1"], nq["cover_em"], nq["judge"], nq["unjudged"]) == (0.5, 0.75, 1.0, 1.0, 1)
+    assert summary["average_judge"] == 0.5  # mean of nq's 1.0 (its one judged sample) and hotpotqa's 0.0
+    assert summary["unjudged"] == 1
+
+    axes = em_bar_figure(summary, "model").axes[0]
+    assert [tick.get_text() for tick in axes.get_xticklabels()] == ["nq", "hotpotqa", "average"]
+    assert len(axes.patches) == 4 * 3  # four scores, three groups
+    assert [text.get_text() for text in axes.get_legend().get_texts()] == ["EM", "F1", "cover EM", "judge"]
+    write_reports(tmp_path, summary, {"hf_checkpoint": "/ckpt/m", "temperature": 0.0})
+    markdown = (tmp_path / "results.md").read_text()
+    assert "| nq | 2 | 0.500 | 0.750 | 1.000 | 1.000 | 1.00 | 2.00 | 0 | 1 |" in markdown
+    assert "1 trajectories unjudged" in markdown
+
+
+def test_compare_shows_every_score_a_run_has(tmp_path):
+    runs = []
+    for name, judge in (("step_100", 0.0), ("step_200", 1.0)):
+        folder = tmp_path / name
+        folder.mkdir()
+        summary = summarize(scored_records("nq", [(0.0, 0.5, 1.0, judge)]), {"nq": 1}, judge=JUDGE)
+        write_reports(folder, summary, {"hf_checkpoint": f"/ckpt/{name}", "temperature": 0.0})
+        runs.append(folder)
+    older = write_run(tmp_path / "step_50", {"nq": [0.0]})  # written before F1 and the judge: EM only
+    out = tmp_path / "cmp"
+    assert evaluate.main(["compare", str(older), *map(str, runs), "--output", str(out)]) == 0
+    table = (out / "comparison.md").read_text()
+    for heading in ("## EM", "## F1", "## cover EM", "## judge"):
+        assert heading in table
+    f1_table = table.split("## F1", 1)[1].split("##", 1)[0]
+    assert "| step_50 | - | **-** | 1 of 1 |" in f1_table
+    assert "| step_200 | 0.500 | **0.500** | 1 of 1 |" in f1_table
+    judge_table = table.split("## judge", 1)[1]
+    assert "| step_100 | 0.000 | **0.000** | 1 of 1 |" in judge_table
+    assert "| step_200 | 1.000 | **1.000** | 1 of 1 |" in judge_table
+
+    figure = comparison_figure(["a", "b", "c"], [load_results(folder) for folder in (older, *runs)])
+    assert [axes.get_title() for axes in figure.axes] == [
+        f"{name} per data source across checkpoints" for name in ("EM", "F1", "cover EM", "judge")
+    ]
+    judge_lines = {line.get_label(): list(line.get_ydata()) for line in figure.axes[3].get_lines()}
+    assert math.isnan(judge_lines["nq"][0]) and judge_lines["nq"][1:] == [0.0, 1.0]
+
+
+@pytest.mark.parametrize("name", shipped())
+def test_every_shipped_table_loads_and_names_its_paper_table_and_version(name):
+    reference = load_reference(name)
+    assert "arXiv" in reference.source and reference.table
+    assert set(reference.scores) <= {"em", "f1", "cover_em", "judge"}
+    for score, average in reference.averages.items():  # a transcription slip shows in the paper's own average
+        figures = list(reference.scores[score].values())
+        assert sum(figures) / len(figures) == pytest.approx(average, abs=0.0015), score
+
+
+def test_two_papers_beyond_search_r1_give_f1_or_judge_on_the_seven_sources():
+    papers = {
+        load_reference(name).source.split(" (")[0]
+        for name in shipped()
+        if any(
+            set(load_reference(name).scores.get(score, {})) == set(SEARCH_R1_DATA_SOURCES) for score in ("f1", "judge")
+        )
+    }
+    assert {"ASearcher", "DeepResearcher"} <= papers

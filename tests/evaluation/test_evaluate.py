@@ -302,12 +302,13 @@ def test_reference_puts_the_paper_s_figures_beside_the_run_s(
 ):
     out = tmp_path / "out"
     assert evaluate.main(cli(data_file, engine, tokenizer_dir, out, "--reference", "search-r1-base-grpo")) == 0
-    reference = json.loads((out / "results.json").read_text())["reference"]
+    [reference] = json.loads((out / "results.json").read_text())["references"]  # one per score the paper gives
     assert (reference["name"], reference["table"]) == ("search-r1-base-grpo", "Table 3 (GRPO)")
+    assert reference["score"] == "em"
     assert reference["rows"] == {
-        "nq": {"n": 2, "em": 1.0, "paper": 0.421, "difference": pytest.approx(1.0 - 0.421)},
-        "hotpotqa": {"n": 1, "em": 0.0, "paper": 0.297, "difference": pytest.approx(-0.297)},
-        "bamboogle": {"n": 1, "em": 0.0, "paper": 0.128, "difference": pytest.approx(-0.128)},
+        "nq": {"n": 2, "run": 1.0, "paper": 0.421, "difference": pytest.approx(1.0 - 0.421)},
+        "hotpotqa": {"n": 1, "run": 0.0, "paper": 0.297, "difference": pytest.approx(-0.297)},
+        "bamboogle": {"n": 1, "run": 0.0, "paper": 0.128, "difference": pytest.approx(-0.128)},
     }
     # three of the seven sources: the paper's Avg column is not comparable, its figures for the same three are
     average = reference["average"]

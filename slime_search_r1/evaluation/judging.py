@@ -1,0 +1,103 @@
+"""The judge's pass over a run: ask it about every trajectory without a usable verdict, keep each raw verdict in
+judgements.jsonl, and join the verdicts into the trajectories for the reports.
+
+judgements.jsonl has one line per judged trajectory (the latest line of a key wins): its key, the judge's identity
+(model and the prompt's sha256), the answer judged, and the Verdict (status, score, the judge's reply, the error,
+the attempts). A run is re-scored from it without generating again (`evaluate.py rescore DIR`); a trajectory whose
+verdict is missing, comes from another judge or prompt, or is marked (error, invalid) is asked again on the next run.
+"""
+
+import asyncio
+import json
+import math
+from pathlib import Path
+
+from slime_search_r1.evaluation.reports import TrajectoryStore
+from slime_search_r1.http_client import close_loop_sessions
+from slime_search_r1.scoring.judge import SCORED, JudgeClient, Verdict
+
+JUDGEMENTS = "judgements.jsonl"
+JUDGE_JSON = "judge.json"  # the judge whose verdicts the reports count (written when a judge last ran here)
+
+
+def usable(line: dict | None, identity: dict) -> bool:
+    """A verdict of this judge that carries a score (correct, incorrect, or no answer to judge)."""
+    return line is not None and line.get("judge") == identity and line.get("status") in SCORED
+
+
+def pending(records: list[dict], verdicts: dict[str, dict], identity: dict) -> list[dict]:
+    """The trajectories this judge has no usable verdict for. Lines written before evaluate.py recorded the answer
+    ("answer" absent) cannot be judged and stay unjudged."""
+    return [r for r in records if "answer" in r and not usable(verdicts.get(r["key"]), identity)]
+
+
+def verdict_line(record: dict, identity: dict, verdict: Verdict) -> dict:
+    return {"key": record["key"], "judge": identity, "answer": record.get("answer"), **verdict.as_dict()}
+
+
+async def judge_records(client: JudgeClient, records: list[dict], store, progress=None) -> list[dict]:
+    """Ask the judge about each record (at most client.config.concurrency in flight), appending each verdict's line
+    to `store` as it arrives; returns the lines."""
+    identity = client.identity
+
+    async def one(record: dict) -> dict:
+        golds = record.get("golden_answers") or []
+        verdict = await client.judge(record.get("question") or "", golds, record["answer"])
+        line = verdict_line(record, identity, verdict)
+        store.append(line)
+        if progress is not None:
+            progress.update(1)
+        return line
+
+    return list(await asyncio.gather(*(one(record) for record in records)))
+
+
+def with_verdicts(records: list[dict], verdicts: dict[str, dict], identity: dict) -> list[dict]:
+    """The records with "judge" (1.0, 0.0, or None when unjudged or marked) and "judge_status" from this judge."""
+    joined = []
+    for record in records:
+        line = verdicts.get(record["key"])
+        mine = line is not None and line.get("judge") == identity
+        score = line.get("score") if mine else None
+        if score is not None and not (isinstance(score, (int, float)) and math.isfinite(score)):
+            score = None
+        joined.append(record | {"judge": score, "judge_status": line.get("status") if mine else "unjudged"})
+    return joined
+
+
+def judge_run(client: JudgeClient, records: list[dict], output_dir: Path) -> list[dict]:
+    """Judge `records` into output_dir/judgements.jsonl with a progress bar and record the judge in judge.json."""
+    from tqdm import tqdm
+
+    (output_dir / JUDGE_JSON).write_text(json.dumps(client.describe(), indent=2) + "\n", encoding="utf-8")
+    store = TrajectoryStore(output_dir, JUDGEMENTS)
+    progress = tqdm(total=len(records), desc="judge", unit="answer", dynamic_ncols=True)
+
+    async def run() -> list[dict]:
+        try:
+            return await judge_records(client, records, store, progress)
+        finally:
+            await close_loop_sessions()
+
+    store.open()
+    try:
+        return asyncio.run(run())
+    finally:
+        store.close()
+        progress.close()
+
+
+def recorded_judge(output_dir: Path) -> dict | None:
+    """The judge that last ran in output_dir (judge.json), or None."""
+    path = output_dir / JUDGE_JSON
+    if not path.is_file():
+        return None
+    try:
+        described = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return described if isinstance(described, dict) and "model" in described else None
+
+
+def identity_of(described: dict) -> dict:
+    return {"model": described.get("model"), "prompt_sha256": described.get("prompt_sha256")}

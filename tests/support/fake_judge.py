@@ -1,0 +1,108 @@
+"""A loopback stand-in for an LLM judge behind an OpenAI-compatible chat endpoint (POST /v1/chat/completions).
+
+It reads the default judge prompt's reference and answer lines and replies "Verdict: correct" when the answer
+contains a reference answer (case-insensitive), else "Verdict: incorrect". It fails on request, by request number,
+every n-th request, or always: HTTP 500, 429, 400 and 401, a body that is not JSON, one without choices, a reply
+without a verdict line, and a hold that answers only once released (what a client's timeout meets).
+"""
+
+import asyncio
+import re
+import threading
+import uuid
+from collections import Counter, defaultdict
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+FAILURES = ("http500", "http429", "http400", "http401", "not_json", "no_choices", "no_verdict", "hang")
+UNREADABLE = ("not_json", "no_choices", "no_verdict")  # the judge replied, but no verdict can be read
+_GOLDS = re.compile(r"^Reference answers \(any one of them is right\): (.*)$", re.MULTILINE)
+_ANSWER = re.compile(r"^System's answer: (.*)$", re.MULTILINE)
+
+
+def default_rule(prompt: str) -> str:
+    golds, answer = _GOLDS.search(prompt), _ANSWER.search(prompt)
+    if golds is None or answer is None:
+        return "I cannot tell what to compare.\nVerdict: incorrect"
+    right = any(gold.strip().lower() in answer.group(1).lower() for gold in golds.group(1).split(" | "))
+    return f"The answer {'states' if right else 'does not state'} a reference answer.\nVerdict: " + (
+        "correct" if right else "incorrect"
+    )
+
+
+class FakeJudge:
+    def __init__(self):
+        self.rule = default_rule  # prompt -> the judge's reply text
+        self.bodies: list[dict] = []
+        self.authorizations: list[str | None] = []
+        self.failures: dict[int, str] = {}  # request number (1-based) -> how it fails
+        self.fail_every: int | None = None  # every n-th request fails, taking the kinds of failure_cycle in turn
+        self.failure_cycle: tuple[str, ...] = ("http500",)
+        self.always: str | None = None  # every request fails this way
+        self.gather: int | None = None  # the first `gather` requests wait until that many are in flight together
+        self.release = threading.Event()  # what "hang" requests wait for
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.outcomes: dict[str, list[str]] = defaultdict(list)  # per prompt: "ok" or the failure, in order
+        self.app = self._build()
+
+    @property
+    def failed(self) -> Counter:
+        return Counter(kind for kinds in self.outcomes.values() for kind in kinds if kind != "ok")
+
+    def _failure(self, number: int) -> str | None:
+        if self.always:
+            return self.always
+        if number in self.failures:
+            return self.failures[number]
+        if self.fail_every and number % self.fail_every == 0:
+            return self.failure_cycle[(number // self.fail_every - 1) % len(self.failure_cycle)]
+        return None
+
+    def _build(self) -> FastAPI:
+        app = FastAPI()
+        gathered = asyncio.Event()
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request):
+            body = await request.json()
+            self.bodies.append(body)
+            self.authorizations.append(request.headers.get("authorization"))
+            number = len(self.bodies)
+            prompt = body["messages"][-1]["content"]
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            try:
+                if self.gather and number <= self.gather:
+                    if self.in_flight >= self.gather:
+                        gathered.set()
+                    try:
+                        await asyncio.wait_for(gathered.wait(), timeout=30)  # a bound, not a schedule
+                    except asyncio.TimeoutError:
+                        pass
+                kind = self._failure(number)
+                self.outcomes[prompt].append(kind or "ok")
+                return await self._answer(kind, body, prompt)
+            finally:
+                self.in_flight -= 1
+
+        return app
+
+    async def _answer(self, kind: str | None, body: dict, prompt: str):
+        if kind == "hang":
+            await asyncio.to_thread(self.release.wait, 60)
+        statuses = {"http500": 500, "http429": 429, "http400": 400, "http401": 401}
+        if kind in statuses:
+            return JSONResponse({"error": {"message": f"injected {kind}"}}, status_code=statuses[kind])
+        if kind == "not_json":
+            return Response("<html>bad gateway</html>", media_type="application/json")
+        if kind == "no_choices":
+            return {"id": uuid.uuid4().hex, "object": "chat.completion", "choices": []}
+        reply = "I think it is fine." if kind == "no_verdict" else self.rule(prompt)
+        return {
+            "id": uuid.uuid4().hex,
+            "object": "chat.completion",
+            "model": body.get("model"),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}],
+        }
