@@ -23,12 +23,11 @@ from qa_em_format import FormatWeights, score_conversation, score_response
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
 from slime_search_r1.data import golden_answers
-from slime_search_r1.loop import run_episode
+from slime_search_r1.episode import conversation_of, episode_record, record_reward
+from slime_search_r1.loop import enabled_tools, run_episode
 from slime_search_r1.protocols.xml_tags import prompt_text
-from slime_search_r1.record import conversation_of, episode_record, record_reward
 from slime_search_r1.settings import resolve_config, search_r1_configs
 from slime_search_r1.slime_flags import check_slime_args
-from slime_search_r1.tools.contract import enabled_tools
 from slime_search_r1.training.advantages import post_process_rewards  # noqa: F401 (slime loads it from here)
 from slime_search_r1.training.metrics import log_eval_rollout_metrics, log_rollout_metrics  # noqa: F401 (likewise)
 

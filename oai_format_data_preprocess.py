@@ -31,7 +31,11 @@ from tqdm import tqdm
 
 from slime_search_r1.data import CHAT_SYSTEM_PROMPT, chat_question, golden_answers
 from slime_search_r1.registry import TOOLS
+from slime_search_r1.tools.access import ACCESS
+from slime_search_r1.tools.search import SEARCH
 
+# The built-in tools a row can offer, by the names SEARCH_R1_TOOLS enables them with (registry.TOOLS names them).
+BUILT_IN_TOOLS = {"search": SEARCH, "access": ACCESS}
 REQUIRED_COLUMNS = ("question", "data_source")
 PASSED_THROUGH = ("id", "ability", "extra_info", "golden_answers")
 
@@ -150,7 +154,7 @@ def convert(
     tools: tuple[str, ...] = ("search",),
 ) -> int:
     rows, total = read_rows(source, split)
-    tools_json = json.dumps([TOOLS.get(name).schema for name in tools], ensure_ascii=False)
+    tools_json = json.dumps([TOOLS.get(name, BUILT_IN_TOOLS).schema for name in tools], ensure_ascii=False)
     converted = []
     skipped_sources = set()
     for index, row in enumerate(tqdm(rows, total=total, desc="converting", unit="row")):

@@ -4,15 +4,15 @@ settings.py      what the user set: every setting declared once, SEARCH_R1_CONFI
 registry.py      what can be added by name: protocols, token-tracking modes, tools, search backends
 slime_flags.py   which slime flags the settings must agree with
 launch_check.py  the same checks on the launch command, before Ray starts (`python -m slime_search_r1.launch_check`)
-loop.py          how one episode runs: the loop every mode shares, and how an episode ends
-state.py         what one episode knows: the EpisodeState the loop owns, the counters it records
-turns.py         what one turn is made of: Turn, Action, ToolCall, Reply
-trajectory.py    what the episode records on the sample: tokens, loss mask, log probs (the only writer)
-record.py        what it leaves in sample.metadata["search_r1"], and how to read it back
-tokens/          where a turn's tokens come from: SGLang (manual), or the old slime router's cache
+loop.py          how one episode runs: the loop every mode shares, how an episode ends, and the map of the files one
+                 turn passes through (its docstring: read it first)
+episode.py       what one episode is made of, knows and leaves: Turn, Action, Reply, the EpisodeState, and its record
+                 in sample.metadata["search_r1"] (how to read it back too)
+tokens/          where a turn's tokens come from: SGLang with the trajectory written turn by turn (manual.py), or the
+                 old slime router's cache (legacy_router.py)
 protocols/       what the model writes and is shown: XML tags, chat tool calls
-tools/           what the model may call: the tool contract, running calls, the search tool
-search/          how a query becomes passages: backends by name (local retriever, Google)
+tools/           what the model may call: the tool contract, the search tool with its client, the access tool
+search/          search backends of their own (google.py)
 training/        what slime does with finished samples: group advantages, search metrics in its logs
 evaluation/      evaluate.py's body: its command lines, the run, the judge's pass, reports, papers' figures beside them
 scoring/         how an answer scores: EM, F1, cover EM (Search-R1's normalisation), an LLM judge; reward and eval

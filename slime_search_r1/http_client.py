@@ -1,4 +1,5 @@
-"""aiohttp plumbing shared by the engine and search clients: per-event-loop sessions, errors, bounded retries.
+"""aiohttp plumbing shared by the engine and search clients: per-event-loop sessions, errors, bounded retries and
+bounded answers.
 
 httpx (which slime's post() uses) spends ~20 ms of CPU per request at 512 concurrent connections on
 this machine against ~0.6 ms for aiohttp (bench/rollout_overhead.py), so the hot paths use aiohttp.
@@ -18,6 +19,13 @@ _CHUNK_BYTES = 64 * 1024
 _ERROR_DETAIL_CHARS = 300
 _ERROR_DETAIL_BYTES = 4 * _ERROR_DETAIL_CHARS  # UTF-8 takes at most 4 bytes a character
 
+# What one search answer may weigh, per request. A wiki-18 hit is ~0.7 KB of JSON; 64 KiB a hit leaves room for
+# long-document corpora and \\u-escaped text, and is far more than one observation shows (max_obs_tokens, 500 by
+# default, is ~2-3 KB). The base covers the envelope (serper adds a knowledge graph, related searches, ...).
+# topk 3: 256 KiB; topk 100: 6.3 MiB. 256 searches in flight at topk 3 hold at most 64 MiB.
+_ANSWER_BYTES_PER_HIT = 64 * 1024
+_ANSWER_BASE_BYTES = 64 * 1024
+
 # A session or semaphore belongs to the event loop it was made on; slime runs one loop, tests and scripts run many.
 _per_loop: dict[asyncio.AbstractEventLoop, dict] = {}
 
@@ -28,6 +36,11 @@ class RequestFailed(RuntimeError):
 
 class RetryableRequestFailed(RequestFailed):
     """Connection errors, timeouts, 5xx and 429: worth another attempt."""
+
+
+def answer_byte_limit(topk: int) -> int:
+    """The most bytes a search backend's answer for `topk` hits may have; longer ones are refused."""
+    return _ANSWER_BASE_BYTES + topk * _ANSWER_BYTES_PER_HIT
 
 
 def _loop_state() -> dict:

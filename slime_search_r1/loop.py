@@ -1,9 +1,21 @@
 """The episode loop every mode shares: generate a turn, read it, run its tool calls, reply, until the episode ends.
 
-The loop owns one EpisodeState (state.py) and hands it on. The token driver TOKEN_TRACKING_MODE names says where a
-turn's tokens come from (tokens/); the protocol LLM_API_MODE names reads what the model did into an Action and
-turns the results of its tool calls into a Reply (protocols/); the loop runs the calls (tools/calls.py), commits
-each Reply to the trajectory (trajectory.py) and decides how the episode ends:
+This file is the rollout's map: one XML search episode runs in the files named here, read in this order.
+
+  generate_with_search.generate   settings.py resolves the settings, slime_flags.py checks slime's flags against them
+  run_episode (below)             one EpisodeState, the protocol and token driver the settings name, the trajectory;
+                                  then per turn:
+    driver.generate()  -> Turn    tokens/manual.py: the trajectory's ids to SGLang's /generate, the sampled ids (and
+                                  log probs) appended to the trajectory (tokens/legacy_router.py: the router modes)
+    protocol.read()    -> Action  protocols/xml_tags.py: Search-R1's tags (protocols/chat.py: OpenAI tool calls)
+    run_calls()        -> results tools/contract.py: each call run by its tool and counted under its name;
+                                  tools/search.py: the search tool, its backends and its text (tools/access.py: pages)
+    protocol.reply()   -> Reply   the results as the model is shown them, appended to the trajectory here
+  finish (below)                  the status on the sample and the record in sample.metadata["search_r1"]
+
+episode.py holds what they all share: Turn, Action, ToolCall, Reply, the EpisodeState and the record. The built-in
+protocols, token drivers and tools are imported here and picked by the name a setting gives them (registry.py
+holds those names, and what extensions register). How an episode ends:
 
   answer                              COMPLETED  answer
   engine abort, or slime's abort      ABORTED    engine_abort / rollout_aborted (checked before every turn)
@@ -25,21 +37,41 @@ from typing import Protocol
 
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
-from slime_search_r1.record import FinishReason, episode_record, resume_point
-from slime_search_r1.registry import PROTOCOLS, TOKEN_DRIVERS
+from slime_search_r1.episode import (
+    Action,
+    EpisodeState,
+    FinishReason,
+    Reply,
+    Turn,
+    encode_prompt,
+    episode_record,
+    resume_point,
+    write_episode,
+)
+from slime_search_r1.protocols.chat import ChatProtocol
+from slime_search_r1.protocols.xml_tags import XmlProtocol
+from slime_search_r1.registry import PROTOCOLS, TOKEN_DRIVERS, TOOLS
 from slime_search_r1.settings import ConfigError, SearchR1Config
-from slime_search_r1.state import EpisodeState
-from slime_search_r1.tokens.text import encode_prompt
-from slime_search_r1.tools.calls import run_calls
-from slime_search_r1.tools.contract import ToolAborted, ToolError
-from slime_search_r1.trajectory import Trajectory, why_not_continued
-from slime_search_r1.turns import Action, Reply, Turn
+from slime_search_r1.tokens.legacy_router import RouterHandlerDriver, RouterRadixDriver
+from slime_search_r1.tokens.manual import ManualDriver, Trajectory, why_not_continued
+from slime_search_r1.tools.access import ACCESS
+from slime_search_r1.tools.contract import Tool, ToolAborted, ToolError, run_calls
+from slime_search_r1.tools.search import SEARCH
 
 logger = logging.getLogger(__name__)
 
+# The built-in entries of the seams a setting names (registry.py names them, and holds what extensions register).
+BUILT_IN_PROTOCOLS = {"generate": XmlProtocol, "chat": ChatProtocol}
+BUILT_IN_TOKEN_DRIVERS = {
+    "manual": ManualDriver,
+    "router_radix": RouterRadixDriver,
+    "router_handler": RouterHandlerDriver,
+}
+BUILT_IN_TOOLS = {"search": SEARCH, "access": ACCESS}
+
 
 class TurnProtocol(Protocol):
-    """What the model writes and what it is shown (registry.PROTOCOLS: protocols/xml_tags.py, protocols/chat.py)."""
+    """What the model writes and what it is shown (LLM_API_MODE: protocols/xml_tags.py, protocols/chat.py)."""
 
     records_conversation: bool  # the episode keeps its messages (state.conversation) for the reward
     prompt_text: str  # the prompt the episode conditions on
@@ -58,7 +90,7 @@ class TurnProtocol(Protocol):
 
 
 class TokenDriver(Protocol):
-    """Where a turn's tokens come from (registry.TOKEN_DRIVERS: tokens/manual.py, tokens/legacy_router.py)."""
+    """Where a turn's tokens come from (TOKEN_TRACKING_MODE: tokens/manual.py, tokens/legacy_router.py)."""
 
     context_length: int
     response_length: int
@@ -82,6 +114,11 @@ class TokenDriver(Protocol):
 
     async def finish(self, status: Sample.Status) -> None:
         """The trajectory is complete (a router driver fetches it now)."""
+
+
+def enabled_tools(config) -> dict[str, Tool]:
+    """The tools the `tools` setting enables, by name, in its order."""
+    return {name: TOOLS.get(name, BUILT_IN_TOOLS) for name in config.tools}
 
 
 @dataclass(frozen=True)
@@ -122,7 +159,7 @@ def resumable_record(args, sample: Sample, prompt_ids: list[int], track_log_prob
 async def run_episode(args, sample: Sample, sampling_params: dict, config: SearchR1Config, evaluation: bool):
     """One sample's whole episode; returns the sample with its trajectory, status and metadata."""
     slime_state = GenerateState(args)
-    protocol_class = PROTOCOLS.get(config.llm_api_mode)
+    protocol_class = PROTOCOLS.get(config.llm_api_mode, BUILT_IN_PROTOCOLS)
     state = EpisodeState(
         args,
         sample,
@@ -130,10 +167,11 @@ async def run_episode(args, sample: Sample, sampling_params: dict, config: Searc
         slime_state.tokenizer,
         slime_state,
         evaluation,
+        enabled_tools(config),
         conversation=[] if protocol_class.records_conversation else None,
     )
     protocol: TurnProtocol = protocol_class(state, sampling_params)
-    driver_class = TOKEN_DRIVERS.get(config.token_tracking_mode)
+    driver_class = TOKEN_DRIVERS.get(config.token_tracking_mode, BUILT_IN_TOKEN_DRIVERS)
     if getattr(args, "partial_rollout", False) and not getattr(driver_class, "resumable", False):
         raise ConfigError(
             f"--partial-rollout resumes aborted episodes from the trajectory they wrote, which "
@@ -156,7 +194,18 @@ async def run_episode(args, sample: Sample, sampling_params: dict, config: Searc
     status, reason = await _turns(state, protocol, driver, episode_budget(args, sampling_params, config, evaluation))
     await driver.finish(status)
     driver.trajectory.decode_response(state.tokenizer)
-    return state.finish(status, reason)
+    return finish(state, status, reason)
+
+
+def finish(state: EpisodeState, status: Sample.Status, reason: FinishReason) -> Sample:
+    """The episode's end on the sample: its status, and its record in its metadata (where it stood too, when slime
+    aborted it in a partial rollout: slime hands the sample back to be resumed)."""
+    sample = state.sample
+    resumable = status == Sample.Status.ABORTED and bool(getattr(state.args, "partial_rollout", False))
+    write_episode(sample, state.record(reason, resumable=resumable))
+    sample.status = status
+    sample.remove_sample = status == Sample.Status.FAILED and state.config.drop_failed_samples
+    return sample
 
 
 async def _turns(

@@ -1,85 +1,74 @@
 """The plugin's seams, open by name: how the model talks (protocols), where a turn's tokens come from (token
 drivers), what it may call (tools) and what answers a search (search backends).
 
-Each seam is a Registry: a setting names an entry, and a new entry is one `register()` call in a file of your own,
-imported through the `extensions` setting (SEARCH_R1_EXTENSIONS=my_module), so that generate() and the launch
-check see it alike. Built-in entries are registered by their "module:attribute" path and imported on first use:
-naming or checking a setting never imports an implementation (or slime).
+A setting names an entry of a seam. The built-in entries are only named here; their objects are imported where they
+are used (loop.py: protocols, token drivers and tools; tools/search.py: search backends), so that naming or checking
+a setting imports no implementation (or slime). A new entry is one `register()` call in a file of your own, imported
+through the `extensions` setting (SEARCH_R1_EXTENSIONS=my_module), so that generate() and the launch check see it
+alike:
 
     from slime_search_r1.registry import SEARCH_BACKENDS
     SEARCH_BACKENDS.register("bing", bing_search)          # then SEARCH_BACKEND=bing
 """
 
-import importlib
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+Entry = TypeVar("Entry")
 
 
 class Registry:
-    """Named implementations of one seam; an entry is the object itself or its "module:attribute" path."""
+    """The names one seam answers to: its built-ins (named here, their objects imported by the code that uses them)
+    and the entries registered by name (an extension's, or one that replaces a built-in)."""
 
-    def __init__(self, seam: str, setting: str, builtins: dict[str, str]):
+    def __init__(self, seam: str, setting: str, builtins: tuple[str, ...]):
         self.seam = seam  # what an entry is, for messages ("search backend")
         self.setting = setting  # the setting that names entries ("search_backend")
-        self._entries: dict[str, Any] = dict(builtins)
+        self.builtins = builtins
+        self._entries: dict[str, Any] = {}  # registered
 
     def register(self, name: str, entry: Any, *, replace: bool = False) -> None:
-        """Make `entry` (an object or a "module:attribute" path) available as `name`."""
+        """Make `entry` available as `name` (replacing a built-in of that name only when asked)."""
         if not isinstance(name, str) or not name.strip() or name != name.strip():
             raise ValueError(f"a {self.seam} needs a non-empty name without surrounding spaces, got {name!r}")
-        if name in self._entries and not replace:
+        if name in self and not replace:
             raise ValueError(f"a {self.seam} named {name!r} is registered already (pass replace=True to replace it)")
         self._entries[name] = entry
 
     def unregister(self, name: str) -> None:
+        """Remove the entry registered as `name` (a built-in it replaced answers again)."""
         del self._entries[name]
 
     def names(self) -> tuple[str, ...]:
-        return tuple(self._entries)
+        return (*self.builtins, *(name for name in self._entries if name not in self.builtins))
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return name in self.builtins or name in self._entries
 
-    def get(self, name: str) -> Any:
-        """The entry, imported on first use; KeyError names the registered ones."""
-        if name not in self._entries:
-            raise KeyError(f"no {self.seam} named {name!r}; registered: {', '.join(self._entries)}")
-        entry = self._entries[name]
-        if isinstance(entry, str):
-            module, _, attribute = entry.partition(":")
-            entry = self._entries[name] = getattr(importlib.import_module(module), attribute)
-        return entry
+    def get(self, name: str, builtins: Mapping[str, Entry]) -> Entry:
+        """The entry registered as `name`, else the built-in of that name from `builtins` (the caller's imports);
+        KeyError names the registered ones."""
+        if name in self._entries:
+            return self._entries[name]
+        if name not in self.builtins:
+            raise KeyError(f"no {self.seam} named {name!r}; registered: {', '.join(self.names())}")
+        return builtins[name]
 
 
+# The built-ins of each seam, by name: loop.py and tools/search.py hold their objects under the same names.
 PROTOCOLS = Registry(
     "protocol",
     "llm_api_mode",
-    {
-        "generate": "slime_search_r1.protocols.xml_tags:XmlProtocol",  # Search-R1's XML tags over /generate
-        "chat": "slime_search_r1.protocols.chat:ChatProtocol",  # OpenAI tool calls through the chat template
-    },
+    ("generate", "chat"),  # Search-R1's XML tags over /generate; OpenAI tool calls through the chat template
 )
-TOKEN_DRIVERS = Registry(
-    "token-tracking mode",
-    "token_tracking_mode",
-    {
-        "manual": "slime_search_r1.tokens.manual:ManualDriver",
-        "router_radix": "slime_search_r1.tokens.legacy_router:RouterRadixDriver",
-        "router_handler": "slime_search_r1.tokens.legacy_router:RouterHandlerDriver",
-    },
-)
+TOKEN_DRIVERS = Registry("token-tracking mode", "token_tracking_mode", ("manual", "router_radix", "router_handler"))
 TOOLS = Registry(
     "tool",
     "tools",
-    {
-        "search": "slime_search_r1.tools.search:SEARCH",  # Search-R1's <search> query </search>
-        "access": "slime_search_r1.tools.access:ACCESS",  # ASearcher's <access> URL </access> (off by default)
-    },
+    ("search", "access"),  # Search-R1's <search> query </search>; ASearcher's <access> URL </access> (off by default)
 )
 SEARCH_BACKENDS = Registry(
     "search backend",
     "search_backend",
-    {
-        "local": "slime_search_r1.search.local:search",  # local_dense_retriever/ (or Search-R1's server)
-        "google": "slime_search_r1.search.google:search",  # serper.dev
-    },
+    ("local", "google"),  # local_dense_retriever/ (or Search-R1's server); serper.dev
 )

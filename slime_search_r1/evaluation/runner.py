@@ -21,11 +21,11 @@ from slime_search_r1.data import golden_answers
 from slime_search_r1.evaluation.dataset import ColumnNames, EvalRow, build_sample
 from slime_search_r1.evaluation.reports import TrajectoryStore
 from slime_search_r1.http_client import close_loop_sessions
+from slime_search_r1.episode import conversation_of, episode_record, tool_counters
 from slime_search_r1.protocols.chat_reward import read_conversation
-from slime_search_r1.record import conversation_of, episode_record, tool_counters
 from slime_search_r1.scoring.answers import last_answer, rule_scores, search_only
 from slime_search_r1.settings import ConfigError
-from slime_search_r1.tools.contract import Tool, enabled_tools
+from slime_search_r1.tools.contract import Tool
 
 logger = logging.getLogger("evaluate")
 
@@ -207,6 +207,8 @@ class Evaluation:
     def __init__(self, cli: Namespace, plugin, sample_cls, config, store: TrajectoryStore, columns: ColumnNames):
         from slime.rollout.sglang_rollout import GenerateState
         from slime.utils.http_utils import init_http_client
+
+        from slime_search_r1.loop import enabled_tools  # the rollout's tools, and slime with them: imported here
 
         self.cli = cli
         self.plugin = plugin

@@ -12,13 +12,11 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from slime_search_r1.episode import Action, Reply, ToolCall, Turn, encode_text
 from slime_search_r1.protocols.chat_template import ChatRenderer, chat_template_kwargs
 from slime_search_r1.protocols.xml_tags import ANSWER_PATTERN
 from slime_search_r1.settings import ConfigError
-from slime_search_r1.tokens.text import encode_text
-from slime_search_r1.tools.calls import read_call
-from slime_search_r1.tools.contract import Tool
-from slime_search_r1.turns import Action, Reply, ToolCall, Turn
+from slime_search_r1.tools.contract import Tool, read_call
 
 TOOL_CALL_PATTERN = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 # The model's own text after its first tool call (e.g. an invented <tool_response>), kept in the recorded

@@ -14,7 +14,7 @@ import copy
 import json
 import re
 
-from slime_search_r1.tokens.text import encode_text
+from slime_search_r1.episode import encode_text
 
 _ASSISTANT_SENTINEL = "\ue000search-r1-assistant-turn\ue001"
 _CONTENT_SLOT = "\ue000search-r1-slot-{}\ue001"

@@ -11,11 +11,9 @@ import re
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 
+from slime_search_r1.episode import Action, Reply, Turn, encode_text, fixed_text_ids
 from slime_search_r1.protocols.chat_template import chat_template_kwargs
-from slime_search_r1.tokens.text import encode_text, fixed_text_ids
-from slime_search_r1.tools.calls import read_call
-from slime_search_r1.tools.contract import Tool
-from slime_search_r1.turns import Action, Reply, Turn
+from slime_search_r1.tools.contract import Tool, read_call
 
 logger = logging.getLogger(__name__)
 

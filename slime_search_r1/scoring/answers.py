@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from slime_search_r1.protocols.xml_tags import ANSWER_PATTERN, INFORMATION_PATTERN, invalid_action_message
 from slime_search_r1.registry import TOOLS
 from slime_search_r1.tools.contract import Tool
+from slime_search_r1.tools.search import SEARCH
 
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -90,7 +91,7 @@ def rule_scores(prediction: str | None, golden_answers: str | Iterable[str]) -> 
 
 def search_only() -> dict[str, Tool]:
     """The tools when none are named: Search-R1's one."""
-    return {"search": TOOLS.get("search")}
+    return {"search": TOOLS.get("search", {"search": SEARCH})}
 
 
 def last_answer(response: str, tools: Mapping[str, Tool] | None = None) -> str | None:

@@ -1,1 +1,1 @@
-"""How a query becomes passages: search backends by name, the local retriever client, Search-R1's text."""
+"""Search backends of their own beyond the local retriever (tools/search.py holds that one): google.py, serper.dev."""

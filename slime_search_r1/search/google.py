@@ -16,8 +16,15 @@ from html.parser import HTMLParser
 import aiohttp
 import chardet
 
-from slime_search_r1.http_client import RequestFailed, loop_semaphore, loop_session, post_json, read_prefix, retrying
-from slime_search_r1.search.results import answer_byte_limit
+from slime_search_r1.http_client import (
+    RequestFailed,
+    answer_byte_limit,
+    loop_semaphore,
+    loop_session,
+    post_json,
+    read_prefix,
+    retrying,
+)
 from slime_search_r1.settings import SETTINGS
 
 logger = logging.getLogger(__name__)

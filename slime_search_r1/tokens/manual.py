@@ -1,38 +1,40 @@
-"""TOKEN_TRACKING_MODE=manual: the exact id list being trained goes to SGLang, its ids and log probs come back.
+"""TOKEN_TRACKING_MODE=manual: the exact id list being trained goes to SGLang's /generate, its ids and log probs come
+back, and the trajectory on the sample grows by them, turn by turn.
+
+  ManualDriver         the token driver: one engine call per turn, an engine that ran past a stop string cut after it
+  Trajectory           the sample's tokens, loss mask and log probs, kept aligned: the only writer of those fields
+  generate_turn        one /generate call (aiohttp, or slime's post()), retried like slime's, its answer checked
 
 Nothing is re-tokenized, so every id the engine conditioned on is a prefix of `sample.tokens`. With slime's
 --partial-rollout a turn the engine aborted keeps what it had sampled, and the resumed episode continues that turn
 from its last token (the engine's context is still the trajectory).
 """
 
-from slime_search_r1.tokens.engine import engine_url, generate_turn, keep_first_tokens, routing_headers
-from slime_search_r1.turns import Turn
+import base64
+import logging
+from array import array
+from dataclasses import replace
+
+from tenacity import before_sleep_log, wait_fixed
+
+from slime.rollout.sglang_rollout import get_model_url
+from slime.utils.http_utils import post as slime_post
+from slime.utils.types import Sample
+from slime_search_r1.episode import Turn, forget_episode
+from slime_search_r1.http_client import RequestFailed, RetryableRequestFailed, post_json, retrying, unbounded_session
+
+logger = logging.getLogger(__name__)
+
+# Like slime's post(): an engine that restarts or is briefly overloaded gets 60 tries, 1 s apart.
+ENGINE_ATTEMPTS = 60
+ENGINE_RETRY_WAIT_S = 1.0
+
+# slime reads either name of each (slime/utils/types.py)
+_TOP_P_ID_KEYS = ("top_p_token_ids", "top_p_kept_token_ids")
+_TOP_P_OFFSET_KEYS = ("top_p_token_offsets", "top_p_kept_token_offsets")
 
 
-def cut_after_first_stop(ids: list[int], tokenizer, text: str, stops: tuple[str, ...]) -> int:
-    """How many of `ids` to keep so the turn ends with the token that completes its first stop string.
-
-    An engine that honours stop strings already ends there; one that ran past them is cut, which keeps
-    every kept token and log prob exact (they are a prefix of what was sampled).
-    """
-    hits = [(pos, stop) for stop in stops if (pos := text.find(stop)) >= 0]
-    if not hits or len(ids) <= 1:
-        return len(ids)
-    pos, stop = min(hits)
-
-    def holds_stop(count: int) -> bool:
-        return tokenizer.decode(ids[:count], skip_special_tokens=False).find(stop) == pos
-
-    if not holds_stop(len(ids) - 1):  # the usual case: the stop string ends in the last token
-        return len(ids)
-    low, high = 1, len(ids) - 1
-    while low < high:
-        mid = (low + high) // 2
-        if holds_stop(mid):
-            high = mid
-        else:
-            low = mid + 1
-    return low
+# ---- the driver -------------------------------------------------------------------------------------------------
 
 
 class ManualDriver:
@@ -99,3 +101,267 @@ class ManualDriver:
 
     async def finish(self, status) -> None:
         """Nothing to fetch: the trajectory was written turn by turn."""
+
+
+def cut_after_first_stop(ids: list[int], tokenizer, text: str, stops: tuple[str, ...]) -> int:
+    """How many of `ids` to keep so the turn ends with the token that completes its first stop string.
+
+    An engine that honours stop strings already ends there; one that ran past them is cut, which keeps
+    every kept token and log prob exact (they are a prefix of what was sampled).
+    """
+    hits = [(pos, stop) for stop in stops if (pos := text.find(stop)) >= 0]
+    if not hits or len(ids) <= 1:
+        return len(ids)
+    pos, stop = min(hits)
+
+    def holds_stop(count: int) -> bool:
+        return tokenizer.decode(ids[:count], skip_special_tokens=False).find(stop) == pos
+
+    if not holds_stop(len(ids) - 1):  # the usual case: the stop string ends in the last token
+        return len(ids)
+    low, high = 1, len(ids) - 1
+    while low < high:
+        mid = (low + high) // 2
+        if holds_stop(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
+# ---- the trajectory on the sample -------------------------------------------------------------------------------
+# Model tokens always get loss mask 1 and the engine's log probs. Observation tokens get mask 0, or 1 when
+# `train_observations` (LOSS_MASK_MODE=simple); their log probs are 0.0 placeholders because the engine never
+# sampled them. With log probs tracked, slime's append_response_tokens does the bookkeeping; without,
+# rollout_log_probs stays None and slime recomputes them.
+
+
+class Trajectory:
+    """Owns the response side of `sample` for one generate() call: reset on creation (slime may retry a Sample), or,
+    for a partial rollout's aborted sample, continued as slime left it (loss mask off-policy-masked or not)."""
+
+    def __init__(
+        self,
+        args,
+        sample: Sample,
+        prompt_ids: list[int],
+        *,
+        track_log_probs: bool,
+        train_observations: bool,
+        continued: bool = False,
+    ):
+        self.args = args
+        self.sample = sample
+        self.prompt_ids = list(prompt_ids)
+        self.track_log_probs = track_log_probs
+        self.train_observations = train_observations
+        if continued:
+            sample.reward, sample.remove_sample, sample.status = None, False, Sample.Status.PENDING
+        else:
+            reset_response_fields(sample, prompt_ids, track_log_probs)
+
+    @property
+    def response_length(self) -> int:
+        return self.sample.response_length
+
+    @property
+    def context_length(self) -> int:
+        return len(self.sample.tokens)
+
+    def response_ids(self) -> list[int]:
+        return self.sample.tokens[len(self.prompt_ids) :]
+
+    def add_generated(self, ids: list[int], log_probs: list[float] | None, meta_info: dict | None) -> None:
+        if self.track_log_probs:
+            self.sample.append_response_tokens(
+                self.args, tokens=ids, log_probs=log_probs, trainable=True, meta_info=meta_info
+            )
+        else:
+            self._extend_untracked(ids, 1)
+
+    def add_observation(self, ids: list[int]) -> None:
+        if not self.track_log_probs:
+            self._extend_untracked(ids, 1 if self.train_observations else 0)
+        elif self.train_observations:
+            self.sample.append_response_tokens(self.args, tokens=ids, log_probs=[0.0] * len(ids), trainable=True)
+        else:
+            self.sample.append_response_tokens(self.args, tokens=ids, trainable=False)
+
+    def _extend_untracked(self, ids: list[int], mask: int) -> None:
+        # append_response_tokens insists on log probs for trainable tokens, so do its bookkeeping here.
+        self.sample.tokens += ids
+        self.sample.response_length += len(ids)
+        self.sample.loss_mask += [mask] * len(ids)
+
+    def replace_response(self, ids: list[int], loss_mask: list[int], log_probs: list[float] | None) -> None:
+        """The whole response at once, as a router's cache recorded it (the router token-tracking modes)."""
+        reset_response_fields(self.sample, self.prompt_ids + list(ids), self.track_log_probs)
+        self.sample.response_length = len(ids)
+        self.sample.loss_mask = [1] * len(ids) if self.train_observations else [int(m) for m in loss_mask]
+        if self.track_log_probs:
+            self.sample.rollout_log_probs = [float(v) for v in log_probs]
+
+    def decode_response(self, tokenizer) -> None:
+        self.sample.response = tokenizer.decode(self.sample.tokens[len(self.prompt_ids) :], skip_special_tokens=False)
+
+
+def why_not_continued(sample: Sample, prompt_ids: list[int], track_log_probs: bool) -> str | None:
+    """Why the sample's response fields cannot be continued as they are (None: they can): a prompt that renders
+    differently now, or fields that do not line up."""
+    response_length = sample.response_length
+    if list(sample.tokens[: len(prompt_ids)]) != list(prompt_ids):
+        return "its tokens do not start with the prompt's tokens as they render now"
+    if len(sample.tokens) != len(prompt_ids) + response_length:
+        return f"{len(sample.tokens)} tokens for {len(prompt_ids)} of prompt and {response_length} of response"
+    if len(sample.loss_mask or []) != response_length:
+        return f"a loss mask of {len(sample.loss_mask or [])} for {response_length} response tokens"
+    log_probs = sample.rollout_log_probs
+    if track_log_probs and (log_probs is None or len(log_probs) != response_length):
+        return f"{'no' if log_probs is None else len(log_probs)} rollout log probs for {response_length} tokens"
+    return None
+
+
+def reset_response_fields(sample: Sample, tokens: list[int], track_log_probs: bool) -> None:
+    """slime may call generate() again on the same Sample (retry, partial rollout): start clean."""
+    sample.tokens = list(tokens)
+    sample.response = ""
+    sample.response_length = 0
+    sample.loss_mask = []
+    sample.rollout_log_probs = [] if track_log_probs else None
+    sample.rollout_top_p_token_ids = None
+    sample.rollout_top_p_token_offsets = None
+    sample.rollout_routed_experts = None
+    sample.weight_versions = []
+    sample.prefix_cache_info = type(sample.prefix_cache_info)()  # slime adds every turn's meta_info to these
+    sample.spec_info = type(sample.spec_info)()
+    sample.reward = None
+    sample.remove_sample = False
+    sample.status = Sample.Status.PENDING
+    forget_episode(sample)
+
+
+# ---- the engine call --------------------------------------------------------------------------------------------
+
+
+class EngineProtocolError(RuntimeError):
+    """The engine rejected the request (4xx) or answered without what token-exact training needs."""
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine kept failing (connection errors, 5xx) for every attempt."""
+
+
+def engine_url(args, model: str) -> str:
+    return get_model_url(args, model, "/generate")
+
+
+def routing_headers(args, sample) -> dict | None:
+    """Keep every turn of a sample on one engine when slime's router hashes on a key (prefix cache hits)."""
+    if getattr(args, "router_policy", None) == "consistent_hashing" and getattr(sample, "session_id", None):
+        return {"X-SMG-Routing-Key": sample.session_id}
+    return None
+
+
+def base_url(args, model: str) -> str:
+    """The policy's router (sglang-router in front of the engines, or the old slime router), found as slime finds
+    it: `model`'s router from --sglang-config, else --sglang-router-ip/--sglang-router-port."""
+    return get_model_url(args, model, endpoint="")
+
+
+async def post_with_retries(url: str, payload: dict, headers: dict | None = None) -> object:
+    """POST to the engine or router over aiohttp, retried like slime's post() on 5xx, 429 and connection errors."""
+    session = unbounded_session("sglang")
+    try:
+        async for attempt in retrying(
+            ENGINE_ATTEMPTS,
+            wait=wait_fixed(ENGINE_RETRY_WAIT_S),
+            before_sleep=before_sleep_log(logger, logging.WARNING),
+        ):
+            with attempt:
+                return await post_json(session, url, payload, None, headers=headers)
+    except RetryableRequestFailed as exc:
+        raise EngineUnavailable(f"SGLang did not answer after {ENGINE_ATTEMPTS} attempts: {exc}") from exc
+    except RequestFailed as exc:
+        raise EngineProtocolError(str(exc)) from exc
+
+
+async def generate_turn(
+    url: str,
+    input_ids: list[int],
+    sampling_params: dict,
+    return_logprob: bool,
+    *,
+    use_slime_post: bool = False,
+    headers: dict | None = None,
+) -> Turn:
+    """One /generate call; slime's own post() when asked (e.g. its Ray-distributed posts), else aiohttp."""
+    payload = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": return_logprob}
+    if use_slime_post:
+        output = await slime_post(url, payload, headers=headers)
+    else:
+        output = await post_with_retries(url, payload, headers)
+    turn = parse_engine_output(output, return_logprob)
+    seen = turn.meta_info.get("prompt_tokens")
+    # An abort before prefill reports 0 prompt tokens on some SGLang versions: only check finished turns.
+    if turn.finish_type != "abort" and isinstance(seen, int) and seen != len(input_ids):
+        raise EngineProtocolError(
+            f"the engine conditioned on {seen} tokens but {len(input_ids)} were sent, so the trajectory would not "
+            "be what it saw: something rewrote or truncated input_ids (the old slime router's radix middleware "
+            "rewrites them: use TOKEN_TRACKING_MODE=router_radix with it; SGLang's allow_auto_truncate cuts them)"
+        )
+    return turn
+
+
+def parse_engine_output(output: object, return_logprob: bool) -> Turn:
+    """The sampled ids (and log probs) of a /generate answer; the text is the driver's to decode."""
+    if not isinstance(output, dict) or not isinstance(output.get("meta_info"), dict):
+        raise EngineProtocolError(f"/generate answered without meta_info: {str(output)[:200]}")
+    meta_info = output["meta_info"]
+    finish = meta_info.get("finish_reason") or {}
+    finish_type = finish.get("type") if isinstance(finish, dict) else str(finish)
+    if finish_type == "abort":  # SGLang answers with what it had sampled (nothing when aborted before prefill)
+        if return_logprob:
+            pairs = meta_info.get("output_token_logprobs") or []
+            return Turn(
+                [int(p[1]) for p in pairs], "abort", log_probs=[float(p[0]) for p in pairs], meta_info=meta_info
+            )
+        return Turn([int(i) for i in output.get("output_ids") or []], "abort", meta_info=meta_info)
+    if return_logprob:
+        pairs = meta_info.get("output_token_logprobs")
+        if pairs is None:
+            raise EngineProtocolError("/generate answered without meta_info.output_token_logprobs")
+        ids, log_probs = [int(p[1]) for p in pairs], [float(p[0]) for p in pairs]
+        return Turn(ids, finish_type, log_probs=log_probs, meta_info=meta_info)
+    ids = output.get("output_ids")
+    if ids is None:
+        raise EngineProtocolError(
+            "/generate answered without output_ids; this SGLang version only returns generated ids with "
+            "log probs, so set TRACK_LOG_PROBS=true (re-tokenizing the text would not be token-exact)"
+        )
+    return Turn([int(i) for i in ids], finish_type, meta_info=meta_info)
+
+
+def int32_values(value) -> list[int]:
+    """An int32 array as SGLang's top-p replay sends it (base64 of native int32, bytes, or a list) as ints."""
+    if isinstance(value, str):
+        value = base64.b64decode(value)
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return array("i", bytes(value)).tolist()
+    return [int(v) for v in (value.tolist() if hasattr(value, "tolist") else value)]
+
+
+def keep_first_tokens(turn: Turn, count: int) -> Turn:
+    """The turn cut after its first `count` tokens (what a stop at that token would have returned)."""
+    meta_info = dict(turn.meta_info)
+    meta_info["finish_reason"] = {"type": "stop"}
+    if "output_token_logprobs" in meta_info:
+        meta_info["output_token_logprobs"] = meta_info["output_token_logprobs"][:count]
+    id_key = next((k for k in _TOP_P_ID_KEYS if meta_info.get(k) is not None), None)
+    offsets_key = next((k for k in _TOP_P_OFFSET_KEYS if meta_info.get(k) is not None), None)
+    if id_key and offsets_key:
+        # the nucleus of token i is ids[offsets[i]:offsets[i + 1]]; slime reads lists as well as base64
+        offsets = int32_values(meta_info[offsets_key])[: count + 1]
+        meta_info[offsets_key] = offsets
+        meta_info[id_key] = int32_values(meta_info[id_key])[: offsets[-1]]
+    log_probs = None if turn.log_probs is None else turn.log_probs[:count]
+    return replace(turn, ids=turn.ids[:count], finish_type="stop", log_probs=log_probs, meta_info=meta_info)

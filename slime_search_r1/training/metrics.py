@@ -16,7 +16,7 @@ from statistics import fmean
 
 import numpy as np
 
-from slime_search_r1.record import FinishReason, episode_record, reward_of, tool_counters
+from slime_search_r1.episode import FinishReason, episode_record, reward_of, tool_counters
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from slime_search_r1.data import golden_answers
-from slime_search_r1.record import conversation_of, reward_of, tool_counters
+from slime_search_r1.episode import conversation_of, reward_of, tool_counters
 from slime_search_r1.viewer.samples import Run, ViewSample
 from slime_search_r1.viewer.steps import steps_of, tool_calls
 from slime_search_r1.viewer.summary import hook_metrics, hook_prefix, log_prob_gaps, viewer_metrics

@@ -4,7 +4,7 @@ evaluate.py's trajectories.jsonl; and the run (one rollout, one evaluation) it b
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime_search_r1.record import episode_record
+from slime_search_r1.episode import episode_record
 
 
 @dataclass

@@ -11,8 +11,8 @@ import json
 import re
 from dataclasses import dataclass
 
+from slime_search_r1.episode import conversation_of, tool_counters
 from slime_search_r1.protocols.xml_tags import INFORMATION_CLOSE, INFORMATION_OPEN, INFORMATION_PATTERN, action_tags
-from slime_search_r1.record import conversation_of, tool_counters
 from slime_search_r1.registry import TOOLS
 from slime_search_r1.viewer.samples import ViewSample
 from slime_search_r1.viewer.vocabulary import Vocabulary

@@ -5,7 +5,7 @@ shows (reward spread, statuses, GRPO groups without signal, train/rollout log-pr
 from collections import Counter, defaultdict
 from statistics import fmean, pstdev
 
-from slime_search_r1.record import reward_of
+from slime_search_r1.episode import reward_of
 from slime_search_r1.training.metrics import EVAL_PREFIX, TRAIN_PREFIX, em_by_data_source, search_metrics
 from slime_search_r1.viewer.samples import Run, ViewSample
 

@@ -8,8 +8,8 @@ and log probs ("tokens"), so the page shows every token; older lines are shown a
 import json
 from pathlib import Path
 
+from slime_search_r1.episode import METADATA_KEY
 from slime_search_r1.evaluation.reports import RUN_CONFIG, TRAJECTORIES, TrajectoryStore
-from slime_search_r1.record import METADATA_KEY
 from slime_search_r1.viewer.dumps import InputError
 from slime_search_r1.viewer.samples import Run, ViewSample
 

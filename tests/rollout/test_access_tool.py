@@ -17,7 +17,7 @@ from slime_search_r1.protocols.chat_reward import conversation_format_problem
 from slime_search_r1.protocols.xml_tags import TOOL_LINES_AFTER, invalid_action_message, prompt_text
 from slime_search_r1.settings import ConfigError, resolve_config, search_r1_configs
 from slime_search_r1.tools.access import ACCESS
-from slime_search_r1.tools.contract import enabled_tools
+from slime_search_r1.loop import enabled_tools
 from slime_search_r1.tools.search import SEARCH
 from slime_search_r1.training.metrics import search_metrics
 from support.episodes import (

@@ -18,8 +18,8 @@ from slime_search_r1.http_client import close_loop_sessions
 from slime_search_r1.protocols.chat_template import ChatRenderer
 from slime_search_r1.tools.search import SEARCH_SCHEMA
 from slime_search_r1.protocols.xml_tags import INFORMATION_CLOSE, INFORMATION_OPEN, information_ids
-from slime_search_r1.search.results import format_documents
-from slime_search_r1.tokens.engine import EngineProtocolError
+from slime_search_r1.tools.search import format_documents
+from slime_search_r1.tokens.manual import EngineProtocolError
 from support.episodes import (
     search_failures,
     searches,

@@ -17,8 +17,8 @@ from slime_search_r1.settings import ConfigError
 from slime_search_r1.slime_flags import REWARD_POST_PROCESS_PATH
 from slime_search_r1.data import search_r1_prompt
 from slime_search_r1.tools.search import SEARCH_SCHEMA
-from slime_search_r1.tokens import engine as sglang_engine
-from slime_search_r1.tokens.engine import EngineProtocolError, EngineUnavailable
+from slime_search_r1.tokens import manual as sglang_engine
+from slime_search_r1.tokens.manual import EngineProtocolError, EngineUnavailable
 from slime_search_r1.tokens.legacy_router import RouterTrackingError
 from support.episodes import (
     ANSWER_TURN,

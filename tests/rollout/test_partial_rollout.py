@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from slime.rollout.sglang_rollout import GenerateState, abort
 from slime.utils.http_utils import init_http_client
 from slime.utils.types import Sample
-from slime_search_r1.record import resume_point
+from slime_search_r1.episode import resume_point
 from slime_search_r1.training.metrics import search_metrics
 from support.episodes import CHAT_LABEL, QUESTION, chat_messages, chat_prompt_ids, info, label, searches
 from support import slime_compat

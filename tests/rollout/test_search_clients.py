@@ -13,10 +13,8 @@ import pytest
 from slime_search_r1 import http_client
 from slime_search_r1.http_client import RequestFailed, close_loop_sessions, loop_session, post_json
 from google_search_server import PAGE_MAX_BYTES, google_search
-from slime_search_r1.search.local import LocalRetrieverClient
-from slime_search_r1.search.dispatch import SearchError, search
 from slime_search_r1.registry import SEARCH_BACKENDS
-from slime_search_r1.search.results import hit_document
+from slime_search_r1.tools.search import LocalRetrieverClient, SearchError, hit_document, search
 from slime_search_r1.settings import resolve_config, search_r1_configs
 from support.fake_retriever import FakeRetriever
 from support.fake_serper import FakeSerper

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from slime_search_r1.record import episode_record
+from slime_search_r1.episode import episode_record
 from slime_search_r1.training.metrics import search_metrics
 from slime_search_r1.viewer.__main__ import main as viewer_main
 from slime_search_r1.viewer.dumps import InputError, load_torch_file

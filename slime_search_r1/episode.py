@@ -1,0 +1,244 @@
+"""One episode: what its turns are made of, what it knows while it runs, and the record it leaves on its sample.
+
+  Turn, ToolCall, Action, Reply   what passes between the loop, a token driver, a protocol and the tools
+  encode_text, encode_prompt      the ids of text the model did not write: its prompt, what it is shown
+  EpisodeState, EpisodeStats      what the loop owns and hands on: settings, tools, where the episode stands, counters
+  the record                      sample.metadata["search_r1"]: the counters, how the episode ended, (chat) its
+                                  conversation, where an aborted one stood; reward_func adds the reward's parts
+
+generate() writes the record once, at the end (loop.py); reward_func, the log hooks, evaluate.py and the viewer read
+it with the functions below. Everything stored is plain Python (dicts, lists, str, int, float, bool, None): slime
+keeps samples in its data buffer and dumps them with torch.save. Nothing here imports slime: the viewer reads
+records on a machine without it.
+"""
+
+from argparse import Namespace
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from functools import lru_cache
+from typing import Any
+
+# ---- what one turn is made of -----------------------------------------------------------------------------------
+# A driver returns the Turn the model generated; the protocol reads it into an Action (its tool calls, or its
+# answer); the loop runs the calls and the protocol turns their results into the Reply the model is shown next.
+
+
+@dataclass
+class Turn:
+    """One model turn, whichever way its tokens came: what was sampled, how it ended, and its text."""
+
+    ids: list[int]
+    finish_type: str  # "stop" | "length" | "abort"
+    text: str = ""
+    log_probs: list[float] | None = None  # the engine's, one per id (manual mode with TRACK_LOG_PROBS)
+    meta_info: dict = field(default_factory=dict)  # SGLang's, handed on to slime's append_response_tokens
+    message: dict | None = None  # the assistant message, when a server parsed it (router_handler)
+
+
+@dataclass
+class ToolCall:
+    call_id: str
+    name: str
+    arguments: dict  # as the model wrote them (the recorded conversation keeps these)
+    parsed: dict = field(default_factory=dict)  # as the tool read them: what it runs on
+    error: str | None = None  # why the call cannot run; the model is told in the reply
+
+    def to_dict(self) -> dict:
+        return {"call_id": self.call_id, "name": self.name, "arguments": self.arguments, "parsed": self.parsed}
+
+
+@dataclass
+class Action:
+    calls: list[ToolCall] = field(default_factory=list)  # tool calls to answer (a malformed one answers its error)
+    final: bool = False  # the model gave its answer: the episode ends
+    invalid: bool = False  # neither a usable call nor an answer (counted in the sample's invalid_actions)
+    message: dict | None = None  # chat mode: the assistant message, as the recorded conversation keeps it
+
+
+@dataclass
+class Reply:
+    ids: list[int]  # what the model is shown next: appended to the trajectory as observation tokens
+    messages: list[dict] = field(default_factory=list)  # chat mode: the messages those ids render
+    truncated: int = 0  # how many tool results were cut to fit their tool's observation budget
+
+
+# ---- the ids of text the model did not write --------------------------------------------------------------------
+
+
+def encode_text(tokenizer, text: str, *, special_tokens_as_text: bool = True) -> list[int]:
+    """Token ids of `text` on its own; by default a special-token string in retrieved text stays text."""
+    return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=special_tokens_as_text)
+
+
+@lru_cache(maxsize=64)
+def fixed_text_ids(tokenizer, text: str) -> tuple[int, ...]:
+    """encode_text for the environment's fixed strings (tags, messages), computed once per tokenizer."""
+    return tuple(encode_text(tokenizer, text))
+
+
+@lru_cache(maxsize=4096)
+def _prompt_ids(tokenizer, prompt: str) -> tuple[int, ...]:
+    # GRPO rolls out every prompt n_samples_per_prompt times: tokenize it once.
+    return tuple(encode_text(tokenizer, prompt, special_tokens_as_text=False))
+
+
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    """Prompt ids as slime computes them: the prompt string tokenized with its special tokens."""
+    return list(_prompt_ids(tokenizer, prompt))
+
+
+# ---- the record in sample.metadata["search_r1"] -----------------------------------------------------------------
+
+METADATA_KEY = "search_r1"
+
+
+class FinishReason(str, Enum):
+    """How an episode ended (the loop's table, loop.py); the log hooks count each one."""
+
+    ANSWER = "answer"
+    MAX_TURNS = "max_turns"
+    TOKEN_BUDGET = "token_budget"
+    TOOL_FAILED = "tool_failed"
+    ROLLOUT_ABORTED = "rollout_aborted"  # slime's abort flag, seen before a turn or while a tool waited
+    ENGINE_ABORT = "engine_abort"  # the engine answered a turn with finish_reason abort
+
+
+def episode_record(sample) -> dict | None:
+    """The record generate() wrote on `sample`, or None for a sample this plugin did not generate."""
+    record = (getattr(sample, "metadata", None) or {}).get(METADATA_KEY)
+    return record if isinstance(record, dict) else None
+
+
+def write_episode(sample, record: dict) -> None:
+    sample.metadata[METADATA_KEY] = record
+
+
+def forget_episode(sample) -> None:
+    """A sample generated again from scratch (slime retries it) keeps nothing of the earlier episode."""
+    sample.metadata = {k: v for k, v in (sample.metadata or {}).items() if k != METADATA_KEY}
+
+
+def record_reward(sample, reward: dict) -> None:
+    """reward_func's breakdown {score, em, format_valid, retrieval_hit}, where the log hooks find it."""
+    record = episode_record(sample)
+    if record is not None:
+        record["reward"] = dict(reward)
+
+
+def reward_of(record: dict) -> dict | None:
+    reward = record.get("reward")
+    return reward if isinstance(reward, dict) else None
+
+
+def conversation_of(record: dict) -> list[dict] | None:
+    """Chat mode: the episode's messages after the prompt, as OpenAI messages."""
+    return record.get("conversation")
+
+
+def resume_point(record: dict) -> dict | None:
+    """Where an episode slime aborted stood: {"turn_index", "stage", "turn_start", "conversation_start"} (written only
+    with --partial-rollout, when slime keeps the sample to resume it in a later rollout)."""
+    point = record.get("resume")
+    return point if isinstance(point, dict) else None
+
+
+def tool_counters(record: dict) -> dict[str, dict]:
+    """Per tool name: {"calls": finished calls, "failures": calls that failed for good, "seconds": [each call's]}."""
+    return record.get("tools") or {}
+
+
+# ---- what the episode knows while it runs -----------------------------------------------------------------------
+
+
+@dataclass
+class ToolStats:
+    calls: int = 0  # calls that returned a result
+    failures: int = 0  # calls that failed for good
+    seconds: list[float] = field(default_factory=list)  # each call's time, retries included, failed ones too
+
+
+@dataclass
+class EpisodeStats:
+    """Per-sample counters, stored in the record."""
+
+    turns: int = 0  # model turns that finished (an aborted one is finished when it resumes)
+    invalid_actions: int = 0  # finished turns with neither a usable tool call nor an answer
+    observation_tokens: int = 0
+    truncated_observations: int = 0  # tool results cut to fit their tool's observation budget
+    tools: dict[str, ToolStats] = field(default_factory=dict)  # by tool name
+    tool_error: str | None = None  # the error that ended the episode FAILED
+    generated_tokens: int = 0  # model tokens in the response (observations are not)
+    resumes: int = 0  # partial rollout: how often an aborted episode was resumed
+    earlier_policy_tokens: int = 0  # of generated_tokens, those an earlier policy wrote (before the last resume)
+    resumed_at: list[int] = field(default_factory=list)  # the response length at each resume (tokens before it: older)
+
+    def tool(self, name: str) -> ToolStats:
+        return self.tools.setdefault(name, ToolStats())
+
+    @classmethod
+    def from_record(cls, record: dict) -> "EpisodeStats":
+        counters = {name: record[name] for name in cls.__dataclass_fields__ if name in record and name != "tools"}
+        tools = {name: ToolStats(**dict(stats)) for name, stats in tool_counters(record).items()}
+        return cls(**counters, tools=tools)
+
+
+@dataclass
+class EpisodeState:
+    """What the loop owns and hands to the protocol, the driver and the tools; recorded on the sample at the end,
+    with where it stood when slime aborted it, so that a partial rollout resumes it."""
+
+    args: Namespace
+    sample: Any  # slime's Sample
+    config: Any  # the settings (settings.SearchR1Config)
+    tokenizer: Any
+    generate_state: Any  # slime's GenerateState: `.aborted` turns true when slime aborts the rollout
+    evaluation: bool
+    tools: dict  # the enabled tools, by name (tools/contract.py's Tool)
+    stats: EpisodeStats = field(default_factory=EpisodeStats)
+    conversation: list[dict] | None = None  # chat mode: the OpenAI messages after the prompt, as they happen
+    turn_index: int = 0  # the model turn under way, from 0
+    turn_started_at: int = 0  # len(conversation) when the turn under way began
+    turn_start: int = 0  # response tokens before the turn under way
+    stage: str = "turn"  # "turn": generating it (or about to); "tool": it was read and its calls are to run
+
+    @property
+    def aborted(self) -> bool:
+        return bool(self.generate_state.aborted)
+
+    def begin_turn(self, response_length: int) -> None:
+        self.turn_started_at = len(self.conversation) if self.conversation is not None else 0
+        self.turn_start = response_length
+        self.stage = "turn"
+
+    def resume(self, record: dict, response_length: int) -> None:
+        """Stand where an aborted episode stood (its record's resume point), with its counters and conversation;
+        what it generated so far (the first `response_length` response tokens) was written by an earlier policy."""
+        point = resume_point(record)
+        self.stats = EpisodeStats.from_record(record)
+        self.stats.resumes += 1
+        self.stats.earlier_policy_tokens = self.stats.generated_tokens
+        self.stats.resumed_at = [*self.stats.resumed_at, response_length]
+        if self.conversation is not None:
+            self.conversation = list(conversation_of(record) or [])
+        self.turn_index, self.stage = point["turn_index"], point["stage"]
+        self.turn_start, self.turn_started_at = point["turn_start"], point["conversation_start"]
+
+    def history_before_turn(self) -> list[dict]:
+        """The conversation before the assistant turn under way (chat mode)."""
+        return (self.conversation or [])[: self.turn_started_at]
+
+    def record(self, reason: FinishReason, *, resumable: bool) -> dict:
+        """The record of the episode that ended for `reason`; with `resumable` (slime aborted it in a partial
+        rollout and hands it back later), where it stood too."""
+        record = asdict(self.stats)
+        record.update(finish_reason=reason.value, evaluation=self.evaluation)
+        if self.conversation is not None:
+            record["conversation"] = self.conversation
+        if resumable:
+            record["resume"] = {
+                "turn_index": self.turn_index,
+                "stage": self.stage,
+                "turn_start": self.turn_start,
+                "conversation_start": self.turn_started_at,
+            }
+        return record
