@@ -13,4 +13,4 @@ set -euo pipefail
 SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
 
 PYTHONPATH="${SCRIPT_DIR}${PYTHONPATH:+:${PYTHONPATH}}" exec "${PYTHON_BIN:-python3}" \
-   -m slime_search_r1.launch.with_retrieval "$@"
+   -m slime_search_r1.launch.with_retrieval "${SCRIPT_DIR}/generate_with_search.py" "$@"

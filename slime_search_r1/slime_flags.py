@@ -101,8 +101,8 @@ def fully_async_problems(args) -> tuple[list[str], list[str]]:
     if getattr(args, "eval_interval", None) is not None and evaluation == FULLY_ASYNC_ROLLOUT:
         refusals.append(
             f"--eval-interval with {FULLY_ASYNC_ROLLOUT} as the evaluation function (slime's default is the rollout "
-            "function) raises 'fully-async rollout doesn't support evaluation mode' at the first evaluation; accepted: "
-            f"--eval-function-path {DEFAULT_ROLLOUT} (ASYNC_MODE=fully passes it), or no --eval-interval"
+            "function) raises 'fully-async rollout doesn't support evaluation mode' at the first evaluation; "
+            f"accepted: --eval-function-path {DEFAULT_ROLLOUT} (ASYNC_MODE=fully passes it), or no --eval-interval"
         )
     if not getattr(args, "rollout_global_dataset", True):
         refusals.append(

@@ -208,7 +208,9 @@ def resolve_launch(plugin: Path, script_args: list[str], user_args: list[str], e
     train_args = [*cluster_flags(knobs), *model_args, *script_args, *implied_flags(knobs, config), *extra, *user_args]
     entry = [knobs.python_bin, f"{knobs.slime_dir}/{'train_async.py' if knobs.async_mode == 'fully' else 'train.py'}"]
     env, secrets = runtime_env(knobs, config, plugin.parent, environ)
-    launch = Launch(plugin, configs, config, knobs, knob_sources, model_args, train_args, entry, env, secrets, warnings)
+    launch = Launch(
+        plugin, configs, config, knobs, knob_sources, model_args, train_args, entry, env, secrets, warnings
+    )
     flags = launch.flags
     if config.llm_api_mode == "chat" and flags.apply_chat_template:
         raise ConfigError(

@@ -15,7 +15,7 @@ from typing import Any
 
 from slime_search_r1.settings import Choice, Flag, Integer, Number, Refused, Setting, Text
 
-REPO = Path(__file__).resolve().parents[2]  # the plugin's folder: the scripts, generate_with_search.py
+REPO = Path(__file__).absolute().parents[2]  # the plugin's folder: the scripts, generate_with_search.py
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,8 @@ WRAPPER = _knobs(
             "seconds training gets to stop after Ctrl-C, before SIGTERM"),
     Setting("log_dir", str(REPO / "logs"), Text(), "LOG_DIR", "the two logs, retrieval_server_<time>.log and "
             "training_<time>.log"),
-    Setting("train_cmd", f"bash {shlex.quote(str(REPO / 'run_qwen2.5_3B.sh'))}", Text(), "TRAIN_CMD", "the training command (bash)"),
+    Setting("train_cmd", f"bash {shlex.quote(str(REPO / 'run_qwen2.5_3B.sh'))}", Text(), "TRAIN_CMD",
+            "the training command (a bash line)"),
 )  # fmt: skip
 
 

@@ -14,7 +14,7 @@ DEFAULT_EVAL_DATA = "/root/Search-R1/data/nq_hotpotqa_train/test.parquet"
 
 def _aligned(rows: list[tuple[str, str]]) -> list[str]:
     width = min(56, max(len(left) for left, _ in rows))
-    return [f"#   {left:<{width}}  {right}" for left, right in rows]
+    return [f"#   {left:<{width}}  <- {right}" for left, right in rows]
 
 
 def sources(launch: Launch) -> list[str]:
@@ -66,7 +66,9 @@ def checkpoint_commands(launch: Launch) -> list[str]:
         return ["# no --save: no checkpoint is saved (add --save DIR --save-interval 20 to CKPT_ARGS or the command "
                 "line to get the commands from a checkpoint to evaluate.py)"]  # fmt: skip
     save, hf = flags.save.rstrip("/"), flags.hf_checkpoint
-    vocab = launch.model_args[launch.model_args.index("--vocab-size") + 1] if "--vocab-size" in launch.model_args else None
+    vocab = (
+        launch.model_args[launch.model_args.index("--vocab-size") + 1] if "--vocab-size" in launch.model_args else None
+    )
     reference = knobs.reference or ("search-r1-instruct-grpo" if "instruct" in hf.lower() else "search-r1-base-grpo")
     eval_data = (flags.eval_prompt_data or [None, DEFAULT_EVAL_DATA])[1].rsplit("@[", 1)[0]
     python, it = q(knobs.python_bin), '"$ITER"'

@@ -1,4 +1,4 @@
-"""python -m slime_search_r1.launch.with_retrieval: the retrieval server and training side by side in one tmux
+"""python -m slime_search_r1.launch.with_retrieval PLUGIN: the retrieval server and training side by side in one tmux
 session, stopped together (what run_qwen2.5_3B_with_retrieval.sh runs).
 
 1. checks tmux, the settings and, when it starts a server, the server itself (its Python and modules, the index
@@ -98,9 +98,9 @@ class Tmux:
         return shlex.join([*self.prefix, "attach", "-t", self.session])
 
 
-def retrieval_bases(environ) -> list[str]:
+def retrieval_bases(plugin: Path, environ) -> list[str]:
     """The plugin's retrieval URL(s) without /retrieve; refuses a backend that needs no retrieval server."""
-    configs = search_r1_configs(configs_from_source(REPO / "generate_with_search.py"), environ)
+    configs = search_r1_configs(configs_from_source(plugin), environ)
     if configs["search_backend"] != "local":
         raise Failed(f"SEARCH_BACKEND={configs['search_backend']} needs no retrieval server; run run_qwen2.5_3B.sh "
                      "directly")  # fmt: skip
@@ -111,8 +111,8 @@ def server_flags(knobs: Section) -> list[str]:
     if knobs.retriever_preset == "embedded":
         info(f"preparing the embedded mini-Wikipedia index (built once, cached under {REPO}/.cache; minutes on CPU)")
         try:
-            printed = subprocess.run([knobs.retriever_python, "-m", "local_dense_retriever.demo", "--print_server_flags"],
-                                     cwd=REPO, stdout=subprocess.PIPE, text=True)  # fmt: skip
+            command = [knobs.retriever_python, "-m", "local_dense_retriever.demo", "--print_server_flags"]
+            printed = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE, text=True)
         except FileNotFoundError:
             raise Failed(f"the retriever's Python '{knobs.retriever_python}' not found (RETRIEVER_PYTHON)") from None
         flags = [line for line in printed.stdout.splitlines() if line]
@@ -205,16 +205,16 @@ def stop_training(tmux: Tmux, pane: int | None, timeout: float) -> None:
         first_to_exit([pane], 10)
 
 
-def run(knobs: Section) -> int:
+def run(plugin: Path, knobs: Section) -> int:
     if shutil.which("tmux") is None:
         raise Failed("tmux is not installed (apt-get install tmux)")
-    bases = retrieval_bases(os.environ)
+    bases = retrieval_bases(plugin, os.environ)
     split = urlsplit(bases[0])
     start_local = knobs.start_retriever == "auto" and len(bases) == 1 and split.hostname in LOCAL_HOSTS
     tmux = Tmux(knobs)
     if tmux.run("has-session", "-t", f"={tmux.session}").returncode == 0:
-        raise Failed(f"tmux session '{tmux.session}' already exists (an earlier run?); attach with '{tmux.attach_hint()}' "
-                     "and stop it, or set TMUX_SESSION to another name")  # fmt: skip
+        raise Failed(f"tmux session '{tmux.session}' already exists (an earlier run?); attach with "
+                     f"'{tmux.attach_hint()}' and stop it, or set TMUX_SESSION to another name")  # fmt: skip
     server = None
     port = split.port or (443 if split.scheme == "https" else 80)
     if start_local:
@@ -281,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--training-window"]:
         return training_window(Path(argv[1]))
+    plugin, argv = Path(argv[0]), argv[1:]  # the script names its generate_with_search.py
     if argv[:1] in (["-h"], ["--help"]):
         print(USAGE + help_table(WRAPPER))
         return 0
@@ -288,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv:
             raise Failed(f"unknown argument '{argv[0]}'; settings are environment variables (see --help)")
         knobs, _ = read_environment(WRAPPER.values(), os.environ)
-        return run(knobs)
+        return run(plugin, knobs)
     except (Failed, ConfigError, PreflightError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
