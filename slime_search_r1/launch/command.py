@@ -7,6 +7,7 @@ flag, so what the user appends wins.
 """
 
 import argparse
+import functools
 import os
 import re
 import shlex
@@ -49,7 +50,7 @@ class Launch:
     secret_names: set[str]
     warnings: list[str] = field(default_factory=list)
 
-    @property
+    @functools.cached_property
     def flags(self) -> argparse.Namespace:
         return read_flags(self.train_args)
 
@@ -189,9 +190,8 @@ def config_value(config: SearchR1Config, key: str):
 
 def resolve_launch(plugin: Path, script_args: list[str], user_args: list[str], environ, dry_run: bool) -> Launch:
     """Every value, flag and check of one launch; raises ConfigError on the first thing that cannot work."""
-    knobs, knob_sources = read_environment(TRAINING.values(), environ)
-    if dry_run and not knobs.dry_run:
-        knobs, knob_sources = read_environment(TRAINING.values(), {**environ, "DRY_RUN": "1"})
+    knobs, knob_sources = read_environment(TRAINING.values(), {**environ, "DRY_RUN": "1"} if dry_run else environ)
+    if dry_run:
         knob_sources["dry_run"] = "--dry-run"
     warnings = []
     try:

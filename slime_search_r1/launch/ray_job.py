@@ -5,7 +5,6 @@ head it started are stopped. Nothing else is touched: nothing is killed by name,
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -15,6 +14,7 @@ from pathlib import Path
 
 from slime_search_r1.launch.command import Launch
 from slime_search_r1.launch.printed import head_command, runtime_env_json, submit_command, viewer_command
+from slime_search_r1.launch.signals import Stopped, ignore_signals, stop_on_signals
 from slime_search_r1.settings import ConfigError
 
 PROG = "run_qwen2.5_3B.sh"
@@ -22,17 +22,6 @@ PROG = "run_qwen2.5_3B.sh"
 
 def info(message: str) -> None:
     print(f"{PROG}: {message}", file=sys.stderr, flush=True)
-
-
-class Stopped(Exception):
-    """A signal asked this run to stop; `code` is the shell's exit code for it (130 for Ctrl-C, 143 for SIGTERM)."""
-
-    def __init__(self, code: int):
-        self.code = code
-
-
-def _stop(signum, _frame) -> None:
-    raise Stopped(128 + signum)
 
 
 def dashboard_up(url: str) -> bool:
@@ -75,8 +64,7 @@ def run(launch: Launch) -> int:
     knobs = launch.knobs
     if shutil.which(knobs.ray_bin) is None:
         raise ConfigError(f"'{knobs.ray_bin}' not found on PATH; run inside slime's environment or set RAY_BIN")
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _stop)
+    stop_on_signals()
     head = job = None
     finished = False
     with tempfile.TemporaryDirectory(prefix="search-r1-run.") as run_dir:  # mode 700
@@ -103,8 +91,7 @@ def run(launch: Launch) -> int:
         except Stopped as stopped:
             return stopped.code
         finally:
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
+            ignore_signals()
             if job is not None and not finished:
                 info(f"stopping Ray job {knobs.job_id}")
                 stop = [knobs.ray_bin, "job", "stop", "--address", knobs.ray_dashboard_url, knobs.job_id]

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 from local_dense_retriever.serving.launcher import PreflightError, ServerProcess, preflight, server_ready
 from slime_search_r1.launch.checks import configs_from_source
 from slime_search_r1.launch.knobs import REPO, WRAPPER, help_table
+from slime_search_r1.launch.signals import Stopped, ignore_signals, stop_on_signals
 from slime_search_r1.settings import ConfigError, Section, read_environment, resolve_config, search_r1_configs
 
 PROG = "run_qwen2.5_3B_with_retrieval.sh"
@@ -40,15 +41,6 @@ USAGE = (f"usage: bash {PROG} [--help]\n\n" + __doc__.split("\n\n", 1)[1].split(
 
 class Failed(Exception):
     """Stop with exit code 1 and this message."""
-
-
-class Stopped(Exception):
-    def __init__(self, code: int):
-        self.code = code
-
-
-def _stop(signum, _frame) -> None:
-    raise Stopped(128 + signum)
 
 
 def info(message: str) -> None:
@@ -226,8 +218,7 @@ def run(plugin: Path, knobs: Section) -> int:
     retriever_log, training_log = logs / f"retrieval_server_{stamp}.log", logs / f"training_{stamp}.log"
     run_dir = Path(tempfile.mkdtemp(prefix="search-r1-wrapper."))  # mode 700: the environment file holds secrets
     pane = None
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, _stop)
+    stop_on_signals()
     try:
         if start_local:
             server = ServerProcess(flags, retriever_log, port=port, startup_timeout=knobs.retriever_startup_timeout,
@@ -241,7 +232,8 @@ def run(plugin: Path, knobs: Section) -> int:
         else:
             info(f"using the retrieval server(s) at {', '.join(bases)}; none is started here")
         wait_until_ready(bases, server, knobs, retriever_log)
-        spec = {"env": dict(os.environ), "cwd": os.getcwd(), "command": knobs.train_cmd, "log": str(training_log)}
+        env = {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE")}  # not the caller's tmux
+        spec = {"env": env, "cwd": os.getcwd(), "command": knobs.train_cmd, "log": str(training_log)}
         with os.fdopen(os.open(run_dir / "training.json", os.O_WRONLY | os.O_CREAT, 0o600), "w") as out:
             json.dump(spec, out)
         info(f"starting training in tmux window 'training' (log: {training_log})")
@@ -263,8 +255,7 @@ def run(plugin: Path, knobs: Section) -> int:
         print(f"{PROG}: error: {failed}", file=sys.stderr)
         return 1
     finally:
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not cut the cleanup short
+        ignore_signals()
         stop_training(tmux, pane, knobs.shutdown_timeout)
         if server is not None:
             if server.process.poll() is None:
