@@ -296,14 +296,19 @@ def test_a_signal_stops_the_job_it_submitted_and_the_head_it_started(slime_tree,
     submitted = next(c for c in ray_calls(env) if c["event"] == "job-submitted")
     head = next(c for c in ray_calls(env) if c["event"] == "head-started")
 
-    process.send_signal(signum)  # to the script alone, not its process group
-    process.communicate(timeout=60)
-    assert process.returncode == code
-    stops = [c for c in ray_calls(env) if c["event"] == "job-stop"]
-    assert [c["job_id"] for c in stops] == [submitted["job_id"]]
-    assert any(c["event"] == "head-stopped" for c in ray_calls(env))
-    assert not alive(submitted["job_pid"])
-    assert not alive(head["pid"])
+    try:
+        process.send_signal(signum)  # to the script alone, not its process group
+        process.communicate(timeout=60)
+        assert process.returncode == code
+        stops = [c for c in ray_calls(env) if c["event"] == "job-stop"]
+        assert [c["job_id"] for c in stops] == [submitted["job_id"]]
+        assert any(c["event"] == "head-stopped" for c in ray_calls(env))
+        assert not alive(submitted["job_pid"])
+        assert not alive(head["pid"])
+    finally:  # if the script failed to, stop what this test started (by PID)
+        for pid in (submitted["job_pid"], submitted["pid"], head["pid"], process.pid):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_running_cluster_is_used_and_left_running(slime_tree):
