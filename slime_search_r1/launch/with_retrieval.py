@@ -14,6 +14,7 @@ generate_with_search.py, then the environment): one local URL gets a server star
 URLs or START_RETRIEVER=0 are used as they are. Watch it with: tmux attach -t slime-search-r1
 """
 
+import errno
 import json
 import os
 import select
@@ -61,11 +62,29 @@ def first_to_exit(pids: list[int], timeout: float | None = None) -> int | None:
                 fds[os.pidfd_open(pid)] = pid
             except ProcessLookupError:
                 return pid
+            except OSError as exc:  # a kernel before 5.3 has no pidfds: look twice a second instead
+                if exc.errno != errno.ENOSYS:
+                    raise
+                return _first_to_exit_polling(pids, timeout)
         ready = select.select(list(fds), [], [], timeout)[0]
         return fds[ready[0]] if ready else None
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _first_to_exit_polling(pids: list[int], timeout: float | None) -> int | None:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        for pid in pids:
+            try:  # gone, or a zombie (our own child, the server, until it is reaped)
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    return pid
+            except FileNotFoundError:
+                return pid
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+        time.sleep(0.5)
 
 
 class Tmux:

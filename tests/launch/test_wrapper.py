@@ -389,3 +389,24 @@ def test_server_that_dies_at_startup_is_reported_with_its_log(wrapper_env, tmp_p
     assert "the retrieval server exited during startup" in result.stderr
     assert "not recognized" in result.stderr  # FAISS's own error, from the log tail
     assert_all_stopped(env)
+
+
+@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "no-pidfd"])
+def test_the_wrapper_sees_which_process_exits_first(monkeypatch, pidfds):
+    """What the wrapper waits on (training's pane, the server): pidfds, or /proc on a kernel without them."""
+    from slime_search_r1.launch.with_retrieval import first_to_exit
+
+    if not pidfds:
+        monkeypatch.setattr(
+            os, "pidfd_open", lambda pid: (_ for _ in ()).throw(OSError(38, "Function not implemented"))
+        )
+    waiting = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+               for _ in range(2)]  # fmt: skip
+    try:
+        assert first_to_exit([p.pid for p in waiting], timeout=0) is None
+        waiting[1].stdin.close()  # the second one exits (and stays a zombie until reaped)
+        assert first_to_exit([p.pid for p in waiting]) == waiting[1].pid
+    finally:
+        for process in waiting:
+            process.kill()
+            process.wait()
