@@ -83,11 +83,11 @@ class FlatVectors:
         """(first row, float32 contiguous copy of up to `rows` rows) over [start, stop)."""
         stop = self.size if stop is None else stop
         for first in range(start, stop, rows):
-            yield first, np.ascontiguousarray(self.array[first : min(stop, first + rows)], dtype=np.float32)
+            yield first, np.array(self.array[first : min(stop, first + rows)], dtype=np.float32)  # a writable copy
 
     def sample(self, count: int, seed: int = 0) -> np.ndarray:
         """`count` distinct rows drawn at random (sorted, so the reads go forward through the file)."""
         if count >= self.size:
-            return np.ascontiguousarray(self.array, dtype=np.float32)
+            return np.array(self.array, dtype=np.float32)
         rows = np.sort(np.random.default_rng(seed).choice(self.size, count, replace=False))
-        return np.ascontiguousarray(self.array[rows], dtype=np.float32)
+        return np.array(self.array[rows], dtype=np.float32)

@@ -64,7 +64,7 @@ class TorchExactIndex:
                 shard = torch.empty((stop - start, self.dim), dtype=self.dtype, device=device)
                 for first in range(start, stop, LOAD_CHUNK_ROWS):  # streamed: no full copy in host memory
                     last = min(stop, first + LOAD_CHUNK_ROWS)
-                    rows = torch.from_numpy(np.ascontiguousarray(source[first:last], dtype=np.float32))
+                    rows = torch.from_numpy(np.array(source[first:last], dtype=np.float32))  # a chunk-sized copy
                     shard[first - start : last - start] = rows.to(device=device, dtype=self.dtype)
                     bar.update(last - first)
                 self.shards.append(shard)
@@ -138,3 +138,27 @@ def _shard_topk(queries: torch.Tensor, shard: torch.Tensor, k: int, chunk: int) 
         best_scores, order = merged_scores.topk(min(k, merged_scores.shape[1]), dim=1)
         best_rows = merged_rows.gather(1, order)
     return best_scores, best_rows
+
+
+def streamed_topk(
+    queries: np.ndarray, vectors: FlatVectors, k: int, chunk_rows: int = 1 << 16, progress: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact inner-product top-k of `queries` over memory-mapped vectors, read chunk by chunk in fp32 (no copy of
+    the whole file in RAM): the Flat answers the tuner measures recall against."""
+    from tqdm import tqdm
+
+    if vectors.metric != "ip":
+        raise ValueError(f"{vectors.path}: exact answers are computed for inner-product indexes; this one is l2")
+    q = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))
+    best_scores = best_rows = None
+    with torch.inference_mode(), tqdm(total=vectors.size, unit="vec", desc="exact top-k", disable=not progress) as bar:
+        for first, chunk in vectors.chunks(chunk_rows):
+            scores, rows = _shard_topk(q, torch.from_numpy(chunk), k, len(chunk))
+            rows += first
+            if best_scores is not None:
+                scores, rows = torch.cat([best_scores, scores], 1), torch.cat([best_rows, rows], 1)
+                scores, order = scores.topk(min(k, scores.shape[1]), dim=1)
+                rows = rows.gather(1, order)
+            best_scores, best_rows = scores, rows
+            bar.update(len(chunk))
+    return best_scores.numpy(), best_rows.numpy()
