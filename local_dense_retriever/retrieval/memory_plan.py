@@ -81,7 +81,8 @@ class TrainingBudget:
 
 
 def gib(value: float) -> str:
-    return f"{value / GIB:.1f} GiB"
+    """Bytes for a message: GiB, or MiB below a tenth of one (small test indexes)."""
+    return f"{value / GIB:.1f} GiB" if abs(value) >= GIB / 10 else f"{value / 2**20:.1f} MiB"
 
 
 def plan_memory(

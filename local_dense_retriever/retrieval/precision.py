@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 MIN_SPEEDUP = 1.15  # below this, noise between two timings could flip the choice back and forth
 MIN_AGREEMENT = 0.99
-PROBE_QUERIES = 256
+PROBE_QUERIES = 128  # two server batches: enough to time, and 1% is one query in 100
 BATCH = 64  # the server's CPU batch size
 CACHE_ENV = "LOCAL_DENSE_RETRIEVER_CACHE"
 
@@ -107,18 +107,20 @@ def choose(
     k: int = 3,
     min_speedup: float = MIN_SPEEDUP,
     min_agreement: float = MIN_AGREEMENT,
+    measure: Callable = time_encoding,
 ) -> tuple[PrecisionChoice, dict]:
     """Measure fp32 and each candidate; returns the choice and the candidates' encoders by name (to reuse the
-    chosen one). Timings alternate fp32 and the candidate, and fp32's best is kept, so drift favours neither."""
-    base_qps, base_vectors = time_encoding(fp32_encoder, queries)
+    chosen one). Timings alternate fp32 and the candidate, and fp32's best is kept, so drift favours neither.
+    `measure(encoder, queries, rounds=...)` gives (queries/s, vectors)."""
+    base_qps, base_vectors = measure(fp32_encoder, queries)
     _, base_rows = search(base_vectors, k)
     trials = [Trial("fp32", base_qps)]
     encoders = {"fp32": fp32_encoder}
     for name in candidates:
         try:
             encoder = make_encoder(name)
-            qps, vectors = time_encoding(encoder, queries)
-            base_qps = max(base_qps, time_encoding(fp32_encoder, queries, rounds=1)[0])
+            qps, vectors = measure(encoder, queries)
+            base_qps = max(base_qps, measure(fp32_encoder, queries, rounds=1)[0])
             _, rows = search(vectors, k)
         except Exception as err:  # a kernel this CPU or torch build lacks: keep fp32
             trials.append(Trial(name, 0.0, error=f"{type(err).__name__}: {err}"))
