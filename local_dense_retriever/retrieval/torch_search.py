@@ -71,6 +71,21 @@ class TorchExactIndex:
         where = "CPU" if kind == "cpu" else f"GPU(s) {','.join(str(d.index) for d in self.devices)}"
         self.description = f"torch exact inner product ({self.size} x {self.dim}, {self.dtype_name}) on {where}"
 
+    @classmethod
+    def from_shards(cls, shards: Sequence[torch.Tensor]) -> "TorchExactIndex":
+        """An index over tensors already on their devices (benchmarks that generate vectors on the GPU)."""
+        index = cls.__new__(cls)
+        index.shards, index.devices = list(shards), [shard.device for shard in shards]
+        index.dtype = shards[0].dtype
+        index.dtype_name = {v: k for k, v in DTYPES.items()}[index.dtype]
+        index.size, index.dim = sum(len(shard) for shard in shards), int(shards[0].shape[1])
+        index.starts = [0]
+        for shard in shards:
+            index.starts.append(index.starts[-1] + len(shard))
+        index.workspace_bytes = int(DEFAULT_WORKSPACE_MB[index.devices[0].type] * 2**20)
+        index.description = f"torch exact inner product ({index.size} x {index.dim}, {index.dtype_name})"
+        return index
+
     def shard_bytes(self) -> list[int]:
         return [shard.numel() * shard.element_size() for shard in self.shards]
 
