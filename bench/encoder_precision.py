@@ -41,11 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="timed passes over the questions per precision")
     parser.add_argument("--singles", type=int, default=200, help="single-query encodes timed per precision")
+    parser.add_argument("--summaries", type=int, help="only the first N summaries (a tiny run to check the script)")
     parser.add_argument("--no_write", action="store_true")
     args = parser.parse_args(argv)
 
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    corpus = real_text.prepare()
+    corpus = real_text.prepare(summaries=args.summaries)
     questions = real_text.questions()
     cpu_threads.configure_pools(cpu_threads.thread_count())
     flags = precision.cpu_flags()

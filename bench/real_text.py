@@ -44,27 +44,29 @@ def split_passages(text: str, words: int = PASSAGE_WORDS) -> list[str]:
     return passages
 
 
-def passages() -> list[dict]:
+def passages(summaries: int | None = None) -> list[dict]:
     rows = []
-    for summary in mini_wiki.load_summaries():
+    for summary in mini_wiki.load_summaries()[:summaries]:
         for part in split_passages(summary["extract"]):
             rows.append({"id": str(len(rows)), "contents": mini_wiki.format_contents(summary["title"], part)})
     return rows
 
 
-def prepare(progress: bool = True) -> RealText:
-    """Corpus, MiniLM Flat index and vectors (built once; the manifest records the encoding time)."""
+def prepare(progress: bool = True, summaries: int | None = None) -> RealText:
+    """Corpus, MiniLM Flat index and vectors (built once; the manifest records the encoding time). `summaries`
+    keeps only the first N summaries (a tiny run that checks the scripts work)."""
     from local_dense_retriever.building.index import BuildConfig, build
 
     model_dir = mini_wiki.minilm_model_dir()
-    corpus_path, index_path = CACHE_DIR / "passages.jsonl", CACHE_DIR / "minilm_Flat.index"
-    embeddings_path, manifest_path = CACHE_DIR / "minilm_embeddings.npy", CACHE_DIR / "manifest.json"
+    cache = CACHE_DIR if summaries is None else CACHE_DIR.with_name(f"real_text_{summaries}")
+    corpus_path, index_path = cache / "passages.jsonl", cache / "minilm_Flat.index"
+    embeddings_path, manifest_path = cache / "minilm_embeddings.npy", cache / "manifest.json"
     inputs = {"summaries_bytes": mini_wiki.summaries_file().stat().st_size, "model": str(model_dir),
               "words": PASSAGE_WORDS, "max_length": embedded_default.MAX_LENGTH}  # fmt: skip
     earlier = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     if earlier.get("inputs") != inputs or not index_path.exists() or not embeddings_path.exists():
-        rows = passages()
-        CACHE_DIR.mkdir(parents=True, exist_ok=True)
+        rows = passages(summaries)
+        cache.mkdir(parents=True, exist_ok=True)
         with open(corpus_path, "w") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
         started = time.perf_counter()

@@ -37,13 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve", choices=["none", "passing", "all"], default="none", help="the tuner's --serve")
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per served layout")
     parser.add_argument("--candidates", nargs="+", help="the tuner's --candidates (default: its default list)")
+    parser.add_argument("--summaries", type=int, help="only the first N summaries (a tiny run to check the script)")
     parser.add_argument("--no_write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     args = parser.parse_args(argv)
 
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    corpus = real_text.prepare()
+    corpus = real_text.prepare(summaries=args.summaries)
     print(f"real-text corpus: {corpus.passages} passages, encoded once in {corpus.encode_seconds:.0f} s", flush=True)
-    questions_file = approximate_layouts.fanoutqa_questions_file(real_text.CACHE_DIR)
+    questions_file = approximate_layouts.fanoutqa_questions_file(corpus.index_path.parent)
     model_dir = mini_wiki.minilm_model_dir()
     config = TuneConfig(
         index_path=str(corpus.index_path),
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         queries_path=str(questions_file),
         num_queries=5000,  # all of them
         candidates=args.candidates,
-        out_dir=str(real_text.CACHE_DIR / "tuning"),
+        out_dir=str(corpus.index_path.parent / "tuning"),
         serve=args.serve,
         seconds=args.seconds,
     )

@@ -250,9 +250,10 @@ def measure_server(config: TuneConfig, flags: list[str], questions: list[str], l
 
 
 def recommend(rows: list[Row], threshold: float) -> Row | None:
-    """Among rows at or above the threshold (exact Flat aside): those within 5% of the best QPS (server QPS when
-    measured for all of them, else in-process search queries/s), then the fewest bytes, then the fastest."""
-    passing = [row for row in rows if row.layout != "Flat" and row.recall_at_3 >= threshold]
+    """Among CPU rows at or above the threshold (exact Flat aside; GPU rows are shown beside, not chosen: GPU
+    memory and RAM are not the same cost): those within 5% of the best QPS (server QPS when measured for all of
+    them, else in-process search queries/s), then the fewest bytes, then the fastest."""
+    passing = [row for row in rows if row.layout != "Flat" and not row.gpu_bytes and row.recall_at_3 >= threshold]
     if not passing:
         return None
     served = all(row.qps is not None for row in passing)
@@ -329,10 +330,16 @@ def tune(config: TuneConfig) -> Report:
     out_dir.mkdir(parents=True, exist_ok=True)
     explicit = config.candidates is not None
     families = [expand(spec) for spec in (config.candidates or default_candidates(vectors.size, vectors.dim))]
-    gpu_layouts = [layout for family in families for layout in family if layout.on_gpu]
+    gpu_layouts = [family[0] for family in families if family[0].on_gpu]
+    for layout in gpu_layouts:
+        if not layout.factory.startswith("torch-"):
+            raise ValueError(f"--candidates {layout}: accepted GPU candidates are torch-fp16, torch-bf16, torch-fp32 "
+                             "(FAISS GPU's memory: python -m local_dense_retriever.memory_plan)")  # fmt: skip
     if gpu_layouts:
-        raise ValueError(f"--candidates {gpu_layouts[0]}: the tuner builds CPU layouts; GPU layouts are exact "
-                         "(recall 1): see python -m local_dense_retriever.memory_plan")  # fmt: skip
+        from local_dense_retriever.retrieval.torch_search import parse_devices
+
+        parse_devices("all", flag="--candidates torch-*")  # refuses at once where no GPU is visible
+    families = [family for family in families if not family[0].on_gpu]
     families = check_candidates_fit(families, vectors.size, vectors.dim, explicit)
 
     questions, what = load_queries(config)
@@ -358,6 +365,8 @@ def tune(config: TuneConfig) -> Report:
         # Every layout is served with the precision the server chose for Flat, so only the layout differs.
         precision_flags = ["--dtype", server_precision] if server_precision else []
     rows.append(flat_row)
+    for layout in gpu_layouts:
+        rows.append(measure_gpu_layout(config, layout, vectors, queries, exact, questions, out_dir, precision_flags))
     quantizers: dict = {}
     kept_file: Path | None = None
     for family in families:
@@ -407,6 +416,46 @@ def tune(config: TuneConfig) -> Report:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return Report(rows, best.layout if best else None, config.threshold, what, vectors.size, vectors.dim,
                   server_precision, peak, index_file, time.perf_counter() - started)  # fmt: skip
+
+
+def measure_gpu_layout(
+    config: TuneConfig,
+    layout: Layout,
+    vectors: FlatVectors,
+    queries: np.ndarray,
+    exact: np.ndarray,
+    questions: list[str],
+    out_dir: Path,
+    precision_flags: list[str],
+) -> Row:
+    """Exact torch search over every visible GPU (`--torch_search all`): recall (1 but for fp16 rounding of
+    near-ties), in-process queries/s, the largest shard's GPU bytes, and the server's figures."""
+    from local_dense_retriever.retrieval.torch_search import TorchExactIndex, parse_devices
+
+    dtype = layout.factory.split("-", 1)[1]
+    started = time.perf_counter()
+    index = TorchExactIndex(vectors, parse_devices("all"), dtype=dtype, progress=config.progress)
+    seconds = time.perf_counter() - started
+    k = exact.shape[1]
+    found, qps = search_all(TorchAsFaiss(index), queries, k)
+    row = Row(layout.spec, {str(r): recall_at(found, exact, min(r, k)) for r in RECALL_KS}, qps, 0, seconds,
+              gpu_bytes=max(index.shard_bytes()))  # fmt: skip
+    del index
+    gc.collect()
+    if config.serve == "all" or (config.serve == "passing" and row.recall_at_3 >= config.threshold):
+        flags = ["--index_path", config.index_path, "--torch_search", "all", "--torch_search_dtype", dtype]
+        _fill(row, measure_server(config, flags + precision_flags, questions, out_dir / f"server_{layout}.log"))
+    return row
+
+
+class TorchAsFaiss:
+    """search(queries, k) -> (scores, rows), as a FAISS index answers, for search_all."""
+
+    def __init__(self, index):
+        self.index = index
+
+    def search(self, queries: np.ndarray, k: int):
+        return self.index.search_vectors(queries, k)
 
 
 def streamed_topk_rows(queries: np.ndarray, vectors: FlatVectors, k: int, progress: bool):

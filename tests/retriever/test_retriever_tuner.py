@@ -148,3 +148,28 @@ def test_layouts_are_measured_through_the_real_server_with_questions_from_a_file
     for measured in (flat, hnsw):
         assert measured.qps > 0 and measured.single_ms > 0 and measured.errors == 0 and measured.server_rss_mb > 0
     assert report.server_precision in ("fp32", "bf16", "int8")
+
+
+def test_gpu_candidates_are_refused_where_no_gpu_is_visible(small_wiki, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ValueError, match="--candidates torch-\\* all: no GPU is visible here"):
+        tune(config_for(small_wiki, tmp_path, candidates=["torch-fp16"]))
+    with pytest.raises(ValueError, match="accepted GPU candidates are torch-fp16, torch-bf16, torch-fp32"):
+        tune(config_for(small_wiki, tmp_path, candidates=["faiss-gpu-fp16"]))
+
+
+def test_gpu_rows_report_recall_and_shard_bytes_and_are_not_recommended(small_wiki, tmp_path, monkeypatch):
+    """The GPU path on CPU torch (the devices are the only difference): exact rows, the shard's bytes, and the
+    recommendation stays a CPU layout."""
+    import torch
+
+    from local_dense_retriever.retrieval import torch_search
+
+    monkeypatch.setattr(torch_search, "parse_devices", lambda value, flag="": [torch.device("cpu")] * 2)
+    report = tune(config_for(small_wiki, tmp_path, candidates=["torch-fp32", "IVF4,Flat:nprobe=4"]))
+    rows = {r.layout: r for r in report.rows}
+    assert rows["torch-fp32"].recall == {"1": 1.0, "3": 1.0, "10": 1.0}
+    assert rows["torch-fp32"].gpu_bytes == 150 * 384 * 4 and rows["torch-fp32"].index_bytes == 0
+    assert report.recommended == "IVF4,Flat:nprobe=4"
