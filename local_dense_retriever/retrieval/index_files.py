@@ -41,8 +41,8 @@ def check_dimension(index_path: str | Path, encoder_dim: int) -> None:
     header = read_header(index_path)
     if header is not None and header.dim != encoder_dim:
         raise ValueError(
-            f"--index_path {index_path} holds {header.dim}-d vectors but the encoder (--retriever_model) produces "
-            f"{encoder_dim}-d ones: accepted is an index built with the same encoder"
+            f"--index_path {index_path}: the index holds {header.dim}-d vectors but the encoder (--retriever_model) "
+            f"produces {encoder_dim}-d ones; accepted: an index built with the same encoder"
         )
 
 

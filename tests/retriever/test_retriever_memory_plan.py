@@ -169,3 +169,16 @@ def test_index_dimension_is_checked_from_the_header_alone(tmp_path):
     with pytest.raises(ValueError, match=r"holds 768-d vectors but the encoder .* produces 384-d ones"):
         check_dimension(fake, 384)
     check_dimension(fake, 768)
+
+
+def test_the_server_refuses_an_index_larger_than_the_ram_available(flat_file, monkeypatch):
+    import local_dense_retriever.retrieval.memory_plan as memory_plan
+    from local_dense_retriever.serving.loading import check_ram_for_index
+
+    path, _ = flat_file
+    check_ram_for_index(str(path))
+    monkeypatch.setattr(memory_plan, "available_ram", lambda: 2**20)
+    with pytest.raises(
+        ValueError, match=r"x_Flat.index is 1\.1 MiB but 1\.0 MiB of RAM is available; accepted: a layout"
+    ):
+        check_ram_for_index(str(path))
