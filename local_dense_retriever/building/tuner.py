@@ -496,7 +496,7 @@ def render_markdown(report: Report, command: str) -> str:
         f"QPS and p50/p99 at the clients in flight; encoder precision {report.server_precision or 'not served'}.",
         "",
         "| layout | recall@1 | recall@3 | recall@10 | search q/s | single-query ms | QPS | p50 / p99 ms | errors "
-        "| index GiB | server peak RSS GiB | build s |",
+        "| index MiB | server peak RSS MiB | build s |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
 
@@ -506,11 +506,11 @@ def render_markdown(report: Report, command: str) -> str:
     for row in report.rows:
         mark = " **(recommended)**" if row.layout == report.recommended else ""
         p50_p99 = "-" if row.p50_ms is None else f"{row.p50_ms:.0f} / {row.p99_ms:.0f}"
-        rss = "-" if row.server_rss_mb is None else f"{row.server_rss_mb / 1024:.2f}"
+        rss = "-" if row.server_rss_mb is None else f"{row.server_rss_mb:.0f}"
         lines.append(
             f"| {row.layout}{mark} | {row.recall['1']:.4f} | {row.recall['3']:.4f} | {row.recall['10']:.4f} "
             f"| {row.search_qps:.0f} | {number(row.single_ms, '.1f')} | {number(row.qps, '.1f')} | {p50_p99} "
-            f"| {number(row.errors, 'd')} | {row.index_bytes / 2**30:.2f} | {rss} | {row.build_seconds:.1f} |"
+            f"| {number(row.errors, 'd')} | {row.index_bytes / 2**20:.1f} | {rss} | {row.build_seconds:.1f} |"
         )
     lines += ["", recommendation_text(report), "", f"Tuner peak RSS {report.tuner_peak_rss_mb / 1024:.2f} GiB; "
               f"{report.seconds:.0f} s in all."]  # fmt: skip
