@@ -134,3 +134,9 @@ def test_corpus_queries_are_the_first_words_of_passages_without_the_title(small_
     finally:
         corpus.close()
     assert len(queries) == 5 and all(len(q.split()) == 6 and not q.startswith('"') for q in queries)
+
+
+def test_agreement_is_the_share_of_queries_with_the_same_top_rows_in_any_order():
+    fp32 = np.array([[1, 2, 3], [4, 5, 6], [7, 8, 9], [1, 5, 9]])
+    other = np.array([[1, 3, 2], [4, 5, 7], [7, 8, 9], [1, 9, 5]])  # the second differs in its third row only
+    assert precision.agreement(other, fp32) == 0.75
