@@ -369,6 +369,8 @@ def tune(config: TuneConfig) -> Report:
         rows.append(measure_gpu_layout(config, layout, vectors, queries, exact, questions, out_dir, precision_flags))
     quantizers: dict = {}
     kept_file: Path | None = None
+    total = sum(len(family) for family in families)
+    overall = tqdm(total=total, unit="layout", desc="layouts measured", disable=not config.progress, position=1)
     for family in families:
         built = build_layout(vectors, family[0], config.train_size, quantizers, config.progress)
         family_rows = []
@@ -390,6 +392,7 @@ def tune(config: TuneConfig) -> Report:
                 log = out_dir / f"server_{layout.spec.replace(',', '_').replace(':', '_')}.log"
                 _fill(row, measure_server(config, flags, questions, log))
             rows.append(row)
+            overall.update(1)
             logger.info("%s: recall@3 %.4f, %s", row.layout, row.recall_at_3, row.qps)
         best = recommend(rows, config.threshold)
         if best is not None and best.layout.split(":")[0] == family[0].factory:
@@ -398,6 +401,7 @@ def tune(config: TuneConfig) -> Report:
             kept_file = path
         elif path != kept_file:
             path.unlink(missing_ok=True)
+    overall.close()
     best = recommend(rows, config.threshold)
     index_file = None
     if best is not None and kept_file is not None and config.keep:
