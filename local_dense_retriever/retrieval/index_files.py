@@ -11,6 +11,7 @@ import numpy as np
 # Every FAISS index file starts with a four-character type code, then the dimension (int32) and the number of
 # vectors (int64) (faiss/impl/index_write.cpp, write_index_header); wrappers (IDMap, PreTransform) are not headed so.
 FLAT_CODES = {b"IxFI": "ip", b"IxF2": "l2"}
+MAX_DIM = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -28,10 +29,12 @@ def read_header(path: str | Path) -> IndexHeader | None:
     """The type code, dimension and size of a FAISS index file, from its first 16 bytes (None: not headed so)."""
     with open(path, "rb") as f:
         head = f.read(16)
-    if len(head) < 16 or not head[:4].isalnum():
+    # FAISS's type codes start with "I" (IxFI, IHNf, IwPQ, ...); anything else is left to FAISS's own reader, whose
+    # error names the problem better than a dimension read from arbitrary bytes would.
+    if len(head) < 16 or not head[:4].isalnum() or head[:1] != b"I":
         return None
     dim, size = struct.unpack("<iq", head[4:16])
-    if dim <= 0 or size < 0:
+    if not 0 < dim <= MAX_DIM or size < 0:
         return None
     return IndexHeader(head[:4].decode("ascii"), dim, size)
 

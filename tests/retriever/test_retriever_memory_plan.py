@@ -169,6 +169,10 @@ def test_index_dimension_is_checked_from_the_header_alone(tmp_path):
     with pytest.raises(ValueError, match=r"holds 768-d vectors but the encoder .* produces 384-d ones"):
         check_dimension(fake, 384)
     check_dimension(fake, 768)
+    other = tmp_path / "not_an_index"
+    other.write_bytes(b"this is not a FAISS index")
+    assert read_header(other) is None  # not read as a header: FAISS's reader reports such a file itself
+    check_dimension(other, 384)
 
 
 def test_the_server_refuses_an_index_larger_than_the_ram_available(flat_file, monkeypatch):
