@@ -432,6 +432,24 @@ async def test_tokens_sampled_past_a_stop_string_are_cut(make_args, tokenizer, e
     assert kept < len(calls[0].output_ids)
 
 
+async def test_a_turn_cut_after_its_stop_string_keeps_the_log_probs_of_exactly_the_tokens_it_keeps(
+    make_args, tokenizer, engine, policy, search_config
+):
+    engine.honor_stop_strings = False  # it samples on after </search>; the turn is cut after the tag
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN + " and then <answer> Rome </answer> junk", ANSWER_TURN]
+    _, sample, prompt_ids = await rollout(make_args, tokenizer)
+    first, second = engine.calls_for(prompt_ids)
+    kept = len(tokenizer.encode(SEARCH_TURN))  # "</search>" ends in a token of its own here
+    observation = len(second.input_ids) - len(prompt_ids) - kept
+    answer = len(second.output_ids) - 1  # cut after </answer> too: the EOS sampled after it is dropped
+    assert kept < len(first.output_ids) and observation > 0
+    # position by position: the engine's log prob of each kept token, 0.0 for the observation, then the next turn's
+    assert sample.rollout_log_probs == first.log_probs[:kept] + [0.0] * observation + second.log_probs[:answer]
+    assert sample.loss_mask == [1] * kept + [0] * observation + [1] * answer
+    assert sample.tokens == second.input_ids + second.output_ids[:answer]
+    assert second.input_ids[len(prompt_ids) : len(prompt_ids) + kept] == first.output_ids[:kept]
+
+
 async def test_text_after_the_closing_tag_in_the_same_token_is_kept_and_costs_format(
     make_args, tokenizer, engine, policy, search_config
 ):
