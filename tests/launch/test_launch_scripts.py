@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from argparse import Namespace
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 
 from slime_search_r1.settings import SETTINGS, ConfigError, resolve_config, search_r1_configs
 from slime_search_r1.slime_flags import REWARD_POST_PROCESS_PATH, check_slime_args
-from support.fake_ray import VersionHandler
+from support.fake_ray import VersionHandler, wait_for_line
 from support.slime_compat import slime_argument_parser, using_real_slime
 from support.loopback import free_port
 from support.slime_rollout import EVAL_ROLLOUT_LOG_FUNCTION, ROLLOUT_LOG_FUNCTION, load_function
@@ -144,7 +143,11 @@ def test_every_flag_is_a_real_slime_megatron_or_sglang_flag(tmp_path):
     assert flags - SLIME_FLAGS - MEGATRON_FLAGS - SGLANG_FLAGS == set()
 
 
-@pytest.mark.skipif(not using_real_slime(), reason="needs slime's own parser: SLIME_SRC=/path/to/slime make test")
+@pytest.mark.skipif(
+    not using_real_slime(),
+    reason="needs slime's own parser, from a slime checkout: git clone https://github.com/THUDM/slime /tmp/slime, "
+    "then SLIME_SRC=/tmp/slime make test (or SLIME_SRC=/tmp/slime .venv/bin/python -m pytest tests/launch)",
+)
 def test_slimes_own_parser_reads_every_slime_flag_of_the_command(tmp_path, monkeypatch):
     """With a slime checkout, its real parser reads the command: every flag that is not Megatron's or SGLang's is
     slime's, with a value of slime's type (argparse refuses "abc" for an int flag), and the typed list is slime's."""
@@ -456,12 +459,11 @@ def test_a_failed_job_fails_the_script(slime_tree):
     assert [call["event"] for call in ray_calls(env)][-1] == "head-stopped"
 
 
-def test_sigterm_stops_the_job_it_submitted_and_the_head_it_started(slime_tree):
-    env = clean_env(**slime_tree, TRAIN_SLEEP="120")
+def test_sigterm_stops_the_job_it_submitted_and_the_head_it_started(slime_tree, tmp_path):
+    os.mkfifo(tmp_path / "submitted")
+    env = clean_env(**slime_tree, TRAIN_SLEEP="120", FAKE_RAY_SUBMITTED=str(tmp_path / "submitted"))
     process = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 30
-    while not any(c["event"] == "job-submitted" for c in ray_calls(env)) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert wait_for_line(tmp_path / "submitted"), "the script never submitted its job"
     submitted = next(c for c in ray_calls(env) if c["event"] == "job-submitted")
     head = next(c for c in ray_calls(env) if c["event"] == "head-started")
 
@@ -493,7 +495,10 @@ def test_a_running_cluster_is_used_and_left_running(slime_tree):
     assert "START_RAY=0 but no Ray cluster answers" in fails(**slime_tree, START_RAY="0")
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+@pytest.mark.skipif(
+    shutil.which("shellcheck") is None,
+    reason="shellcheck is not installed: apt-get install -y shellcheck (CI's .ci/run installs it)",
+)
 def test_scripts_are_shellcheck_clean():
     scripts = [str(SCRIPT), str(REPO / "run_qwen2.5_3B_with_retrieval.sh")]
     result = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True)

@@ -6,17 +6,18 @@ It mimics the behaviour the script relies on, checked against ray 2.60 on this m
   job that outlives the submit command (as Ray's does: Ctrl-C only stops tailing), waits for it and exits 0 if it
   succeeded, 1 if it failed;
 - `ray job stop ID`: stops that job.
-Every call is appended to $FAKE_RAY_LOG as a JSON line: {"argv": [...], "event": ...}.
+Every call is appended to $FAKE_RAY_LOG as a JSON line: {"argv": [...], "event": ...}. With $FAKE_RAY_SUBMITTED
+naming a FIFO, the submit also writes its job id there once the job runs (a test waits for it: wait_for_line).
 """
 
 import http.server
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 
@@ -70,6 +71,9 @@ def submit(argv: list[str]) -> int:
     job = subprocess.Popen(command, env={**os.environ, **env_vars}, start_new_session=True)
     (jobs_dir() / job_id).write_text(str(job.pid))
     record("job-submitted", job_id=job_id, job_pid=job.pid)
+    if os.environ.get("FAKE_RAY_SUBMITTED"):
+        with open(os.environ["FAKE_RAY_SUBMITTED"], "w") as fifo:  # blocks until the test reads it
+            fifo.write(job_id + "\n")
     code = job.wait()
     record("job-finished", job_id=job_id, code=code)
     return 0 if code == 0 else 1
@@ -80,16 +84,29 @@ def stop_job(argv: list[str]) -> int:
     record("job-stop", job_id=job_id)
     pid = int((jobs_dir() / job_id).read_text())
     try:
+        exited = os.pidfd_open(pid)  # readable once the job has exited (as `ray job stop`, wait for it)
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
         return 0
-    for _ in range(100):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.05)
+    select.select([exited], [], [], 60)
+    os.close(exited)
     return 0
+
+
+def wait_for_line(fifo: Path, timeout: float = 60) -> str:
+    """The first line a writer puts in `fifo` (whether it opened the FIFO before or after this call), or "" if
+    none came within `timeout` seconds (a bound for a broken run, not a measurement)."""
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a writer's open() waits for this reader, and vice versa
+    try:
+        data = b""
+        while not data.endswith(b"\n") and select.select([reader], [], [], timeout)[0]:
+            chunk = os.read(reader, 4096)
+            if not chunk:
+                break
+            data += chunk
+        return data.decode()
+    finally:
+        os.close(reader)
 
 
 def main(argv: list[str]) -> int:

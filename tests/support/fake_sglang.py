@@ -118,7 +118,6 @@ class FakeSGLangEngine:
         eos_ids: tuple[int, ...] = (151645, 151643),
         context_length: int = 32768,
         honor_stop_strings: bool = True,
-        latency_s: float = 0.0,
         record: bool = True,
         split_every: int = 0,
         top_p_replay: str | None = None,
@@ -129,7 +128,6 @@ class FakeSGLangEngine:
         self.eos_ids = eos_ids
         self.context_length = context_length
         self.honor_stop_strings = honor_stop_strings
-        self.latency_s = latency_s
         self.record = record
         self.split_every = split_every
         self.top_p_replay = top_p_replay
@@ -301,8 +299,6 @@ class FakeSGLangEngine:
             if self.record:
                 self.calls.append(call)
                 self._count_arrivals()
-            if self.latency_s:
-                await asyncio.sleep(self.latency_s)
             if self.gate is not None and len(self.calls) > self.gate.after:
                 await self.gate.wait()
             if self.aborted:
