@@ -11,6 +11,7 @@ import pytest
 
 import evaluate
 import oai_format_data_preprocess
+from support.interrupt import interruptible
 from support.loopback import free_port
 from support.slime_compat import subprocess_pythonpath
 from support.search_r1_data import write_search_r1_parquet
@@ -229,7 +230,7 @@ def test_interrupted_run_keeps_finished_trajectories_and_resumes(
     arguments = cli(data, engine, tokenizer_dir, out, "--retrieval-url", retriever.url)
     arguments[arguments.index("--concurrency") + 1] = "2"
     process = subprocess.Popen(
-        [sys.executable, str(REPO / "evaluate.py"), *arguments],
+        interruptible([sys.executable, str(REPO / "evaluate.py"), *arguments]),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

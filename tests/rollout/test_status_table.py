@@ -76,15 +76,21 @@ async def test_slime_s_abort_flag_before_a_turn_aborts_without_calling_the_engin
 
 
 @by_mode
-async def test_an_engine_abort_mid_generation_aborts_the_episode(
-    mode, make_args, tokenizer, engine, policy, search_config
-):
+@pytest.mark.parametrize("when", ["mid generation", "before prefill"])
+async def test_an_engine_abort_aborts_the_episode(mode, when, make_args, tokenizer, engine, policy, search_config):
     policy.scripts[QUESTION + "?"] = [SEARCH[mode], ANSWER[mode]]
-    held = engine.hold_call(len(engine.calls) + 1, tokens=3)  # the first turn waits in flight after 3 tokens
+    if when == "mid generation":  # the first turn waits in flight after 3 tokens; slime's abort answers them
+        held = engine.hold_call(len(engine.calls) + 1, tokens=3)
+    else:  # the first request waits in the queue; aborted there, it answers nothing and 0 prompt tokens
+        held = engine.hold_after(len(engine.calls))
     task = asyncio.create_task(run_episode(mode, make_args, tokenizer, search_config))
     await until_set(held.reached, task)
-    async with httpx.AsyncClient() as client:  # what slime's abort() sends every engine
-        (await client.post(engine.url + "/abort_request", json={"abort_all": True})).raise_for_status()
+    if when == "mid generation":
+        async with httpx.AsyncClient() as client:  # what slime's abort() sends every engine
+            (await client.post(engine.url + "/abort_request", json={"abort_all": True})).raise_for_status()
+    else:
+        engine.aborted = True
+        held.open()
     sample = (await task).sample
     assert sample.status == Sample.Status.ABORTED
     assert info(sample)["finish_reason"] == "engine_abort"
