@@ -218,6 +218,7 @@ def test_servers_that_do_not_answer_fail_fast(data_file, tokenizer_dir, engine, 
     assert not engine.calls  # both failed in the preflight's one request, before any episode's retries
 
 
+@pytest.mark.timeout(600)  # its guards are against a hang only: a starved machine starts evaluate.py slowly
 def test_interrupted_run_keeps_finished_trajectories_and_resumes(
     engine, tokenizer_dir, retriever, search_config, tmp_path
 ):
@@ -237,7 +238,7 @@ def test_interrupted_run_keeps_finished_trajectories_and_resumes(
         text=True,
     )
     try:
-        assert gate.reached.wait(timeout=120), "the run never reached the engine's gate"
+        assert gate.reached.wait(timeout=300), "the run never reached the engine's gate"
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=60)
     finally:
