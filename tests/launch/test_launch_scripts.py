@@ -18,6 +18,7 @@ import pytest
 from slime_search_r1.launch.command import FLAG_SHAPING
 from slime_search_r1.slime_flags import DEFAULT_ROLLOUT, FULLY_ASYNC_ROLLOUT
 from support.fake_ray import VersionHandler
+from support.interrupt import interruptible
 from support.launch_runs import REPO, SCRIPT, DryRun, clean_env, dry_run_script, run_script
 from support.launch_runs import edited_copy as edited_copy_of
 from support.loopback import free_port
@@ -165,7 +166,11 @@ def test_every_flag_is_a_real_slime_megatron_or_sglang_flag(tmp_path):
         assert flags - SLIME_FLAGS - MEGATRON_FLAGS - SGLANG_FLAGS == set()
 
 
-@pytest.mark.skipif(not using_real_slime(), reason="needs slime's own parser: SLIME_SRC=/path/to/slime make test")
+@pytest.mark.skipif(
+    not using_real_slime(),
+    reason="needs slime's own parser, from a slime checkout: git clone https://github.com/THUDM/slime /tmp/slime, "
+    "then SLIME_SRC=/tmp/slime make test (or SLIME_SRC=/tmp/slime .venv/bin/python -m pytest tests/launch)",
+)
 @pytest.mark.parametrize("async_mode", ["off", "fully"])
 def test_slimes_own_parser_reads_every_slime_flag_of_the_command(tmp_path, monkeypatch, async_mode):
     """With a slime checkout, its real parser reads the command: every flag that is not Megatron's or SGLang's is
@@ -186,7 +191,10 @@ def test_slimes_own_parser_reads_every_slime_flag_of_the_command(tmp_path, monke
         assert known.rollout_function_path == DEFAULT_ROLLOUT
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
+@pytest.mark.skipif(
+    shutil.which("shellcheck") is None,
+    reason="shellcheck is not installed: apt-get install -y shellcheck (CI's .ci/run installs it)",
+)
 def test_scripts_are_shellcheck_clean():
     scripts = [str(SCRIPT), str(REPO / "run_qwen2.5_3B_with_retrieval.sh")]
     result = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True)
@@ -290,7 +298,10 @@ def test_a_failed_job_fails_the_script(slime_tree):
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_stops_the_job_it_submitted_and_the_head_it_started(slime_tree, signum, code):
     env = clean_env(**slime_tree, TRAIN_HOLD="1")
-    process = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # SIGINT's default action restored: a suite started without job control hands its children SIGINT ignored
+    process = subprocess.Popen(
+        interruptible(["bash", str(SCRIPT)]), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     with open(env["TRAIN_STARTED"]) as fifo:  # returns once train.py runs: an event, not a polling window
         assert fifo.read() == "started"
     submitted = next(c for c in ray_calls(env) if c["event"] == "job-submitted")

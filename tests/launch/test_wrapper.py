@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from support.fake_retriever import FakeRetriever
+from support.interrupt import interruptible
 from support.launch_runs import edited_copy
 from support.loopback import free_port, serve_in_thread
 from support.retriever_fixtures import small_wiki_fixture  # noqa: F401
@@ -247,7 +248,7 @@ def test_ctrl_c_stops_training_and_the_retriever(wrapper_env, tmp_path):
         "    raise SystemExit(130)\n"
     )
     env = {**wrapper_env, "TRAIN_CMD": f"{sys.executable} {training} {started}"}
-    process = subprocess.Popen(["bash", str(WRAPPER)], env=env, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(interruptible(["bash", str(WRAPPER)]), env=env, stderr=subprocess.PIPE, text=True)
     try:
         assert read_when_written(started, process) == "started", process.stderr.read()
         assert retriever_pids(port_of(env))

@@ -12,11 +12,11 @@ Every call is appended to $FAKE_RAY_LOG as a JSON line: {"argv": [...], "event":
 import http.server
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 
@@ -85,15 +85,12 @@ def stop_job(argv: list[str]) -> int:
     record("job-stop", job_id=job_id)
     pid = int((jobs_dir() / job_id).read_text())
     try:
+        exited = os.pidfd_open(pid)  # readable once the job has exited (as `ray job stop`, wait for it)
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
         return 0
-    for _ in range(100):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.05)
+    select.select([exited], [], [], 60)
+    os.close(exited)
     return 0
 
 
