@@ -168,6 +168,9 @@ def gpu_id_list(value: str, visible: int) -> tuple[int, ...]:
     return tuple(parse_gpu_list("--torch_search", value, visible or 1 << 16) or ())
 
 
+NODE_GPUS_UNKNOWN = "no GPU is visible here and the node's GPUs are not known"
+
+
 def server_layout(flags: list[str], facts: ServerFacts, node_gpus: int | None = None) -> ServerLayout | str:
     """The layout the server's flags choose, over the GPUs it would use (`all` and --faiss_gpu: every visible GPU,
     or `node_gpus` where none is visible here); or a sentence saying why there is no plan. PreflightError when the
@@ -190,7 +193,7 @@ def server_layout(flags: list[str], facts: ServerFacts, node_gpus: int | None = 
     gpus = facts.visible_gpus or node_gpus or 0
     if args.torch_search is not None and args.torch_search.strip().lower() != "cpu":
         if args.torch_search.strip().lower() == "all" and not gpus:
-            return "--torch_search all: no GPU is visible here and the node's GPUs are not known"
+            return f"--torch_search all: {NODE_GPUS_UNKNOWN}"
         try:
             ids = gpu_id_list(args.torch_search, gpus)
         except ValueError as err:
@@ -203,7 +206,7 @@ def server_layout(flags: list[str], facts: ServerFacts, node_gpus: int | None = 
         if not flat:
             return f"--faiss_gpu with a {header['code']} index: the plan covers FAISS on GPUs for Flat indexes only"
         if not gpus:
-            return "--faiss_gpu: no GPU is visible here and the node's GPUs are not known"
+            return f"--faiss_gpu: {NODE_GPUS_UNKNOWN}"
         layout = "faiss-gpu-fp32" if args.faiss_fp32 else "faiss-gpu-fp16"
         return ServerLayout(layout, size, dim, tuple(range(gpus)), flag="--faiss_gpu")
     if flat:

@@ -145,6 +145,11 @@ def check_beside_training(
     """The plan of `server` (named by `setting` in messages), checked on its GPUs against what `training` declares
     there (None: against each GPU's total only) and against `ram` (bytes, where the figure came from) when given.
     MemoryPlanError, one line with the setting, the figures and what would fit, when it does not fit."""
+    if training and max(server.gpu_ids, default=-1) >= training.node_gpus:
+        raise MemoryPlanError(
+            f"{setting}: GPU {max(server.gpu_ids)} is not on the node (--num-gpus-per-node {training.node_gpus}); "
+            f"accepted: GPU ids 0-{training.node_gpus - 1}"
+        )
     plan = server.plan()
     checked = Checked(plan, [f"memory plan ({setting}): {plan.describe()}"])
     if plan.gpus:
@@ -220,23 +225,22 @@ def _gpu_hints(server: ServerLayout, plan: MemoryPlan, budget: TrainingBudget, t
 
 
 def _ram_hints(server: ServerLayout, available: int) -> list[str]:
-    hints = []
+    """What would fit in `available` bytes of RAM instead (only what fits)."""
+    candidates = []
     if server.layout == "Flat" and not server.mmap and not server.flag:
-        hints.append("--faiss_mmap (pages of the index are cached while RAM allows)")
-    fitting = []
+        mmap = plan_memory("Flat", server.corpus_size, server.dim, mmap=True).ram_bytes
+        candidates.append((mmap, f"--faiss_mmap ({gib(mmap)}; pages of the index are cached while RAM allows)"))
     for spec in table_layouts(server.corpus_size, server.dim):
-        layout = parse_layout(spec)
-        if not layout.on_gpu and spec != server.layout:
-            ram = plan_memory(layout, server.corpus_size, server.dim).ram_bytes
-            if ram <= available:
-                fitting.append(f"{spec} ({gib(ram)})")
-    if fitting:
-        hints.append(f"a smaller layout from {TUNER}, e.g. {', '.join(fitting[:3])}")
-    else:
-        hints.append(f"a smaller layout: none of the tuner's fits ({TUNER})")
+        if not parse_layout(spec).on_gpu and spec != server.layout:
+            ram = plan_memory(spec, server.corpus_size, server.dim).ram_bytes
+            candidates.append((ram, f"{spec} ({gib(ram)}; {TUNER})"))
     torch = plan_memory("torch-fp16", server.corpus_size, server.dim, 1).ram_bytes
-    hints.append(f"--torch_search on GPUs ({gib(torch)} of RAM: the vectors stream from the memory-mapped file)")
-    return hints
+    candidates.append(
+        (torch, f"--torch_search on GPUs ({gib(torch)}: the vectors stream from the memory-mapped file)")
+    )
+    hints = [hint for ram, hint in candidates if ram <= available][:4]
+    return hints or [f"none of the layouts (the encoder alone needs {gib(min(ram for ram, _ in candidates))}): "
+                     "free memory or raise RETRIEVER_RAM_GIB"]  # fmt: skip
 
 
 def node_retriever(knobs: Section, training: TrainingGpus) -> ServerLayout | None:

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 
 from local_dense_retriever.retrieval.memory_plan import GIB, MemoryPlanError
 from local_dense_retriever.serving.launcher import (
+    NODE_GPUS_UNKNOWN,
     PreflightError,
     ServerFacts,
     ServerLayout,
@@ -238,10 +239,14 @@ def wrapper_setting(knobs: Section, server: ServerLayout, flags: list[str]) -> s
     return f"{index} ({'RETRIEVER_PRESET=embedded' if knobs.retriever_preset == 'embedded' else 'on the CPU'})"
 
 
-def check_memory(knobs: Section, flags: list[str], facts: ServerFacts, training: TrainingGpus | None) -> dict:
+def check_memory(knobs: Section, flags: list[str], facts: ServerFacts) -> dict:
     """Prints the server's memory plan and refuses one that cannot fit beside training (Failed, one line); returns
-    the NODE_RETRIEVER_* variables that describe the server to the launch in the training window."""
-    server = server_layout(flags, facts, training.node_gpus if training else None)
+    the NODE_RETRIEVER_* variables that describe the server to the launch in the training window. TRAIN_CMD is asked
+    what training holds only for a layout on GPUs."""
+    server, training = server_layout(flags, facts), None  # the server's flags are checked first
+    if server.endswith(NODE_GPUS_UNKNOWN) if isinstance(server, str) else server.gpu_ids:
+        training = ask_training(knobs.train_cmd)
+        server = server_layout(flags, facts, training.node_gpus if training else None)
     if isinstance(server, str):
         info(f"no memory plan: {server}")
         return {}
@@ -337,7 +342,7 @@ def run(plugin: Path, knobs: Section) -> int:
     if start_local:
         flags, prefix = server_flags(knobs), cpu_prefix(knobs)
         facts = preflight(knobs.retriever_python, flags, knobs.retriever_host, port)
-        node_env = check_memory(knobs, flags, facts, ask_training(knobs.train_cmd))
+        node_env = check_memory(knobs, flags, facts)
     stamp = time.strftime("%Y%m%d_%H%M%S")
     logs = Path(knobs.log_dir)
     logs.mkdir(parents=True, exist_ok=True)
