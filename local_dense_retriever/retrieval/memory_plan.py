@@ -5,9 +5,10 @@ is spent:
         --gpu_gib 80 --sglang_mem_fraction_static 0.7 --trainer_gib 6
     python -m local_dense_retriever.memory_plan --corpus_size 21000000 --dim 768 --table   # the README's table
 
-`plan_and_check()` is the one function the launch side calls: it returns the plan, or raises MemoryPlanError with
-one line that holds the figures. Beside colocated training a GPU gives the retriever what SGLang's static memory
-fraction and the trainer leave: total x (1 - fraction) - trainer - reserve (CUDA contexts, allocator slack).
+`plan_and_check()` returns the plan, or raises MemoryPlanError with one line that holds the figures; the launch side
+(slime_search_r1/launch/retriever_memory.py) uses plan_memory, TrainingBudget and check_fits per GPU. Beside
+colocated training a GPU gives the retriever what SGLang's static memory fraction and the trainer leave:
+total x (1 - fraction) - trainer - reserve (CUDA contexts, allocator slack).
 """
 
 import argparse
