@@ -90,13 +90,10 @@ def test_documents_are_the_corpus_lines(dense_server, small_wiki):
 
 BAD_REQUESTS = [
     ({}, "queries"),
-    ({"queries": []}, "queries"),
     ({"queries": "a single string"}, "queries"),
     ({"queries": [3]}, "queries.0"),
     ({"queries": ["fine", None]}, "queries.1"),
-    ({"queries": ["   "]}, "queries.0"),
-    ({"queries": ["q"] * 513}, "queries"),
-    ({"queries": ["x" * 4097]}, "queries.0"),
+    ({"queries": ["q"] * 32769}, "queries"),  # more than --max_queries_in_flight: it could never be answered
     ({"queries": ["q"], "topk": 0}, "topk"),
     ({"queries": ["q"], "topk": 101}, "topk"),
     ({"queries": ["q"], "topk": "many"}, "topk"),
@@ -115,13 +112,7 @@ def test_bad_requests_get_a_clear_422_and_the_server_keeps_serving(dense_server,
     assert ok.status_code == 200 and len(ok.json()["result"][0]) == 3
 
 
-SMALL_LIMITS = {
-    "max_queries_per_request": 6,
-    "max_query_chars": 80,
-    "max_topk": 5,
-    "max_urls_per_request": 4,
-    "max_url_chars": 120,
-}
+SMALL_LIMITS = {"max_queries_in_flight": 6, "max_topk": 5, "max_request_mb": 0.05}
 
 
 @pytest.fixture(scope="module", name="small_limits_server")
@@ -172,14 +163,14 @@ def test_a_body_that_is_not_utf8_json_gets_a_400(dense_server, body):
     assert response.json()["detail"].startswith("the body is not valid UTF-8 JSON")
 
 
-def test_a_body_larger_than_any_valid_request_gets_a_413_before_it_is_read(small_limits_server):
+def test_a_body_over_max_request_mb_gets_a_413_naming_it_before_it_is_read(small_limits_server):
     limit = ServerConfig(index_path=None, corpus_path="", **SMALL_LIMITS).max_request_bytes
     too_big = b'{"queries": ["' + b"x" * limit + b'"]}'
     response = httpx.post(
         f"{small_limits_server}/retrieve", content=too_big, headers={"content-type": "application/json"}
     )
     assert response.status_code == 413
-    assert f"no valid request is larger than {limit} bytes" in response.json()["detail"]
+    assert f"over the server's --max_request_mb 0.05 ({limit} bytes)" in response.json()["detail"]
 
 
 def test_the_openapi_document_lists_every_status_the_retrieve_endpoint_sends(dense_server):
