@@ -1,8 +1,6 @@
 """The retrieval server over real MiniLM + FAISS and real Wikipedia summaries, under uvicorn on loopback."""
 
 import asyncio
-import contextlib
-import dataclasses
 import json
 import os
 import re
@@ -19,10 +17,10 @@ import pytest
 
 from local_dense_retriever.demo.mini_wiki import title_of
 from local_dense_retriever.serving.app import create_app
-from local_dense_retriever.serving.batcher import DynamicBatcher
 from local_dense_retriever.serving.config import ServerConfig
 from local_dense_retriever.serving.loading import Resources, load_resources
 from support.loopback import serve_in_thread
+from support.retriever_gate import gated_server, health, wait_for
 from support.rankings import same_ranking
 from support.retriever_fixtures import (  # noqa: F401
     dense_config,
@@ -273,58 +271,8 @@ def batch_of_4_server_fixture(small_wiki):
         yield url
 
 
-class BatchGate:
-    """Wraps the searcher: lets `open_batches` batches through, then holds the next one until `release()`; records
-    each batch's queries."""
-
-    def __init__(self, search, open_batches: int):
-        self._search = search
-        self.open_batches = open_batches
-        self.batches: list[list[str]] = []
-        self.holding = threading.Event()
-        self._released = threading.Event()
-
-    def __call__(self, queries: list[str], topk: int):
-        self.batches.append(list(queries))
-        if len(self.batches) == self.open_batches + 1:
-            self.holding.set()
-            assert self._released.wait(60), "the test never released the held batch"
-        return self._search(queries, topk)
-
-    def release(self) -> None:
-        self._released.set()
-
-
-@contextlib.contextmanager
-def gated_server(small_wiki, open_batches: int):
-    """A batch-of-4 server on one worker whose searches pass through a BatchGate: the test decides when batch
-    `open_batches + 1` ends, so what it checks does not depend on how fast the machine runs."""
-    config = dense_config(small_wiki, max_batch_size=4)
-    gates: list[BatchGate] = []
-
-    def load(report) -> Resources:
-        resources = load_resources(config, report)
-        resources.batcher.close()
-        gates.append(BatchGate(resources.searcher.search, open_batches))
-        return dataclasses.replace(resources, batcher=DynamicBatcher(gates[0], max_batch_size=4), thread_tuner=None)
-
-    with serve_in_thread(create_app(config, load=load)) as url:
-        wait_ready(url)
-        try:
-            yield url, gates[0]
-        finally:
-            gates[0].release()
-
-
 def batch_report(url: str) -> dict:
-    return httpx.get(f"{url}/health").json()["batches"]
-
-
-def wait_for(condition, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.01)
+    return health(url)["batches"]
 
 
 def test_a_single_query_is_answered_while_a_large_request_is_still_running(small_wiki):
