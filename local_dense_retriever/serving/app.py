@@ -30,7 +30,13 @@ from local_dense_retriever.serving.api import (
 from local_dense_retriever.serving.batcher import BatcherClosed
 from local_dense_retriever.serving.bodies import BodyRules, client_left, read_request
 from local_dense_retriever.serving.config import ServerConfig
-from local_dense_retriever.serving.limits import RETRY_AFTER_SECONDS, InFlight, ResponseTooLarge, check_response_size
+from local_dense_retriever.serving.limits import (
+    RETRY_AFTER_SECONDS,
+    InFlight,
+    ResponseTooLarge,
+    check_response_size,
+    clip_queries,
+)
 from local_dense_retriever.serving.loading import Resources, Runtime, load_resources
 
 RETRY_LATER = {"retry-after": str(RETRY_AFTER_SECONDS)}
@@ -180,7 +186,8 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
         if not in_flight.admit(count):
             return error_response(503, in_flight.refusal(count), headers=RETRY_LATER)
         try:
-            return await answer_queries(request, resources, payload.queries, topk, payload.return_scores)
+            queries = clip_queries(config, payload.queries)
+            return await answer_queries(request, resources, queries, topk, payload.return_scores)
         finally:
             in_flight.release(count)
 

@@ -196,6 +196,18 @@ def test_queries_in_flight_past_the_limit_get_a_503_naming_it_and_a_request_over
     assert later.status_code == 200 and after["queries"] == 0
 
 
+def test_a_query_of_megabytes_reaches_the_encoder_cut_to_32_characters_per_kept_token(small_wiki):
+    """The tokenizer reads a whole query before truncating it (4.9 MB took 7 s and 674 MB): the server cuts it
+    first, far beyond what natural text needs for --max_length tokens (the 30,000-character query above gets the
+    reference's answer)."""
+    huge = "word " * 400_000  # 2 MB
+    with gated_server(small_wiki, open_batches=1, max_batch_size=4, search=first_rows, max_length=64) as (url, gate):
+        gate.release()
+        answer = httpx.post(f"{url}/retrieve", json={"queries": ["short", huge]}, timeout=60)
+    assert answer.status_code == 200 and len(answer.json()["result"]) == 2
+    assert gate.batches[0] == ["short", huge[: 32 * 64]]
+
+
 # ---- ASearcher and RLinf: RLinf's guide command line (ASearcher's server flags) -------------------------------------
 
 
