@@ -364,7 +364,8 @@ def check_max_size(url: str, questions: list[str], args) -> dict:
     return {
         "check": "max-size",
         "what": f"{args.max_size_clients} single-query clients beside one client sending 512 x 4,096-character "
-        f"requests (each query at the full 256 tokens): single p99 {beside['p99_ms'] / alone['p99_ms']:.1f}x its p99 alone and "
+        "requests (each query at the full 256 tokens): single p99 "
+        f"{beside['p99_ms'] / alone['p99_ms']:.1f}x its p99 alone and "
         f"{beside['p99_ms'] / beside['large_mean_ms']:.0%} of one max-size request's time "
         f"({beside['large_requests']} max-size requests answered)",
         "requests": alone["requests"] + beside["requests"] + beside["large_requests"],

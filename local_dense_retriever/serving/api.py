@@ -79,7 +79,7 @@ class HealthReady(BaseModel):
     documents: int
     max_batch_size: int
     max_wait_ms: float
-    batches: dict[str, float]
+    batches: dict[str, Any] = Field(description="batch counts, what is queued and running, relative worker speeds")
     load_seconds: dict[str, float]
     cpu_threads: dict[str, Any] = Field(
         description="usable CPUs and where that came from, the OpenMP wait policy, and per batch size the thread "
