@@ -86,8 +86,8 @@ class HealthReady(BaseModel):
         "count in use with its measured batch times"
     )
     in_flight: dict[str, int] = Field(
-        description="queries (and /access URLs) being answered now, the --max_queries_in_flight limit, and how many "
-        "requests it turned away"
+        description="queries (and /access URLs) being answered now, the --max_queries_in_flight limit, how many "
+        "requests it turned away, and how many request bodies are still arriving"
     )
     pages: dict[str, Any] = Field(
         description='{"loaded": false} without --pages_path, else {"loaded": true, "pages": count, "path": file}'

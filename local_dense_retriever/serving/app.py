@@ -162,7 +162,11 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
 
     async def read_when_ready(request: Request, body: BodyRules):
         """The request's checked body, or the error response: a bad body first, then a server still loading."""
-        payload = await read_request(request, body, config.timeout_request)
+        in_flight.reading += 1
+        try:
+            payload = await read_request(request, body, config.timeout_request)
+        finally:
+            in_flight.reading -= 1
         if not isinstance(payload, Response) and runtime.status != "ok":
             return error_response(503, f"the retriever is not ready ({runtime.status}: {runtime.stage})")
         return payload

@@ -29,11 +29,13 @@ class ResponseTooLarge(Exception):
 
 @dataclass
 class InFlight:
-    """Queries (and /access URLs) admitted and not yet answered. Used from the event loop only, so no lock."""
+    """Queries (and /access URLs) admitted and not yet answered, and bodies being read. Used from the event loop
+    only, so no lock."""
 
     limit: int
     queries: int = 0
     refused: int = 0  # requests turned away because the others held the rest
+    reading: int = 0  # requests whose body is still arriving (slow clients show here)
 
     def admit(self, queries: int) -> bool:
         if self.queries + queries > self.limit:
@@ -52,7 +54,12 @@ class InFlight:
         )
 
     def report(self) -> dict[str, int]:
-        return {"queries": self.queries, "limit": self.limit, "refused_requests": self.refused}
+        return {
+            "queries": self.queries,
+            "limit": self.limit,
+            "refused_requests": self.refused,
+            "bodies_being_read": self.reading,
+        }
 
 
 def check_response_size(

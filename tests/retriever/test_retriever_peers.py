@@ -10,7 +10,6 @@ import json
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -192,7 +191,7 @@ def test_queries_in_flight_past_the_limit_get_a_503_naming_it_and_a_request_over
         assert "over --max_queries_in_flight 8" in refused.json()["detail"]
     assert fits.status_code == 200 and fits.json() == {"result": [None, None]}
     assert never.status_code == 422 and "--max_queries_in_flight" in never.json()["detail"]
-    assert in_flight == {"queries": 6, "limit": 8, "refused_requests": 2}
+    assert in_flight == {"queries": 6, "limit": 8, "refused_requests": 2, "bodies_being_read": 0}
     assert later.status_code == 200 and after["queries"] == 0
 
 
@@ -256,12 +255,9 @@ def rlinf_server_fixture(rlinf_files, small_wiki, tmp_path_factory):
         rlinf_server_command(rlinf_files, small_wiki.model_dir, port, gpu=False), stdout=log, stderr=subprocess.STDOUT
     )
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 180  # it listens at once and loads in the background: /health says when
-        while health_status(url) != 200:
-            assert server.poll() is None, log_path.read_text()
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.2)
+        url = f"http://127.0.0.1:{port}"  # it listens at once and loads in the background: /health says when
+        wait_for(lambda: health_status(url) == 200 or server.poll() is not None, "the server is ready", 180)
+        assert server.poll() is None, log_path.read_text()
         yield port
     finally:
         server.terminate()

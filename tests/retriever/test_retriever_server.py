@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -226,11 +225,8 @@ def test_health_is_503_until_model_index_and_corpus_are_loaded(small_wiki):
 def test_a_failed_load_is_reported_by_health(small_wiki, tmp_path):
     config = dense_config(small_wiki, corpus_path=str(tmp_path / "missing.jsonl"))
     with serve_in_thread(create_app(config)) as url:
-        for _ in range(600):
-            body = httpx.get(f"{url}/health").json()
-            if body["status"] != "loading":
-                break
-            time.sleep(0.05)
+        wait_for(lambda: httpx.get(f"{url}/health").json()["status"] != "loading", "loading ends")
+        body = httpx.get(f"{url}/health").json()
         assert body["status"] == "failed" and "missing.jsonl" in body["detail"]
 
 
