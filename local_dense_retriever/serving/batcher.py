@@ -165,6 +165,8 @@ class DynamicBatcher:
 
     async def submit(self, queries: list[str], topk: int) -> tuple[np.ndarray, np.ndarray]:
         """Scores and rows, (len(queries), topk) each, for one request's queries."""
+        if not queries:  # no batch would ever hold it
+            return np.empty((0, topk), dtype=np.float32), np.empty((0, topk), dtype=np.int64)
         loop = asyncio.get_running_loop()
         pending = _Pending(queries, topk, loop.create_future(), loop)
         with self._lock:

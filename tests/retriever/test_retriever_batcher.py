@@ -365,6 +365,16 @@ def test_closing_fails_queued_work_instead_of_running_it():
     assert len(gate.search.calls) == 1  # the batch in progress finished; the other nine never ran
 
 
+def test_a_request_without_queries_is_answered_at_once_with_no_rows():
+    search = RecordingSearch()
+    batcher = DynamicBatcher(search, max_batch_size=4)
+    try:
+        scores, rows = asyncio.run(asyncio.wait_for(batcher.submit([], 3), 30))
+    finally:
+        batcher.close()
+    assert scores.shape == rows.shape == (0, 3) and search.calls == []
+
+
 def test_batch_size_must_be_positive():
     with pytest.raises(ValueError, match="max_batch_size"):
         DynamicBatcher(RecordingSearch(), max_batch_size=0)
