@@ -298,6 +298,8 @@ def test_single_threaded_layout_runs_one_batch_per_cpu():
     cpu = FakeCpu({"probe_every": 1 << 20}, seconds=dict(BUSY))
     cpu.run(40)
     assert cpu.layout == "2x1"
+    cpu.run(60)
+    assert cpu.layouts_run.count("1x2") == 4  # the start-up window only: the switch settles, nothing re-probes it
     cpu.run(5)
     assert cpu.layouts_run[-2:] == ["2x1", "2x1"] and len(cpu.running) == 1  # two at once: one still running
     assert cpu.most_threads_at_once == 2  # never more threads than CPUs, also while the layout changed
