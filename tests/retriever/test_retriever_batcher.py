@@ -92,6 +92,26 @@ def queued(batcher: DynamicBatcher) -> int:
     return batcher.report()["waiting_queries"]
 
 
+def run_behind_a_running_batch(batcher: DynamicBatcher, gate: "Gate", requests: list[tuple[list[str], int]]):
+    """Submits a blocker, then `requests` while the blocker's batch runs (so all of them queue), then lets every
+    batch through; the requests' results, in order. Closes the batcher."""
+
+    async def scenario():
+        blocker = asyncio.ensure_future(batcher.submit(["blocker"], 1))
+        await entered(gate)
+        tasks = [asyncio.ensure_future(batcher.submit(queries, topk)) for queries, topk in requests]
+        await asyncio.sleep(0)  # one turn of the event loop: every task has queued its request
+        assert queued(batcher) == sum(len(queries) for queries, _ in requests)
+        gate.open_all()
+        await blocker
+        return await asyncio.gather(*tasks)
+
+    try:
+        return asyncio.run(scenario())
+    finally:
+        batcher.close()
+
+
 async def submit_all(batcher, requests):
     return await asyncio.gather(*(batcher.submit(queries, topk) for queries, topk in requests), return_exceptions=True)
 
@@ -100,21 +120,7 @@ def test_concurrent_requests_share_batches_and_each_gets_its_own_slice():
     gate = Gate()
     batcher = DynamicBatcher(gate, max_batch_size=64)
     requests = [(["q" * (i % 9 + 1)], 1 + i % 4) for i in range(100)]
-
-    async def scenario():
-        blocker = asyncio.ensure_future(batcher.submit(["blocker"], 1))
-        await entered(gate)
-        tasks = [asyncio.ensure_future(batcher.submit(queries, topk)) for queries, topk in requests]
-        await asyncio.sleep(0)  # one turn of the event loop: every task has queued its request
-        assert queued(batcher) == 100
-        gate.open_all()
-        await blocker
-        return await asyncio.gather(*tasks)
-
-    try:
-        results = asyncio.run(scenario())
-    finally:
-        batcher.close()
+    results = run_behind_a_running_batch(batcher, gate, requests)
     for (queries, topk), (scores, rows) in zip(requests, results, strict=True):
         assert rows.shape == (1, topk) and scores.shape == (1, topk)
         assert rows[0].tolist() == [len(queries[0]) * 100 + r for r in range(topk)]
@@ -167,21 +173,8 @@ def test_a_single_query_sent_during_a_large_request_joins_the_next_batch():
 def test_waiting_requests_share_each_batch_in_equal_parts():
     gate = Gate()
     batcher = DynamicBatcher(gate, max_batch_size=12)
-
-    async def scenario():
-        blocker = asyncio.ensure_future(batcher.submit(["blocker"], 1))
-        await entered(gate)  # the worker is busy: the three requests below all queue
-        requests = [[f"a{i}" for i in range(30)], [f"b{i}" for i in range(30)], [f"c{i}" for i in range(3)]]
-        tasks = [asyncio.ensure_future(batcher.submit(queries, 1)) for queries in requests]
-        await asyncio.sleep(0)
-        assert queued(batcher) == 63
-        gate.open_all()
-        await asyncio.gather(blocker, *tasks)
-
-    try:
-        asyncio.run(scenario())
-    finally:
-        batcher.close()
+    requests = [[f"a{i}" for i in range(30)], [f"b{i}" for i in range(30)], [f"c{i}" for i in range(3)]]
+    run_behind_a_running_batch(batcher, gate, [(queries, 1) for queries in requests])
     first_shared = gate.search.calls[1]
     # 12 places over three requests: 4 each, the small one has only 3, the spare place goes to the first.
     assert [sum(q.startswith(p) for q in first_shared) for p in "abc"] == [5, 4, 3]
@@ -193,20 +186,7 @@ def test_requests_left_out_of_a_batch_go_first_in_the_next_one():
     them; the third request's first query must be in the second batch, not wait until the first two are done."""
     gate = Gate()
     batcher = DynamicBatcher(gate, max_batch_size=2)
-
-    async def scenario():
-        blocker = asyncio.ensure_future(batcher.submit(["blocker"], 1))
-        await entered(gate)
-        tasks = [asyncio.ensure_future(batcher.submit([f"{name}{i}" for i in range(4)], 1)) for name in "abc"]
-        await asyncio.sleep(0)
-        assert queued(batcher) == 12
-        gate.open_all()
-        await asyncio.gather(blocker, *tasks)
-
-    try:
-        asyncio.run(scenario())
-    finally:
-        batcher.close()
+    run_behind_a_running_batch(batcher, gate, [([f"{name}{i}" for i in range(4)], 1) for name in "abc"])
     after_blocker = gate.search.calls[1:]
     assert after_blocker[0] == ["a0", "b0"]
     assert after_blocker[1][0] == "c0", after_blocker
