@@ -10,7 +10,9 @@ server (127.0.0.1, its defaults) over the embedded 10k mini-Wikipedia with MiniL
 2. the same 2,560 queries as single-query requests from 256 concurrent clients: the same work, split the way the
    other peers send it; the step's time over this one is what batching a whole step costs or saves;
 3. --clients closed-loop single-query clients alone, then beside one client sending such steps back to back:
-   single-query p50/p99 in both, the steps' times, and errors.
+   single-query p50/p99 in both, the steps' times, and errors. Each batch is shared fairly by request, so beside
+   many single-query clients a step gets what they leave of each batch (a step still running when the clients
+   stop finishes alone; its time counts in the mean).
 Targets (issue 27): the step within 1.25x the time of its 2,560 single queries, single-query p99 beside steps at
 most 2x its p99 alone, 0 errors. The machine is shared: the ratios come from one run; compare those.
 """
