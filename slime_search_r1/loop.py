@@ -194,15 +194,18 @@ async def run_episode(args, sample: Sample, sampling_params: dict, config: Searc
     status, reason = await _turns(state, protocol, driver, episode_budget(args, sampling_params, config, evaluation))
     await driver.finish(status)
     driver.trajectory.decode_response(state.tokenizer)
-    return finish(state, status, reason)
+    if config.max_version_lag is not None and status != Sample.Status.ABORTED:  # an aborted one has more to come
+        state.stats.lag_masked_tokens = driver.trajectory.mask_lagging_spans(config.max_version_lag)
+    return finish(state, status, reason, driver.trajectory.versions)
 
 
-def finish(state: EpisodeState, status: Sample.Status, reason: FinishReason) -> Sample:
+def finish(state: EpisodeState, status: Sample.Status, reason: FinishReason, versions=()) -> Sample:
     """The episode's end on the sample: its status, and its record in its metadata (where it stood too, when slime
-    aborted it in a partial rollout: slime hands the sample back to be resumed)."""
+    aborted it in a partial rollout: slime hands the sample back to be resumed; `versions`: the trajectory's weight
+    version per engine call)."""
     sample = state.sample
     resumable = status == Sample.Status.ABORTED and bool(getattr(state.args, "partial_rollout", False))
-    write_episode(sample, state.record(reason, resumable=resumable))
+    write_episode(sample, state.record(reason, resumable=resumable, versions=versions))
     sample.status = status
     sample.remove_sample = status == Sample.Status.FAILED and state.config.drop_failed_samples
     return sample
@@ -235,6 +238,7 @@ async def _turns(
             turn = await driver.generate(params)
             stats.generated_tokens += driver.response_length - before
             if turn.finish_type == "abort":
+                stats.engine_aborts += 1
                 return Sample.Status.ABORTED, FinishReason.ENGINE_ABORT
             stats.turns += 1
             action = protocol.read(turn, state)
