@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import copy
 import json
+import logging
 from argparse import Namespace
 
 import pytest
@@ -76,6 +77,20 @@ class PromptsOnce(RolloutDataSourceWithBuffer):
         return groups + (RolloutDataSource.get_samples(self, fresh) if fresh > 0 else [])
 
 
+class Crashes(logging.Handler):
+    """slime's worker logs a group whose task raised and drops it, so its rollout would wait for it forever: the
+    first such record fills the worker's queue with empty groups (the rollout returns) and fails the test."""
+
+    def __init__(self, worker):
+        super().__init__(logging.WARNING)
+        self.worker, self.messages = worker, []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(self.format(record))
+        for gid in range(-self.worker.args.rollout_batch_size, 0):
+            self.worker.output_queue.put((gid, [Sample()]))
+
+
 @contextlib.contextmanager
 def fully_async_worker(args, buffer):
     """slime's process-wide worker, made as its first rollout makes it, but looking at its buffer every 10 ms rather
@@ -84,6 +99,9 @@ def fully_async_worker(args, buffer):
         args, buffer, concurrency=args.sglang_server_concurrency * get_rollout_num_engines(args)
     )
     worker.poll_interval = 0.01
+    crashes = Crashes(worker)
+    crashes.setFormatter(logging.Formatter("%(message)s"))
+    logging.getLogger(fully_async_rollout.logger.name).addHandler(crashes)
     fully_async_rollout._global_worker = worker
     worker.start()
     try:
@@ -91,6 +109,8 @@ def fully_async_worker(args, buffer):
     finally:
         worker.stop()
         fully_async_rollout._global_worker = None
+        logging.getLogger(fully_async_rollout.logger.name).removeHandler(crashes)
+    assert not crashes.messages, f"slime's worker dropped a group: {crashes.messages}"
 
 
 async def fully_async_rollout_of(args, prompts: list[Sample]) -> list[list[Sample]]:
