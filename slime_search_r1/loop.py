@@ -18,7 +18,8 @@ protocols, token drivers and tools are imported here and picked by the name a se
 holds those names, and what extensions register). How an episode ends:
 
   answer                              COMPLETED  answer
-  engine abort, or slime's abort      ABORTED    engine_abort / rollout_aborted (checked before every turn)
+  engine abort, or slime's abort      ABORTED    engine_abort (slime's abort, or a weight update pausing the engines in
+                                                 fully-async training) / rollout_aborted (checked before every turn)
   response or context budget out      TRUNCATED  token_budget (each turn is offered exactly what is left)
   max_turns reached                   TRUNCATED  max_turns; a tool call on the last turn is not run (no turn reads it)
   a tool failing after its retries    FAILED     tool_failed, with remove_sample when drop_failed_samples
@@ -26,7 +27,9 @@ holds those names, and what extensions register). How an episode ends:
 With slime's --partial-rollout, an ABORTED episode records where it stood (the turn, and whether that turn was being
 generated or its tool calls were to run); slime hands the sample back in a later rollout, and the episode resumes
 there: a turn cut mid-generation continues from its last token, calls the abort interrupted run again, and the
-budgets count what was already done.
+budgets count what was already done. slime's fully-async worker hands an aborted sample back the same way. Each
+engine call's tokens are recorded with the weight version that sampled them (the Trajectory's `versions`);
+max_version_lag masks the oldest out of the loss when the episode ends.
 """
 
 import copy
