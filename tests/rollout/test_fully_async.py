@@ -29,23 +29,22 @@ from slime_search_r1.settings import ConfigError, resolve_config, search_r1_conf
 from slime_search_r1.tokens.manual import Trajectory
 from slime_search_r1.training.metrics import TRAIN_PREFIX, search_metrics, staleness_metrics
 from support import slime_compat
-from support.episodes import CHAT_LABEL, QUESTION, chat_messages, chat_prompt_ids, info, label, searches
+from support.episodes import (
+    CHAT_LABEL,
+    QUESTION,
+    TWO_SEARCHES_THEN_ANSWER,
+    chat_messages,
+    chat_prompt_ids,
+    info,
+    label,
+    searches,
+)
 from support.slime_rollout import chat_prompt, log_rollout_data
 from support.tracking import record_tracking
 
 FULLY_ASYNC = "slime.rollout.fully_async_rollout.generate_rollout_fully_async"
-XML_SCRIPT = [
-    "<think>I need to look this up first.</think>\n<search> capital of France </search>",
-    "<think>Paris is the capital, but let me check once more.</think>\n<search> Paris France capital city </search>",
-    "<think>The documents agree: Paris.</think>\n<answer> Paris </answer>",
-]
-CHAT_SCRIPT = [
-    '<think>Look it up.</think>\n<tool_call>\n{"name": "search", "arguments": {"query": "capital of France"}}\n'
-    "</tool_call>",
-    '<tool_call>\n{"name": "search", "arguments": {"query": "Paris France capital city"}}\n</tool_call>',
-    "<think>The documents agree: Paris.</think>\n<answer> Paris </answer>",
-]
-SCRIPTS = {"generate": XML_SCRIPT, "chat": CHAT_SCRIPT}
+SCRIPTS = TWO_SEARCHES_THEN_ANSWER
+XML_SCRIPT = SCRIPTS["generate"]
 CUT_AFTER = 7  # tokens the interrupted turn had sampled when the weight update came
 
 

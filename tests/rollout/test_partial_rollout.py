@@ -23,23 +23,22 @@ from slime.utils.http_utils import init_http_client
 from slime.utils.types import Sample
 from slime_search_r1.episode import resume_point
 from slime_search_r1.training.metrics import search_metrics
-from support.episodes import CHAT_LABEL, QUESTION, chat_messages, chat_prompt_ids, info, label, searches
+from support.episodes import (
+    CHAT_LABEL,
+    QUESTION,
+    TWO_SEARCHES_THEN_ANSWER,
+    chat_messages,
+    chat_prompt_ids,
+    info,
+    label,
+    searches,
+)
 from support import slime_compat
 from support.fidelity import assert_faithful
 from support.slime_rollout import chat_prompt
 
-XML_SCRIPT = [
-    "<think>I need to look this up first.</think>\n<search> capital of France </search>",
-    "<think>Paris is the capital, but let me check once more.</think>\n<search> Paris France capital city </search>",
-    "<think>The documents agree: Paris.</think>\n<answer> Paris </answer>",
-]
-CHAT_SCRIPT = [
-    '<think>Look it up.</think>\n<tool_call>\n{"name": "search", "arguments": {"query": "capital of France"}}\n'
-    "</tool_call>",
-    '<tool_call>\n{"name": "search", "arguments": {"query": "Paris France capital city"}}\n</tool_call>',
-    "<think>The documents agree: Paris.</think>\n<answer> Paris </answer>",
-]
-SCRIPTS = {"generate": XML_SCRIPT, "chat": CHAT_SCRIPT}
+SCRIPTS = TWO_SEARCHES_THEN_ANSWER
+XML_SCRIPT = SCRIPTS["generate"]
 MODES = ["generate", "chat"]
 
 
