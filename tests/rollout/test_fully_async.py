@@ -37,8 +37,8 @@ from support.episodes import (
     chat_prompt_ids,
     info,
     label,
-    searches,
 )
+from support.fidelity import assert_resumed_exactly
 from support.slime_rollout import chat_prompt, log_rollout_data
 from support.tracking import record_tracking
 
@@ -166,23 +166,6 @@ def spans_of_calls(calls, prompt_tokens: int) -> list[list]:
     return [[start, start + len(call.output_ids), call.weight_version] for start, call in starts]
 
 
-def assert_same_episode(sample: Sample, baseline: Sample, masked_before: int | None = None) -> None:
-    """Token for token the uninterrupted episode; `masked_before`: slime masked that many first response tokens
-    (--mask-offpolicy-in-partial-rollout) when it handed the sample back."""
-    assert sample.status == baseline.status
-    assert sample.tokens == baseline.tokens
-    assert sample.response == baseline.response
-    assert sample.rollout_log_probs == baseline.rollout_log_probs
-    expected_mask = list(baseline.loss_mask)
-    if masked_before is not None:
-        expected_mask[:masked_before] = [0] * masked_before
-    assert sample.loss_mask == expected_mask
-    assert sample.reward == baseline.reward
-    for key in ("turns", "generated_tokens", "finish_reason"):
-        assert info(sample)[key] == info(baseline)[key]
-    assert searches(sample) == searches(baseline)
-
-
 def assert_spans_cover_the_generated_tokens(sample: Sample, baseline: Sample) -> None:
     """The spans sit exactly on the tokens the model generated (loss mask 1 in the uninterrupted episode: strict
     mode), in order, and add up to them; every other response token has no version."""
@@ -221,7 +204,7 @@ async def test_a_turn_cut_by_a_weight_update_resumes_token_exactly_with_partial_
     assert (pause.version_before, pause.version_after) == ("1", "2")
     calls = engine.calls[calls_before:]
     cut = len(calls[1].input_ids) - prompt_length(mode, tokenizer) + CUT_AFTER  # response tokens before the update
-    assert_same_episode(sample, baseline, masked_before=cut if masked else None)
+    assert_resumed_exactly(sample, baseline, masked_before=cut if masked else None)
     record = info(sample)
     assert (record["resumes"], record["resumed_at"], record["engine_aborts"], record["restarts"]) == (1, [cut], 1, 0)
 
@@ -251,7 +234,7 @@ async def test_without_partial_rollout_a_restarted_episode_holds_only_versions_f
     sample = (await fully_async_rollout_of(args, [new_sample("generate", tokenizer)]))[0][0]
 
     assert pause.aborted
-    assert_same_episode(sample, baseline)  # started over from clean fields: the policy is deterministic
+    assert_resumed_exactly(sample, baseline)  # started over from clean fields: the policy is deterministic
     record = info(sample)
     assert {version for _, _, version in version_spans(record)} == {"2"}
     assert record["versions"] == [[start, end, "2"] for start, end, _ in version_spans(info(baseline))]

@@ -31,10 +31,9 @@ from support.episodes import (
     chat_prompt_ids,
     info,
     label,
-    searches,
 )
 from support import slime_compat
-from support.fidelity import assert_faithful
+from support.fidelity import assert_faithful, assert_resumed_exactly
 from support.slime_rollout import chat_prompt
 
 SCRIPTS = TWO_SEARCHES_THEN_ANSWER
@@ -123,23 +122,6 @@ async def rollout_aborted_during_a_search(retriever, args, groups, rollout_id: i
     buffered = await aborting
     state.reset()
     return buffered
-
-
-def assert_resumed_exactly(resumed: Sample, baseline: Sample, masked_before: int | None = None) -> None:
-    """The resumed episode is the uninterrupted one; `masked_before`: slime masked the first that many response
-    tokens out of the loss when the sample came back (--mask-offpolicy-in-partial-rollout)."""
-    assert resumed.status == baseline.status
-    assert resumed.tokens == baseline.tokens
-    assert resumed.response == baseline.response
-    assert resumed.rollout_log_probs == baseline.rollout_log_probs
-    expected_mask = list(baseline.loss_mask)
-    if masked_before is not None:
-        expected_mask[:masked_before] = [0] * masked_before
-    assert resumed.loss_mask == expected_mask
-    assert resumed.reward == baseline.reward
-    assert info(resumed)["turns"] == info(baseline)["turns"]
-    assert searches(resumed) == searches(baseline)
-    assert info(resumed)["finish_reason"] == info(baseline)["finish_reason"]
 
 
 def unmasked(resumed: Sample, baseline: Sample) -> Sample:
