@@ -18,7 +18,8 @@ protocols, token drivers and tools are imported here and picked by the name a se
 holds those names, and what extensions register). How an episode ends:
 
   answer                              COMPLETED  answer
-  engine abort, or slime's abort      ABORTED    engine_abort / rollout_aborted (checked before every turn)
+  engine abort, or slime's abort      ABORTED    engine_abort (slime's abort, or a weight update pausing the engines in
+                                                 fully-async training) / rollout_aborted (checked before every turn)
   response or context budget out      TRUNCATED  token_budget (each turn is offered exactly what is left)
   max_turns reached                   TRUNCATED  max_turns; a tool call on the last turn is not run (no turn reads it)
   a tool failing after its retries    FAILED     tool_failed, with remove_sample when drop_failed_samples
@@ -26,7 +27,9 @@ holds those names, and what extensions register). How an episode ends:
 With slime's --partial-rollout, an ABORTED episode records where it stood (the turn, and whether that turn was being
 generated or its tool calls were to run); slime hands the sample back in a later rollout, and the episode resumes
 there: a turn cut mid-generation continues from its last token, calls the abort interrupted run again, and the
-budgets count what was already done.
+budgets count what was already done. slime's fully-async worker hands an aborted sample back the same way. Each
+engine call's tokens are recorded with the weight version that sampled them (the Trajectory's `versions`);
+max_version_lag masks the oldest out of the loss when the episode ends.
 """
 
 import copy
@@ -194,15 +197,18 @@ async def run_episode(args, sample: Sample, sampling_params: dict, config: Searc
     status, reason = await _turns(state, protocol, driver, episode_budget(args, sampling_params, config, evaluation))
     await driver.finish(status)
     driver.trajectory.decode_response(state.tokenizer)
-    return finish(state, status, reason)
+    if config.max_version_lag is not None and status != Sample.Status.ABORTED:  # an aborted one has more to come
+        state.stats.lag_masked_tokens = driver.trajectory.mask_lagging_spans(config.max_version_lag)
+    return finish(state, status, reason, driver.trajectory.versions)
 
 
-def finish(state: EpisodeState, status: Sample.Status, reason: FinishReason) -> Sample:
+def finish(state: EpisodeState, status: Sample.Status, reason: FinishReason, versions=()) -> Sample:
     """The episode's end on the sample: its status, and its record in its metadata (where it stood too, when slime
-    aborted it in a partial rollout: slime hands the sample back to be resumed)."""
+    aborted it in a partial rollout: slime hands the sample back to be resumed; `versions`: the trajectory's weight
+    version per engine call)."""
     sample = state.sample
     resumable = status == Sample.Status.ABORTED and bool(getattr(state.args, "partial_rollout", False))
-    write_episode(sample, state.record(reason, resumable=resumable))
+    write_episode(sample, state.record(reason, resumable=resumable, versions=versions))
     sample.status = status
     sample.remove_sample = status == Sample.Status.FAILED and state.config.drop_failed_samples
     return sample
@@ -235,6 +241,7 @@ async def _turns(
             turn = await driver.generate(params)
             stats.generated_tokens += driver.response_length - before
             if turn.finish_type == "abort":
+                stats.engine_aborts += 1
                 return Sample.Status.ABORTED, FinishReason.ENGINE_ABORT
             stats.turns += 1
             action = protocol.read(turn, state)

@@ -82,18 +82,24 @@ class Flag:
 class Integer:
     low: int
     high: int | None = None
+    optional: bool = False  # None allowed: the setting is off
 
     def bounds(self) -> str:
-        return f">= {self.low}" if self.high is None else f"{self.low} to {self.high}"
+        bounds = f">= {self.low}" if self.high is None else f"{self.low} to {self.high}"
+        return f"{bounds}, or None" if self.optional else bounds
 
-    def check(self, value: Any) -> int:
+    def check(self, value: Any) -> int | None:
+        if value is None and self.optional:
+            return None
         if isinstance(value, bool) or not isinstance(value, int):
             raise Refused(f"an integer, {self.bounds()}")
         if value < self.low or (self.high is not None and value > self.high):
             raise Refused(self.bounds(), "out of range")
         return value
 
-    def from_env(self, text: str) -> int:
+    def from_env(self, text: str) -> int | None:
+        if self.optional and text.strip().lower() == "none":
+            return None
         try:
             value = int(text.strip())
         except ValueError:
@@ -253,6 +259,9 @@ for _setting in (
             "prompt + response tokens (slime's --rollout-max-context-len caps it too)"),
     Setting("max_obs_tokens", 500, Integer(16), "SEARCH_R1_MAX_OBS_TOKENS",
             "tokens of one search result (Search-R1's max_obs_length)"),
+    Setting("max_version_lag", None, Integer(0, optional=True), "SEARCH_R1_MAX_VERSION_LAG",
+            "loss mask 0 on generated tokens more than this many weight versions behind the episode's last; "
+            "None: off"),
     # ---- tools and search
     Setting("tools", ["search"], Names(TOOLS.names, at_least=1), "SEARCH_R1_TOOLS",
             "the tools the model may call: search, and access to read a page of the results"),
@@ -506,6 +515,16 @@ def _access_reads_the_local_retrievers_pages(config: SearchR1Config) -> None:
             f"the access tool reads pages from the local retriever's POST /access (--pages_path), but "
             f"search_backend={config.search_backend!r} shows URLs it does not hold; use SEARCH_BACKEND=local with "
             "access, or leave access out of SEARCH_R1_TOOLS"
+        )
+
+
+@register_rule
+def _version_lag_needs_recorded_versions(config: SearchR1Config) -> None:
+    if config.max_version_lag is not None and config.token_tracking_mode in ("router_radix", "router_handler"):
+        raise ConfigError(
+            f"max_version_lag={config.max_version_lag} masks tokens by the weight version that sampled them, which "
+            f"TOKEN_TRACKING_MODE={config.token_tracking_mode} does not record (its tokens come from the router's "
+            "cache); use TOKEN_TRACKING_MODE=manual, or leave SEARCH_R1_MAX_VERSION_LAG unset"
         )
 
 

@@ -2,7 +2,8 @@
 back, and the trajectory on the sample grows by them, turn by turn.
 
   ManualDriver         the token driver: one engine call per turn, an engine that ran past a stop string cut after it
-  Trajectory           the sample's tokens, loss mask and log probs, kept aligned: the only writer of those fields
+  Trajectory           the sample's tokens, loss mask and log probs, kept aligned: the only writer of those fields;
+                       and which weight version sampled which tokens (one span per engine call)
   generate_turn        one /generate call (aiohttp, or slime's post()), retried like slime's, its answer checked
 
 Nothing is re-tokenized, so every id the engine conditioned on is a prefix of `sample.tokens`. With slime's
@@ -20,7 +21,7 @@ from tenacity import before_sleep_log, wait_fixed
 from slime.rollout.sglang_rollout import get_model_url
 from slime.utils.http_utils import post as slime_post
 from slime.utils.types import Sample
-from slime_search_r1.episode import Turn, forget_episode
+from slime_search_r1.episode import Turn, episode_record, forget_episode, lagging_spans, version_spans
 from slime_search_r1.http_client import RequestFailed, RetryableRequestFailed, post_json, retrying, unbounded_session
 
 logger = logging.getLogger(__name__)
@@ -133,7 +134,8 @@ def cut_after_first_stop(ids: list[int], tokenizer, text: str, stops: tuple[str,
 # Model tokens always get loss mask 1 and the engine's log probs. Observation tokens get mask 0, or 1 when
 # `train_observations` (LOSS_MASK_MODE=simple); their log probs are 0.0 placeholders because the engine never
 # sampled them. With log probs tracked, slime's append_response_tokens does the bookkeeping; without,
-# rollout_log_probs stays None and slime recomputes them.
+# rollout_log_probs stays None and slime recomputes them. Either way each engine call's tokens are recorded with
+# the weight version that sampled them (`versions`); max_version_lag may take the oldest out of the loss at the end.
 
 
 class Trajectory:
@@ -155,7 +157,10 @@ class Trajectory:
         self.prompt_ids = list(prompt_ids)
         self.track_log_probs = track_log_probs
         self.train_observations = train_observations
+        # [start, end, weight version] per engine call that sampled tokens, in response-token positions
+        self.versions: list[list] = []
         if continued:
+            self.versions = [list(span) for span in version_spans(episode_record(sample) or {})]
             sample.reward, sample.remove_sample, sample.status = None, False, Sample.Status.PENDING
         else:
             reset_response_fields(sample, prompt_ids, track_log_probs)
@@ -172,12 +177,27 @@ class Trajectory:
         return self.sample.tokens[len(self.prompt_ids) :]
 
     def add_generated(self, ids: list[int], log_probs: list[float] | None, meta_info: dict | None) -> None:
+        start = self.response_length
         if self.track_log_probs:
             self.sample.append_response_tokens(
                 self.args, tokens=ids, log_probs=log_probs, trainable=True, meta_info=meta_info
             )
         else:
             self._extend_untracked(ids, 1)
+            if meta_info and "weight_version" in meta_info:  # what slime's append_response_tokens keeps
+                self.sample.weight_versions.append(meta_info["weight_version"])
+        if ids:
+            self.versions.append([start, start + len(ids), weight_version_of(meta_info)])
+
+    def mask_lagging_spans(self, max_lag: int) -> int:
+        """Loss mask 0 on the generated spans sampled more than `max_lag` weight versions before the episode's
+        newest (log probs unchanged); returns how many trained tokens that took out of the loss."""
+        mask = self.sample.loss_mask
+        masked = 0
+        for start, end, _ in lagging_spans(self.versions, max_lag):
+            masked += sum(mask[start:end])
+            mask[start:end] = [0] * (end - start)
+        return masked
 
     def add_observation(self, ids: list[int]) -> None:
         if not self.track_log_probs:
@@ -196,6 +216,7 @@ class Trajectory:
     def replace_response(self, ids: list[int], loss_mask: list[int], log_probs: list[float] | None) -> None:
         """The whole response at once, as a router's cache recorded it (the router token-tracking modes)."""
         reset_response_fields(self.sample, self.prompt_ids + list(ids), self.track_log_probs)
+        self.versions = []  # a router's cache keeps no weight versions
         self.sample.response_length = len(ids)
         self.sample.loss_mask = [1] * len(ids) if self.train_observations else [int(m) for m in loss_mask]
         if self.track_log_probs:
@@ -218,6 +239,9 @@ def why_not_continued(sample: Sample, prompt_ids: list[int], track_log_probs: bo
     log_probs = sample.rollout_log_probs
     if track_log_probs and (log_probs is None or len(log_probs) != response_length):
         return f"{'no' if log_probs is None else len(log_probs)} rollout log probs for {response_length} tokens"
+    spans = version_spans(episode_record(sample) or {})
+    if spans and spans[-1][1] > response_length:
+        return f"weight-version spans up to token {spans[-1][1]} for {response_length} response tokens"
     return None
 
 
@@ -339,6 +363,12 @@ def parse_engine_output(output: object, return_logprob: bool) -> Turn:
             "log probs, so set TRACK_LOG_PROBS=true (re-tokenizing the text would not be token-exact)"
         )
     return Turn([int(i) for i in ids], finish_type, meta_info=meta_info)
+
+
+def weight_version_of(meta_info: dict | None) -> str | None:
+    """The weight version SGLang reports for an answer (meta_info["weight_version"], a string), or None."""
+    version = (meta_info or {}).get("weight_version")
+    return None if version is None else str(version)
 
 
 def int32_values(value) -> list[int]:

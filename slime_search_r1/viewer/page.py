@@ -22,7 +22,14 @@ from pathlib import Path
 import numpy as np
 
 from slime_search_r1.data import golden_answers
-from slime_search_r1.episode import conversation_of, reward_of, tool_counters
+from slime_search_r1.episode import (
+    conversation_of,
+    newest_version,
+    reward_of,
+    tool_counters,
+    version_number,
+    version_spans,
+)
 from slime_search_r1.viewer.samples import Run, ViewSample
 from slime_search_r1.viewer.steps import steps_of, tool_calls
 from slime_search_r1.viewer.summary import hook_metrics, hook_prefix, log_prob_gaps, viewer_metrics
@@ -47,6 +54,10 @@ DRAWN_RECORD_KEYS = {
     "earlier_policy_tokens",
     "resumed_at",
     "resume",
+    "versions",
+    "engine_aborts",
+    "restarts",
+    "lag_masked_tokens",
 }
 _MARKER = re.compile(r"<!--VIEWER:(\w+)-->|/\*VIEWER:(\w+)\*/")
 _SMALL_TENSOR = 64  # elements; bigger tensors are shown by shape
@@ -118,6 +129,27 @@ def _number(value) -> float | None:
     return None
 
 
+def versions_view(record: dict | None) -> dict | None:
+    """The weight versions that sampled the response: each distinct one (oldest first; unordered ones last) with
+    how far it lags the sample's newest, and the record's spans as [start, end, its index]. None: none recorded."""
+    spans = version_spans(record) if record else []
+    if not spans:
+        return None
+
+    def order(version) -> tuple:
+        number = version_number(version)
+        return (number is None, number or 0, str(version))
+
+    names = sorted({version for _, _, version in spans}, key=order)
+    newest = newest_version(spans)
+    lags = [None if (n := version_number(v)) is None or newest is None else newest - n for v in names]
+    return {
+        "names": names,
+        "lags": lags,
+        "spans": [[start, end, names.index(version)] for start, end, version in spans],
+    }
+
+
 def sample_row(sample: ViewSample) -> dict:
     """What the sample list shows and filters on."""
     record = sample.record or {}
@@ -181,6 +213,7 @@ def sample_detail(sample: ViewSample, texts: TokenTexts | None) -> dict:
         "train_fields": sample.train_fields,
         # --partial-rollout: the response tokens before this position were sampled in earlier rollouts
         "earlier_before": (record.get("resumed_at") or [0])[-1] if record else 0,
+        "versions": versions_view(record),
     }
     if sample.response_ids is not None:
         detail["prompt_ids"] = typed(sample.prompt_ids or [], "<i4")

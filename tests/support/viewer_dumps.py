@@ -130,7 +130,8 @@ async def _run(
 
 async def _run_resumed(episode: Episode, index: int, args, engine, run) -> Sample:
     """An episode slime aborts RESUMED_AFTER tokens into its second turn (abort(), as when a rollout has enough
-    groups) and hands back to generate() in the next rollout, with --partial-rollout."""
+    groups) and hands back to generate() in the next rollout, with --partial-rollout, after a weight update: the
+    resumed tokens come from the next weight version."""
     args = copy.copy(args)
     args.partial_rollout = True
     hold = engine.hold_call(len(engine.calls) + 2, RESUMED_AFTER)
@@ -138,6 +139,7 @@ async def _run_resumed(episode: Episode, index: int, args, engine, run) -> Sampl
     await asyncio.to_thread(hold.reached.wait)
     await abort(args, ROLLOUT_ID - 1)
     sample = await first
+    engine.push_weights()  # slime trains on the rollout and pushes the new weights before the next one
     assert sample.status == Sample.Status.ABORTED, sample.status
     sample.metadata["start_rollout_id"] = ROLLOUT_ID - 1  # what abort() writes on the groups it collects
     GenerateState(args).aborted = False

@@ -356,3 +356,21 @@ def test_rollouts_picks_which_rollouts_dumps_are_read(viewer_dumps, tmp_path, ca
     assert "expected rollout ids (10,20) or a slice" in error_of(
         [str(tmp_path), "--output", str(tmp_path / "o"), "--rollouts", "a:b"], capsys
     )
+
+
+def test_a_sample_two_weight_versions_sampled_says_which_tokens_each_sampled(viewer_dumps, runs, tokenizer):
+    """The resumed episode: slime pushed new weights between the rollout that aborted it and the one that resumed it,
+    so the second turn is two engine calls of two versions."""
+    sample = runs["rollout"].samples[viewer_dumps.names.index("resumed")]
+    detail = sample_detail(sample, TokenTexts(tokenizer))
+    cut = detail["earlier_before"]
+    model_steps = [(start, end) for kind, start, end in detail["steps"] if kind == "model"]
+    (first, first_end), (second, second_end) = model_steps
+    assert detail["versions"] == {
+        "names": ["1", "2"],
+        "lags": [1, 0],
+        "spans": [[first, first_end, 0], [second, cut, 0], [cut, second_end, 1]],
+    }
+    assert not {"versions", "engine_aborts", "restarts", "lag_masked_tokens"} & set(detail["record_more"])
+    right = sample_detail(runs["rollout"].samples[viewer_dumps.names.index("right")], None)["versions"]
+    assert right["names"] == ["1"] and [k for *_, k in right["spans"]] == [0, 0]

@@ -299,3 +299,33 @@ def test_an_evaluate_run_shows_its_trajectories_token_by_token(browser, evaluate
         assert page.errors == []
     finally:
         page.tab.close()
+
+
+def test_tokens_of_two_weight_versions_are_marked_by_version_and_their_spans_head_the_sample(page, viewer_dumps):
+    """The resumed sample's second turn is two engine calls, before and after a weight update: each token carries
+    the colour of the version that sampled it, observations none, and the header lists each version's spans."""
+    name = "resumed"
+    spans = viewer_dumps.sample(name).metadata["search_r1"]["versions"]
+    assert [version for *_, version in spans] == ["1", "1", "2"]
+    page.open(0, position(viewer_dumps, name))
+    badges = page.js(
+        "[...document.querySelectorAll('.badge[data-field=version]')].map(b => [b.dataset.version, b.textContent])"
+    )
+    (a, b, _), (c, d, _), (e, f, _) = spans
+    assert badges == [
+        ["1", f"version 1 (1 behind): tokens {a}–{b - 1}, {c}–{d - 1}"],
+        ["2", f"version 2: tokens {e}–{f - 1}"],
+    ]
+    for k, version in enumerate(["1", "2"]):
+        marked = page.js(f"[...document.querySelectorAll('#sample-view span.t.v{k}')].map(s => Number(s.dataset.i))")
+        assert marked == [i for start, end, v in spans if v == version for i in range(start, end)]
+    bar = page.js("getComputedStyle(document.querySelector('#sample-view span.t.v1')).boxShadow")
+    assert bar.startswith("rgb(230, 159, 0)")  # the second colour of the palette, under each token
+    for i, expected in ((a, "1"), (d - 1, "1"), (e, "2"), (b, "")):  # b: the first token of the search results
+        page.tab.hover(f"#sample-view span.t[data-i='{i}']")
+        page.tab.wait_for_selector(f".inspector td[data-field=position][data-value='{i}']", state="attached")
+        assert page.js("document.querySelector('.inspector td[data-field=version]').dataset.value") == expected
+    page.open(0, position(viewer_dumps, "right"))  # one version: its spans in the header, no marks on the tokens
+    assert page.js("document.querySelectorAll('.badge[data-field=version]').length") == 1
+    assert page.js("document.querySelectorAll('#sample-view span.t.v0').length") == 0
+    assert page.errors == []

@@ -319,6 +319,7 @@
     if (record.tool_error) badges.push(h("span", { class: "badge bad", text: `tool error: ${record.tool_error}` }));
     if (row.resumes) badges.push(h("span", { class: "badge", text: `resumed ${row.resumes}× (partial rollout): ${record.earlier_policy_tokens} of ${record.generated_tokens} sampled tokens from earlier rollouts`, data: { field: "resumes" } }));
     view.appendChild(h("div", { class: "badges" }, badges));
+    if (detail.versions) view.appendChild(versionBadges(detail.versions));
     view.appendChild(h("p", { class: "muted", text: `question: ${row.q}` }));
 
     const reward = record.reward || {};
@@ -326,8 +327,10 @@
       h("tr", null, [h("td", { text: k }), h("td", { class: "value", text: fmt(reward[k] === undefined ? null : reward[k]), data: { reward: k } })]));
     rewardRows.push(h("tr", null, [h("td", { text: "sample.reward" }), h("td", { class: "value", text: typeof detail.reward === "object" && detail.reward !== null ? JSON.stringify(detail.reward) : fmt(detail.reward) })]));
     rewardRows.push(h("tr", null, [h("td", { text: "gold answers" }), h("td", { class: "value", text: (detail.answers || []).join(" | ") || "-" })]));
-    const counters = ["turns", "invalid_actions", "observation_tokens", "truncated_observations"].map((k) =>
-      h("tr", null, [h("td", { text: k }), h("td", { class: "value", text: fmt(record[k] === undefined ? null : record[k]) })]));
+    const counted = ["turns", "invalid_actions", "observation_tokens", "truncated_observations"];
+    for (const k of ["engine_aborts", "restarts", "lag_masked_tokens"]) if (record[k]) counted.push(k); // fully-async
+    const counters = counted.map((k) =>
+      h("tr", null, [h("td", { text: k }), h("td", { class: "value", text: fmt(record[k] === undefined ? null : record[k]), data: { counter: k } })]));
     const toolRows = Object.entries(record.tools || {}).map(([name, c]) => {
       const seconds = (c.seconds || []).map((s) => s.toFixed(2)).join(", ");
       return h("tr", null, [h("td", { text: name }), h("td", { class: "value", text: `${c.calls || 0} calls, ${c.failures || 0} failed${seconds ? `; seconds ${seconds}` : ""}` })]);
@@ -347,6 +350,30 @@
     view.appendChild(jsonBlock("other sample fields", detail.fields, false, "fields"));
     if (Object.keys(detail.train_fields || {}).length) view.appendChild(jsonBlock("train dump: other values", detail.train_fields, false, "train-fields"));
     if (detail.label !== undefined) view.appendChild(jsonBlock("label", detail.label, false, "label"));
+  }
+
+  // ---- weight versions: which policy sampled which tokens ---------------------------------------------------------
+  const VERSION_COLOURS = 6; // .v0 ... .v5 in the style sheet, oldest first, cycled
+  function versionName(name) {
+    return name === null || name === undefined ? "unknown" : String(name);
+  }
+  function versionBadges(versions) {
+    const badges = [h("span", { class: "muted", text: `weight version of each engine call (${versions.spans.length}):` })];
+    versions.names.forEach((name, k) => {
+      const spans = versions.spans.filter((span) => span[2] === k).map(([start, end]) => `${start}–${end - 1}`);
+      const lag = versions.lags[k] ? ` (${versions.lags[k]} behind)` : "";
+      badges.push(h("span", { class: "badge", data: { field: "version", version: versionName(name) } }, [
+        h("span", { class: `swatch v${k % VERSION_COLOURS}` }),
+        `version ${versionName(name)}${lag}: tokens ${spans.join(", ")}`,
+      ]));
+    });
+    return h("div", { class: "badges versions", data: { block: "versions" } }, badges);
+  }
+  function versionIndex(versions, n) {
+    // per response token: the index of the version that sampled it in versions.names, -1 for the tokens none did
+    const index = new Int16Array(n).fill(-1);
+    for (const [start, end, k] of versions ? versions.spans : []) index.fill(k, start, Math.min(end, n));
+    return index;
   }
 
   function jsonBlock(title, value, open, name) {
@@ -415,6 +442,9 @@
     for (const [name, value] of Object.entries(detail.series || {})) series[name] = typedArray(value, Float32Array, n);
     const texts = HAS_VOCAB ? tokenTexts(ids) : null;
     const tokens = { ids, mask, series, texts, promptIds, promptTexts: null, earlierBefore: detail.earlier_before || 0 };
+    tokens.versions = detail.versions;
+    tokens.version = versionIndex(detail.versions, n);
+    tokens.colourVersions = Boolean(detail.versions && detail.versions.names.length > 1); // one version: no marks
 
     const thresholdInput = h("input", { type: "number", step: "any", min: "0", value: String(state.threshold), name: "threshold" });
     const hasGap = series.log_probs && series.rollout_log_probs;
@@ -426,6 +456,9 @@
       thresholdInput,
       hasGap ? null : h("span", { class: "muted", text: "(needs a train dump)" }),
       tokens.earlierBefore ? h("span", null, [h("span", { class: "swatch earlier" }), "sampled in an earlier rollout (partial rollout)"]) : null,
+      ...(tokens.colourVersions
+        ? detail.versions.names.map((name, k) => h("span", null, [h("span", { class: `swatch v${k % VERSION_COLOURS}` }), `weight version ${versionName(name)}`]))
+        : []),
     ]));
     if (!HAS_VOCAB) view.appendChild(h("div", { class: "note", text: "No tokenizer was given (--tokenizer): tokens are shown by id." }));
 
@@ -492,6 +525,7 @@
       let cls = isPrompt ? "t pr" : tokens.mask && tokens.mask[i] === 0 ? "t m0" : "t m1";
       if (SPECIAL.has(ids[i])) cls += " sp";
       if (!isPrompt && i < tokens.earlierBefore) cls += " earlier";
+      if (!isPrompt && tokens.colourVersions && tokens.version[i] >= 0) cls += ` v${tokens.version[i] % VERSION_COLOURS}`;
       if (text === null) {
         cls += " noid";
         span.textContent = `[${ids[i]}]`;
@@ -525,6 +559,12 @@
     if (!isPrompt) {
       const m = tokens.mask ? tokens.mask[i] : null;
       add("loss mask", "loss_mask", m, m === 1 ? "1: trained" : m === 0 ? "0: shown to the model, not trained" : "-");
+      if (tokens.versions) {
+        const k = tokens.version[i];
+        const name = k >= 0 ? versionName(tokens.versions.names[k]) : "";
+        const lag = k >= 0 && tokens.versions.lags[k] ? ` (${tokens.versions.lags[k]} behind this sample's newest)` : "";
+        add("weight version", "version", name, k >= 0 ? name + lag : "- (not sampled: shown to the model)");
+      }
       if (tokens.earlierBefore) {
         const earlier = i < tokens.earlierBefore;
         add("rollout", "earlier", earlier ? 1 : 0, earlier ? "an earlier one (before the last resume)" : "this one");
