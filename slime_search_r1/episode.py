@@ -142,6 +142,13 @@ def resume_point(record: dict) -> dict | None:
     return point if isinstance(point, dict) else None
 
 
+def segment_of(record: dict) -> dict | None:
+    """Which of the samples an episode was split into this one is: {"index", "count"} (split_trajectories), or
+    None for an episode trained as one sample. Every segment carries the whole episode's record."""
+    segment = record.get("segment")
+    return segment if isinstance(segment, dict) else None
+
+
 def tool_counters(record: dict) -> dict[str, dict]:
     """Per tool name: {"calls": finished calls, "failures": calls that failed for good, "seconds": [each call's]}."""
     return record.get("tools") or {}
@@ -171,6 +178,11 @@ class EpisodeStats:
     resumes: int = 0  # partial rollout: how often an aborted episode was resumed
     earlier_policy_tokens: int = 0  # of generated_tokens, those an earlier policy wrote (before the last resume)
     resumed_at: list[int] = field(default_factory=list)  # the response length at each resume (tokens before it: older)
+    # long horizon (force_answer, split_trajectories, page chunks)
+    forced_answer: dict | None = None  # {"mode", "turn", "trigger", "tokens"}: the answer was forced on that turn
+    segments: int = 1  # samples the episode was split into for training (split_trajectories)
+    page_chunks: int = 0  # page chunks the access tool showed
+    short_form_tokens_saved: int = 0  # tokens the chunks read no longer take in later contexts (full - short form)
 
     def tool(self, name: str) -> ToolStats:
         return self.tools.setdefault(name, ToolStats())
@@ -200,6 +212,7 @@ class EpisodeState:
     turn_started_at: int = 0  # len(conversation) when the turn under way began
     turn_start: int = 0  # response tokens before the turn under way
     stage: str = "turn"  # "turn": generating it (or about to); "tool": it was read and its calls are to run
+    pages: dict = field(default_factory=dict)  # access with page chunks: each page being read, by URL (tools/access.py)
 
     @property
     def aborted(self) -> bool:
