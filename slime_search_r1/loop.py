@@ -31,8 +31,8 @@ Long horizons (README: "Fully asynchronous, long horizon"):
                             answer now, outside the loss; the next turn is the last (max_turns, or token_budget when
                             the reserve triggered it)
   split_trajectories        a context that shows an observation shorter than it was shown (a page chunk read, in its
-                            short form) starts a new segment; a finished training episode is returned as one sample
-                            per segment (list[Sample], one rollout_id), each with the episode's reward
+                            short form) starts a new segment; a training episode is returned as a list of samples,
+                            one per segment (one rollout_id), each with the episode's reward
 
 With slime's --partial-rollout, an ABORTED episode records where it stood (the turn, and whether that turn was being
 generated or its tool calls were to run); slime hands the sample back in a later rollout, and the episode resumes
@@ -210,19 +210,20 @@ async def run_episode(args, sample: Sample, sampling_params: dict, config: Searc
     status, reason = await _turns(state, protocol, driver, episode_budget(args, sampling_params, config, evaluation))
     await driver.finish(status)
     driver.trajectory.decode_response(state.tokenizer)
-    # Split for training: not in evaluation (slime and evaluate.py score one sample per episode there), nor when
-    # slime retries the sample from the start (aborted).
-    split = len(trajectory.segments) > 1 and not evaluation and status != Sample.Status.ABORTED
-    if split:
+    if not config.split_trajectories or evaluation:  # evaluation scores one sample per episode (slime, evaluate.py)
+        return finish(state, status, reason)
+    if status != Sample.Status.ABORTED:  # an aborted one is not trained: slime generates it again from the start
         state.stats.segments = sum(segment.start < trajectory.response_length for segment in trajectory.segments)
-    sample = finish(state, status, reason)
-    return await split_for_training(args, sample, trajectory, state.tokenizer) if split else sample
+    return await split_for_training(args, finish(state, status, reason), trajectory, state.tokenizer)
 
 
 async def split_for_training(args, sample: Sample, trajectory: Trajectory, tokenizer) -> list[Sample]:
-    """The episode as several samples (its segments), each carrying the reward of the whole episode: scored here
-    through slime's own reward call (the configured --custom-rm-path) on the episode as it happened, because each
-    segment holds only part of it. slime sees the rewards set and does not score the segments again."""
+    """split_trajectories: the episode as a list of samples, one per segment (a list of one when it was never
+    split, so that every entry of slime's groups has one shape), each with the reward of the whole episode. That
+    reward is computed here, through slime's own reward call (the configured --custom-rm-path) on the episode as it
+    happened, because each segment holds only part of it; slime sees it set and does not score the segments."""
+    if sample.status == Sample.Status.ABORTED:
+        return [sample]
     sample.reward = await async_rm(args, sample)
     segments = trajectory.segment_samples(tokenizer)
     for index, segment in enumerate(segments):

@@ -100,8 +100,8 @@ class ManualDriver:
         trajectory.add_generated(turn.ids, turn.log_probs, turn.meta_info)
         return Turn(ids, turn.finish_type, text=text, log_probs=turn.log_probs, meta_info=turn.meta_info)
 
-    def add_observation(self, ids: list[int]) -> None:
-        self.trajectory.add_observation(ids)
+    def add_observation(self, ids: list[int], short_ids: list[int] | None = None) -> None:
+        self.trajectory.add_observation(ids, short_ids)
 
     async def finish(self, status) -> None:
         """Nothing to fetch: the trajectory was written turn by turn."""
