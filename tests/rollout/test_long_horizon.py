@@ -147,18 +147,6 @@ async def test_final_turn_adds_one_generation_whose_tool_calls_are_not_run(
     assert_faithful(episode.sample, calls, tokenizer, episode.prompt_ids)
 
 
-@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
-async def test_a_final_turn_that_answers_completes_the_episode(
-    mode, make_args, tokenizer, engine, policy, retriever, search_config
-):
-    policy.scripts[QUESTION + "?"] = [SEARCH[mode], SEARCH[mode], ANSWER[mode]]
-    search_config.update(max_turns=2, force_answer="final_turn")
-    episode = await run_episode(mode, make_args, tokenizer, search_config)
-    assert episode.sample.status == Sample.Status.COMPLETED
-    assert searches(episode.sample) == 2
-    assert await reward_func(episode.args, episode.sample) == 1.0
-
-
 def forced_reply(calls, tokenizer, prompt_length: int, sample: Sample) -> tuple[str, list[int]]:
     """The text of the reply before the last engine call, and its loss mask."""
     before, last = calls[-2], calls[-1]
@@ -195,13 +183,16 @@ async def test_inject_puts_the_instruction_once_masked_and_shortens_that_turns_b
 
 
 @pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
-async def test_an_injected_instruction_costs_no_format_bonus(
-    mode, make_args, tokenizer, engine, policy, retriever, search_config
+@pytest.mark.parametrize(("force", "max_turns"), [("final_turn", 2), ("inject", 3)])
+async def test_a_forced_turn_that_answers_completes_the_episode_with_the_whole_reward(
+    mode, force, max_turns, make_args, tokenizer, engine, policy, retriever, search_config
 ):
+    """Two searches, then the forced turn (the extra one, or the one after the instruction) answers: the episode
+    completes and keeps the format bonus (the instruction is the environment's, not the model's)."""
     policy.scripts[QUESTION + "?"] = [SEARCH[mode], SEARCH[mode], ANSWER[mode]]
-    search_config.update(max_turns=3, force_answer="inject")
+    search_config.update(max_turns=max_turns, force_answer=force)
     episode = await run_episode(mode, make_args, tokenizer, search_config)
-    assert info(episode.sample)["forced_answer"]["turn"] == 2
+    assert info(episode.sample)["forced_answer"]["turn"] == 2 and searches(episode.sample) == 2
     assert episode.sample.status == Sample.Status.COMPLETED
     assert await reward_func(episode.args, episode.sample) == 1.0
     assert info(episode.sample)["reward"]["format_valid"] == 1.0
