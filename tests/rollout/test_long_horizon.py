@@ -9,13 +9,17 @@ masked.
 
 import asyncio
 import itertools
+import os
 import re
 
 import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from generate_with_search import post_process_rewards, reward_func
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
+from slime_search_r1.http_client import close_loop_sessions
 from slime_search_r1.launch_check import main as launch_check
 from slime_search_r1.loop import enabled_tools
 from slime_search_r1.protocols.chat import FORCE_ANSWER_MESSAGE, FORCED_ANSWER_KEY
@@ -93,7 +97,7 @@ def slime_flattened(groups: list) -> list[Sample]:
     return data
 
 
-def assert_segments_faithful(segments: list[Sample], calls, tokenizer) -> None:
+def assert_segments_faithful(segments: list[Sample], calls, tokenizer, **checks) -> None:
     """Each engine call belongs to exactly one segment (its context is a prefix of that segment's tokens and reaches
     into its response), and every segment is faithful to its own calls."""
     owners = []
@@ -110,7 +114,7 @@ def assert_segments_faithful(segments: list[Sample], calls, tokenizer) -> None:
         prefix = segment.tokens[: len(segment.tokens) - segment.response_length]
         mine = [call for call, owner in zip(calls, owners, strict=True) if owner == index]
         assert mine, f"segment {index} holds no engine call"
-        assert_faithful(segment, mine, tokenizer, prefix)
+        assert_faithful(segment, mine, tokenizer, prefix, **checks)
 
 
 # ---- 4. forced final answer ---------------------------------------------------------------------------------------
@@ -382,6 +386,92 @@ async def test_evaluation_scores_one_sample_per_episode(split_args, tokenizer, e
     assert isinstance(sample, Sample) and sample.status == Sample.Status.COMPLETED
     assert info(sample)["page_chunks"] == 3 and info(sample)["short_form_tokens_saved"] > 0
     assert "segment" not in info(sample)
+
+
+# ---- every property per segment, on random episodes ----------------------------------------------------------------
+
+PAGE = "https://example.org/long_page"
+WORDS = ["Paris", "capital", "France", "river", "é", "東京", "🙂", "42", "\n", "<", "&", "part", "[", "]"]
+words = st.lists(st.sampled_from(WORDS), min_size=0, max_size=30).map(" ".join)
+access_turn = st.builds(lambda t: f"<think>{t}</think>\n<access> {PAGE} </access>", words)
+long_turn = st.one_of(
+    access_turn,
+    access_turn,  # twice as likely: pages are what splits an episode
+    st.builds(lambda t, q: f"<think>{t}</think>\n<search> {q} </search>", words, words),
+    st.builds(lambda t, a: f"<think>{t}</think>\n<answer> {a} </answer>", words, words),
+    words,  # no action
+    st.builds(lambda n: "<think>" + "long thought " * n + "</think>", st.integers(10, 200)),
+)
+
+
+@settings(
+    max_examples=int(os.environ.get("FIDELITY_EXAMPLES", "40")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    turns=st.builds(
+        lambda reads, rest: reads + rest,
+        st.lists(access_turn, max_size=4),
+        st.lists(long_turn, min_size=1, max_size=6),
+    ),
+    page=st.lists(st.sampled_from([*WORDS, "More about the river.", "\n\n"]), min_size=20, max_size=400).map(" ".join),
+    chunk=st.integers(16, 120),
+    short_fraction=st.floats(0.0, 0.99),
+    max_chunks=st.integers(1, 4),
+    max_turns=st.integers(1, 8),
+    budget=st.integers(64, 3000),
+    force=st.sampled_from(["off", "final_turn", "inject"]),
+    log_probs=st.booleans(),
+    honor_stops=st.booleans(),
+    non_canonical=st.booleans(),
+)
+def test_random_long_horizon_episodes_are_token_exact_in_every_segment(
+    split_args, tokenizer, engine, policy, retriever, chunked,
+    turns, page, chunk, short_fraction, max_chunks, max_turns, budget, force, log_probs, honor_stops, non_canonical,
+):  # fmt: skip
+    question = "Where is the long thing"
+    policy.scripts = {question + "?": turns}
+    engine.calls.clear()
+    engine.honor_stop_strings = honor_stops
+    engine.split_every = 2 if non_canonical else 0
+    retriever.pages[PAGE] = {"url": PAGE, "contents": page}
+    chunked.update(
+        page_chunk_tokens=chunk,
+        page_short_tokens=int(short_fraction * chunk),
+        max_page_chunks=max_chunks,
+        max_turns=max_turns,
+        force_answer=force,
+        return_logprob=log_probs,
+    )
+    args = split_args()
+    sample = new_sample("generate", tokenizer, question)
+
+    async def episode():
+        from generate_with_search import generate
+
+        try:
+            return await generate(args, sample, slime_sampling_params(budget))
+        finally:
+            await close_loop_sessions()
+
+    segments = asyncio.run(episode())
+    calls = engine.calls_for(
+        prompt_ids_of("generate", args, tokenizer, new_sample("generate", tokenizer, question), chunked)
+    )
+    assert isinstance(segments, list) and segments
+    record = info(segments[0])
+    assert record["segments"] == len(segments) and len({s.rollout_id for s in segments}) == 1
+    assert len({s.reward for s in segments}) == 1 and segments[0].reward is not None
+    assert sum(sum(s.loss_mask) for s in segments) == record["generated_tokens"]
+    assert sum(s.response_length for s in segments) == record["generated_tokens"] + record["observation_tokens"]
+    assert sum(s.response_length for s in segments) <= budget
+    for call in calls:  # at most one chunk in full in any context
+        assert len(re.findall(r"\[part \d+ of \d+\]\n", tokenizer.decode(call.input_ids))) <= 1
+    event(f"samples: {min(len(segments), 3)}{'+' if len(segments) > 3 else ''}")
+    assert_segments_faithful(
+        segments, calls, tokenizer, track_log_probs=log_probs, allow_cut=not honor_stops, canonical_observations=True
+    )
 
 
 # ---- refused before anything runs ---------------------------------------------------------------------------------
