@@ -6,7 +6,8 @@ STAMP := $(VENV)/.installed
 # The CPU wheel of torch 2.13.0 is preinstalled on the project's machines; elsewhere pick your build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install test lint demo bench bench-rollout bench-retriever bench-retriever-hostile bench-retriever-busy bench-viewer clean shellcheck
+.PHONY: install test lint demo bench bench-rollout bench-retriever bench-retriever-hostile bench-retriever-busy bench-viewer \
+	bench-retriever-layouts bench-encoder-precision bench-gpu clean shellcheck
 
 $(STAMP): pyproject.toml requirements-assets.txt
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +45,21 @@ bench-rollout: $(STAMP)
 SIZES ?= 10k,100k
 bench-retriever: $(STAMP)
 	$(BIN)/python bench/retriever_load.py --sizes $(SIZES)
+
+# The index tuner's approximate layout beside Flat at 1M (QPS at 1 and 256 clients, p50/p99, recall@3 vs Flat, the
+# issue's targets), then recall on real text (the summaries split into passages, FanOutQA questions); RESULTS.md.
+bench-retriever-layouts: $(STAMP)
+	$(BIN)/python bench/retriever_load.py --sizes 10k,1m --modes on --layout tuned --concurrency 1,256 --repeats 2
+	$(BIN)/python bench/retriever_layouts.py
+
+# The query encoder in fp32, bf16 and int8 on this CPU: queries/s and top-3 agreement with fp32; RESULTS.md.
+bench-encoder-precision: $(STAMP)
+	$(BIN)/python bench/encoder_precision.py
+
+# On a GPU node: encoder tokens/s in fp16 and exact torch search over 21M/8, 21M/2 and 21M vectors per GPU.
+# Without a GPU it says so and exits 0.
+bench-gpu: $(STAMP)
+	$(BIN)/python bench/gpu_search.py
 
 # Hostile-client reliability checks of the retriever (counts of errors, mismatches, 5xx, crashes); writes RESULTS.md.
 bench-retriever-hostile: $(STAMP)

@@ -18,3 +18,11 @@ def write_section(title: str, body: str, path: Path = RESULTS) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section
     path.write_text(text.rstrip("\n") + "\n")
+
+
+def report(title: str, text: str, write: bool = True) -> None:
+    """Print a benchmark's section and, unless told not to, write it into bench/RESULTS.md."""
+    print("\n" + text)
+    if write:
+        write_section(title, text)
+        print(f"wrote {RESULTS.name} (section {title!r})")

@@ -3,6 +3,8 @@
     python bench/retriever_load.py                      # 10k real + 100k synthetic (about 10 minutes here)
     python bench/retriever_load.py --sizes 1m           # the 1M synthetic corpus (about 15 minutes here)
     python bench/retriever_load.py --max_size_case      # single queries beside maximum-size requests (2 minutes)
+    python bench/retriever_load.py --sizes 10k,1m --modes on --layout tuned --concurrency 1,256
+                                                        # + the tuned approximate layout (approximate_layouts.py)
 
 For each corpus size it measures, in the same run:
 - the ceiling: encode + search of a full batch (the server's max batch size) in-process, no HTTP, as queries/s;
@@ -51,6 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))  # support.rankings: answers are compared as the tests compare them
 
+import approximate_layouts  # noqa: E402
 import results_md  # noqa: E402
 from local_dense_retriever.demo import embedded_default, mini_wiki  # noqa: E402
 from local_dense_retriever.serving.launcher import SERVER_MODULE, ServerProcess  # noqa: E402
@@ -66,6 +69,7 @@ MODES = {
     # One batch at a time on every usable CPU, PASSIVE threads (what --num_threads gets): issue 13's idle layout.
     "passive": (SERVER_MODULE, ["--num_threads", str(len(os.sched_getaffinity(0)))]),
     "public": ([str(REPO / "bench" / "public_pattern_server.py")], []),
+    "layout": (SERVER_MODULE, []),  # --layout: our server on the approximate layout (flags per corpus)
 }
 DEFAULT_MODES = ("on", "off", "public")
 NOISE_SIGMA = 0.04
@@ -301,18 +305,22 @@ def request_body(question: str) -> dict:
 def check_answers(url: str, questions: list[str], answers: dict[int, set[bytes]]) -> tuple[int, int]:
     """(answers checked, mismatches): every distinct answer a question got under load against the answer the same
     server gives it alone, one request at a time (same documents in the same order; scores within 1e-4, and
-    documents whose scores tie within that may swap)."""
+    documents whose scores tie within that may swap; with a reduced-precision encoder, within its rounding)."""
     import httpx
 
+    from local_dense_retriever.retrieval.precision import SCORE_TOLERANCE
     from support.rankings import same_ranking
 
+    described = httpx.get(f"{url}/health", timeout=30).json().get("retriever", "")
+    precision = re.search(r"encoder on \S+ \((\w+)\)", described)
+    tolerance = SCORE_TOLERANCE.get(precision[1] if precision else "fp32", 1e-4)
     checked = mismatches = 0
     with httpx.Client(timeout=120) as client:
         for index in sorted(answers):
             alone = client.post(f"{url}/retrieve", json=request_body(questions[index])).json()["result"][0]
             for body in answers[index]:
                 checked += 1
-                mismatches += not same_ranking(orjson.loads(body)["result"][0], alone)
+                mismatches += not same_ranking(orjson.loads(body)["result"][0], alone, tolerance)
     return checked, mismatches
 
 
@@ -1121,6 +1129,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no_write", action="store_true", help="print only; leave bench/RESULTS.md alone")
     parser.add_argument(
+        "--layout",
+        help="also serve an approximate layout beside Flat (mode `layout`): `tuned` (the index tuner's choice on each "
+        "synthetic corpus, FanOutQA questions, recall@3 >= 0.99) or a spec such as HNSW32:efSearch=256",
+    )
+    parser.add_argument(
         "--max_size_case",
         action="store_true",
         help="instead of the sweep: p50/p99 of single-query clients beside one client sending maximum-size requests",
@@ -1173,15 +1186,22 @@ def main(argv: list[str] | None = None) -> int:
     questions = load_questions()
     if busy_case:
         return run_busy_neighbour(args, assets, questions, started)
-    ceilings, runs = {}, []
+    if args.layout and "layout" not in modes:
+        modes.append("layout")
+    ceilings, runs, layouts = {}, [], {}
     for size in sizes:
         print(f"corpus {size}:", flush=True)
         corpus_path, index_path = corpus_files(size, assets)
+        if args.layout and (size != "10k" or args.layout != "tuned"):
+            layouts[size] = approximate_layouts.prepare(args.layout, size, index_path, corpus_path, assets.model_dir,
+                                                        questions, CACHE_DIR)  # fmt: skip
         ceilings[size] = best_ceiling(assets, index_path, questions, args)
         flags = embedded_default.server_flags(assets.model_dir, index_path, corpus_path, topk=TOPK)
         for mode in modes:
-            runs.append(run_server(size, mode, flags, questions, args))
-    text = render(ceilings, runs, sizes, started)
+            if mode == "layout" and size not in layouts:
+                continue
+            runs.append(run_server(size, mode, layouts[size]["flags"] if mode == "layout" else flags, questions, args))
+    text = render(ceilings, runs, sizes, started) + approximate_layouts.render(layouts, runs)
     print("\n" + text)
     if not args.no_write:
         write_section(text, key=",".join(sizes))

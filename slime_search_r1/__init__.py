@@ -3,7 +3,8 @@
 settings.py      what the user set: every setting declared once, SEARCH_R1_CONFIGS and its environment variables
 registry.py      what can be added by name: protocols, token-tracking modes, tools, search backends
 slime_flags.py   which slime flags the settings must agree with
-launch_check.py  the same checks on the launch command, before Ray starts (`python -m slime_search_r1.launch_check`)
+launch/          what the launch scripts hand to Python: the values and their sources, the same checks on the launch
+                 command before Ray starts, Ray and the job, the tmux wrapper (`python -m slime_search_r1.launch`)
 loop.py          how one episode runs: the loop every mode shares, how an episode ends, and the map of the files one
                  turn passes through (its docstring: read it first)
 episode.py       what one episode is made of, knows and leaves: Turn, Action, Reply, the EpisodeState, and its record

@@ -212,7 +212,7 @@ class EpisodeState:
     turn_started_at: int = 0  # len(conversation) when the turn under way began
     turn_start: int = 0  # response tokens before the turn under way
     stage: str = "turn"  # "turn": generating it (or about to); "tool": it was read and its calls are to run
-    pages: dict = field(default_factory=dict)  # access with page chunks: each page being read, by URL (tools/access.py)
+    pages: dict = field(default_factory=dict)  # page chunks: the pages being read, by URL (tools/access.py)
 
     @property
     def aborted(self) -> bool:

@@ -19,7 +19,7 @@ import copy
 import importlib
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -311,9 +311,11 @@ for _setting in (
 
 class SearchR1Configs(dict):
     """SEARCH_R1_CONFIGS: a plain nested dict, plus `sources`: the settings an environment variable set, so that a
-    message about one names the variable (as long as its value is still the one the variable gave)."""
+    message about one names the variable (as long as its value is still the one the variable gave), and `given`:
+    the keys the user's dict held."""
 
     sources: dict[str, tuple[str, str, Any]]  # key -> (variable, text as given, value read from it)
+    given: frozenset[str]
 
 
 def _lookup(configs: Mapping, path: tuple[str, ...]) -> tuple[bool, Any]:
@@ -355,6 +357,9 @@ def search_r1_configs(user: Mapping[str, Any], environ: Mapping[str, str] | None
             raise ConfigError(f"environment variable {old} was renamed; set {new}")
     configs = SearchR1Configs(copy.deepcopy(dict(user)))
     configs.sources = {}
+    configs.given = frozenset(key for key, value in configs.items() if not isinstance(value, Mapping)) | frozenset(
+        f"{key}.{inner}" for key, value in configs.items() if isinstance(value, Mapping) for inner in value
+    )
     extensions = SETTINGS["extensions"]
     if environ.get(extensions.env):  # first: the modules it names may declare the other variables
         text = environ[extensions.env]
@@ -389,6 +394,35 @@ def _where(configs: Mapping, setting: Setting) -> str:
     if source is not None and _lookup(configs, setting.path)[1] == source[2]:
         return f"environment variable {source[0]}"
     return "SEARCH_R1_CONFIGS[" + "][".join(repr(part) for part in setting.path) + "]"
+
+
+def value_source(configs: Mapping, setting: Setting) -> str:
+    """Where a setting's value came from, in the order they apply: the default, then SEARCH_R1_CONFIGS (the dict
+    in generate_with_search.py), then the setting's environment variable (an empty variable is unset)."""
+    where = _where(configs, setting)
+    found, value = _lookup(configs, setting.path)
+    default = None if callable(setting.default) else setting.default
+    if where.startswith("environment") or setting.key in getattr(configs, "given", ()) or value != default:
+        return where
+    return "default, derived from the others" if callable(setting.default) else "default"
+
+
+def read_environment(settings: Iterable[Setting], environ: Mapping[str, str]) -> tuple["Section", dict[str, str]]:
+    """Settings that only an environment variable sets (the launch scripts' own, launch/knobs.py), read the same
+    way: a read-only view of the values, and where each came from. A callable default is computed from the values
+    before it."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for setting in settings:
+        key = setting.key
+        text = environ.get(setting.env or "", "")
+        if text.strip():
+            values[key], sources[key] = _from_env(setting, text), f"environment variable {setting.env}"
+        elif callable(setting.default):
+            values[key], sources[key] = setting.default(values), "default, derived from the others"
+        else:
+            values[key], sources[key] = copy.deepcopy(setting.default), "default"
+    return Section(values), sources
 
 
 def _checked(configs: Mapping, setting: Setting, value: Any) -> Any:
@@ -524,10 +558,11 @@ def _page_chunks_fit_and_need_a_split(config: SearchR1Config) -> None:
             f"SEARCH_R1_PAGE_CHUNK_TOKENS={chunk} is out of range; accepted: 0 (off) or {MIN_PAGE_CHUNK_TOKENS} to "
             f"{config.max_context_length - 1} (below SEARCH_R1_MAX_CONTEXT_LENGTH)"
         )
-    if chunk >= config.max_context_length:
+    context = config.max_context_length
+    if chunk >= context:
         raise ConfigError(
-            f"SEARCH_R1_PAGE_CHUNK_TOKENS={chunk} cannot fit SEARCH_R1_MAX_CONTEXT_LENGTH={config.max_context_length}; "
-            f"accepted: 0 (off) or {MIN_PAGE_CHUNK_TOKENS} to {config.max_context_length - 1}"
+            f"SEARCH_R1_PAGE_CHUNK_TOKENS={chunk} cannot fit SEARCH_R1_MAX_CONTEXT_LENGTH={context}; accepted: "
+            f"0 (off) or {MIN_PAGE_CHUNK_TOKENS} to {context - 1}"
         )
     if config.page_short_tokens >= chunk:
         raise ConfigError(

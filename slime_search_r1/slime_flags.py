@@ -3,10 +3,15 @@ quietly train on the wrong numbers.
 
 generate() runs check_slime_args at every sample (the first one stops a run that skipped the launch check); the
 launch check (launch_check.py) runs the same function on train.py's command line, before Ray starts.
+
+slime's fully-async rollout (train_async.py with FULLY_ASYNC_ROLLOUT) has refusals of its own. They stop a launch;
+at a sample they are logged as warnings instead, because slime's fully-async worker catches an exception raised by
+generate(), logs it and drops the group, so raising there would stall the rollout rather than stop it. Split
+trajectories with it raise at a sample too (check_long_horizon): going on would be worse, since the worker's abort
+check does not look into a list, so an aborted episode would be trained as if it had finished.
 """
 
 import argparse
-from collections.abc import Mapping
 
 from slime_search_r1.settings import PAGE_CHUNK_FRAME_TOKENS, ConfigError, SearchR1Config
 from slime_search_r1.training.advantages import GROUP_NORMALIZED_ESTIMATORS
@@ -14,16 +19,21 @@ from slime_search_r1.training.advantages import GROUP_NORMALIZED_ESTIMATORS
 # The reward post-process that keeps removed samples out of their group's advantages (training/advantages.py).
 REWARD_POST_PROCESS_PATH = "generate_with_search.post_process_rewards"
 LEGACY_ROUTER_VARIABLE = "LEGACY_SLIME_ROUTER"
-# slime's fully-async rollout function (--rollout-function-path), which keeps episodes in flight across steps.
+# slime's rollout functions (--rollout-function-path, --eval-function-path): the fully-async one keeps a pool of
+# episodes in flight across training steps and cannot evaluate; the default one can.
 FULLY_ASYNC_ROLLOUT = "slime.rollout.fully_async_rollout.generate_rollout_fully_async"
+DEFAULT_ROLLOUT = "slime.rollout.sglang_rollout.generate_rollout"
 
 
 def _flag_names(args, names: tuple[str, ...]) -> list[str]:
     return ["--" + name.replace("_", "-") for name in names if getattr(args, name, False)]
 
 
-def check_slime_args(args, config: SearchR1Config) -> list[str]:
+def check_slime_args(args, config: SearchR1Config, at_launch: bool = False) -> list[str]:
     """slime flags that cannot work with these settings raise ConfigError; returns warnings for the rest."""
+    refusals, warnings = fully_async_problems(args)
+    if refusals and at_launch:
+        raise ConfigError(refusals[0])
     uses_rollout_log_probs = _flag_names(args, ("use_tis", "use_rollout_logprobs", "get_mismatch_metrics"))
     flags = " and ".join(uses_rollout_log_probs)
     if uses_rollout_log_probs and config.train_observations:
@@ -53,7 +63,7 @@ def check_slime_args(args, config: SearchR1Config) -> list[str]:
             "TOKEN_TRACKING_MODE=manual with --partial-rollout"
         )
     check_long_horizon(args, config)
-    warnings = []
+    warnings += refusals  # at a sample: see the module's docstring
     if config.llm_api_mode == "chat" and config.token_tracking_mode == "router_radix":
         warnings.append(
             "LLM_API_MODE=chat with TOKEN_TRACKING_MODE=router_radix works but sends rendered text, not messages, "
@@ -126,17 +136,44 @@ def check_long_horizon(args, config: SearchR1Config) -> None:
         )
 
 
-def check_router_mode(config: SearchR1Config, environ: Mapping[str, str]) -> None:
-    """The router modes need the slime router slime removed in March 2026 (THUDM/slime#1735): the user must say so."""
+def fully_async_problems(args) -> tuple[list[str], list[str]]:
+    """With slime's fully-async rollout: what cannot work (refusals) and what would quietly waste work (warnings)."""
+    if getattr(args, "rollout_function_path", None) != FULLY_ASYNC_ROLLOUT:
+        return [], []
+    refusals, warnings = [], []
+    if getattr(args, "colocate", False):
+        refusals.append(
+            f"--colocate with --rollout-function-path {FULLY_ASYNC_ROLLOUT}: the fully-async rollout generates while "
+            "training runs, so the two need GPUs of their own (train_async.py refuses --colocate); accepted: "
+            "ASYNC_MODE=fully without --colocate, with ACTOR_GPUS + ROLLOUT_GPUS = NUM_GPUS"
+        )
+    evaluation = getattr(args, "eval_function_path", None) or FULLY_ASYNC_ROLLOUT  # slime's default: the rollout's
+    if getattr(args, "eval_interval", None) is not None and evaluation == FULLY_ASYNC_ROLLOUT:
+        refusals.append(
+            f"--eval-interval with {FULLY_ASYNC_ROLLOUT} as the evaluation function (slime's default is the rollout "
+            "function) raises 'fully-async rollout doesn't support evaluation mode' at the first evaluation; "
+            f"accepted: --eval-function-path {DEFAULT_ROLLOUT} (ASYNC_MODE=fully passes it), or no --eval-interval"
+        )
+    if not getattr(args, "rollout_global_dataset", True):
+        refusals.append(
+            f"--disable-rollout-global-dataset with {FULLY_ASYNC_ROLLOUT}: it reads prompts from slime's global data "
+            "buffer (and asserts it); accepted: without --disable-rollout-global-dataset"
+        )
+    if not getattr(args, "partial_rollout", False):
+        warnings.append(
+            f"{FULLY_ASYNC_ROLLOUT} without --partial-rollout: every weight update aborts the episodes in flight "
+            "and slime requeues their groups to start over, so an episode longer than one training step may never "
+            "finish; add --partial-rollout to resume them where they stopped"
+        )
+    return refusals, warnings
+
+
+def check_router_mode(config: SearchR1Config, legacy_router: bool) -> None:
+    """The router modes need the slime router slime removed in March 2026 (THUDM/slime#1735): the user must say so
+    (LEGACY_SLIME_ROUTER=1, a launch knob)."""
     if config.token_tracking_mode not in ("router_radix", "router_handler"):
         return
-    stated = environ.get(LEGACY_ROUTER_VARIABLE, "0").strip().lower()
-    if stated not in ("1", "true", "yes", "on", "0", "false", "no", "off", ""):
-        raise ConfigError(
-            f"environment variable {LEGACY_ROUTER_VARIABLE}={stated!r} is invalid; accepted: 1/true/yes/on or "
-            "0/false/no/off"
-        )
-    if stated not in ("1", "true", "yes", "on"):
+    if not legacy_router:
         raise ConfigError(
             f"TOKEN_TRACKING_MODE={config.token_tracking_mode} needs the old slime router with its radix-tree "
             "cache (/retrieve_from_text, /retrieve_from_messages_template), which current slime no longer has "
@@ -147,7 +184,7 @@ def check_router_mode(config: SearchR1Config, environ: Mapping[str, str]) -> Non
 
 def parse_slime_flags(train_args: list[str]) -> argparse.Namespace:
     """The slime flags check_slime_args reads, parsed from train.py's command line with slime's defaults."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     for flag in (
         "--use-tis",
         "--use-rollout-logprobs",
@@ -155,15 +192,22 @@ def parse_slime_flags(train_args: list[str]) -> argparse.Namespace:
         "--use-rollout-routing-replay",
         "--partial-rollout",
         "--mask-offpolicy-in-partial-rollout",
+        "--colocate",
         "--group-rm",
     ):
         parser.add_argument(flag, action="store_true", default=False)
+    parser.add_argument("--disable-rollout-global-dataset", action="store_false", dest="rollout_global_dataset")
+    parser.add_argument("--rollout-function-path", default=DEFAULT_ROLLOUT)
+    parser.add_argument("--eval-function-path", default=None)
+    parser.add_argument("--eval-interval", type=int, default=None)
     parser.add_argument("--rollout-top-p", type=float, default=1.0)
     parser.add_argument("--rollout-max-response-len", type=int, default=None)
-    parser.add_argument("--rollout-function-path", default=None)
     parser.add_argument("--advantage-estimator", default="grpo")
     parser.add_argument("--disable-rewards-normalization", action="store_false", dest="rewards_normalization")
     parser.add_argument("--custom-reward-post-process-path", default=None)
     parser.add_argument("--custom-convert-samples-to-train-data-path", default=None)
-    known, _ = parser.parse_known_args(train_args)
+    try:
+        known, _ = parser.parse_known_args(train_args)
+    except argparse.ArgumentError as exc:
+        raise ConfigError(f"train.py's flags: {exc}") from None
     return known

@@ -1,8 +1,10 @@
 import asyncio
 import copy
+import os
 from argparse import Namespace
 
 import pytest
+from hypothesis import settings
 from transformers import AutoTokenizer
 
 from support import slime_compat  # first: SLIME_SRC=/path/to/slime puts real slime in the stand-in's place
@@ -15,6 +17,14 @@ from support.fake_sglang import FakeSGLangEngine, ScriptedPolicy
 from support.loopback import serve_in_thread
 from support.qwen_tokenizer import qwen25_tokenizer_dir
 from support.slime_rollout import router_address, slime_args
+
+# Property tests draw the same examples on every run and every machine, so a verdict never depends on the draw:
+# "ci" (the default) derandomizes and keeps no example database (a failure found once is not replayed only on the
+# machine that found it). HYPOTHESIS_PROFILE=explore draws fresh random examples and keeps them, to search further
+# (with FIDELITY_EXAMPLES=500 for the episode properties).
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")

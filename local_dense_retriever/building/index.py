@@ -13,6 +13,7 @@ import argparse
 import logging
 import os
 import queue
+import re
 import shutil
 import sys
 import threading
@@ -24,7 +25,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from local_dense_retriever.building.layouts import build_layout, set_search_params, write_index
 from local_dense_retriever.retrieval import cpu_threads
+from local_dense_retriever.retrieval.layouts import Layout
 from local_dense_retriever.retrieval.model_source import check_model_source
 
 from local_dense_retriever.retrieval.corpus import (
@@ -58,6 +61,8 @@ class BuildConfig:
     device: str = "auto"
     dtype: str = "auto"
     embeddings_path: str | None = None  # reuse saved embeddings instead of encoding
+    from_index: str | None = None  # a Flat index whose vectors the layout is built from (random training sample)
+    faiss_search_params: str | None = None  # written into the index (efSearch, nprobe): the server starts with them
     save_embeddings: str | None = None
     qdrant_url: str | None = None
     qdrant_path: str | None = None
@@ -246,11 +251,26 @@ def write_faiss_index(chunks: Iterable[np.ndarray], config: BuildConfig, index_p
         raise ValueError("no vectors to index")
     if config.faiss_gpu:
         index = faiss.index_gpu_to_cpu(index)
-    index_path.parent.mkdir(parents=True, exist_ok=True)
-    partial = index_path.with_name(index_path.name + ".partial")
-    faiss.write_index(index, str(partial))
-    os.replace(partial, index_path)
+    set_search_params(index, config.faiss_search_params)
+    write_index(index, index_path)
     return added
+
+
+def build_from_flat(config: BuildConfig, total: int) -> int:
+    """--from_index: the layout from a Flat index's vectors, memory-mapped and streamed; IVF/PQ/SQ train on a random
+    sample of --train_size rows (not the first rows, which follow the corpus's order)."""
+    from local_dense_retriever.retrieval.index_files import FlatVectors
+
+    vectors = FlatVectors(config.from_index)
+    if vectors.size != total:
+        raise ValueError(
+            f"--from_index {config.from_index} has {vectors.size} vectors; the corpus has {total} documents"
+        )
+    cpu_threads.configure_pools(cpu_threads.thread_count(config.num_threads))
+    layout = Layout(config.faiss_type, config.faiss_search_params or "")
+    built = build_layout(vectors, layout, config.train_size, progress=config.progress)
+    write_index(built.index, Path(config.index_path))
+    return built.index.ntotal
 
 
 def _train(index, vectors: np.ndarray) -> None:
@@ -390,7 +410,9 @@ def build(config: BuildConfig) -> BuildSummary:
         added = write_bm25_index(corpus_path, Path(config.index_path), progress=config.progress)
         output = config.index_path
     else:
-        if config.embeddings_path:
+        if config.from_index:
+            chunks = None
+        elif config.embeddings_path:
             embeddings = _open_saved(config.embeddings_path, total)
             check_free_space(config, total, embeddings.shape[1])
             chunks = _saved_chunks(config.embeddings_path, embeddings, config.chunk_size)
@@ -399,9 +421,12 @@ def build(config: BuildConfig) -> BuildSummary:
             encoder, run = _load_encoder(config)
             check_free_space(config, total, encoder.dim)
             chunks = _encoded_chunks(config, encoder, run, corpus_path, total)
-        if config.save_embeddings:
+        if config.save_embeddings and chunks is not None:
             chunks = _saving(chunks, config.save_embeddings, total)
-        if config.backend == "qdrant":
+        if config.from_index:
+            added = build_from_flat(config, total)
+            output = config.index_path
+        elif config.backend == "qdrant":
             added = write_qdrant_collection(chunks, config)
             output = f"qdrant collection {config.qdrant_collection} at {config.qdrant_url or config.qdrant_path}"
         else:
@@ -438,6 +463,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=["auto", "fp32", "fp16", "bf16"], default="auto", help="auto: fp16 on GPU")
     parser.add_argument("--use_fp16", action="store_true", help="same as --dtype fp16 (FlashRAG's flag)")
     parser.add_argument(
+        "--from_index",
+        help="a Flat FAISS index of this corpus: build --faiss_type from its vectors (no encoding; the tuner's way)",
+    )
+    parser.add_argument(
+        "--faiss_search_params", help='written into the index, e.g. "efSearch=128" (HNSW) or "nprobe=64" (IVF)'
+    )
+    parser.add_argument(
         "--embeddings_path",
         "--embedding_path",
         help="float32 .npy of passage embeddings to index instead of encoding",
@@ -464,6 +496,14 @@ def parse_config(argv: list[str] | None = None) -> BuildConfig:
         parser.error(f"--corpus_path {args.corpus_path}: no such file")
     if args.embeddings_path and not Path(args.embeddings_path).is_file():
         parser.error(f"--embeddings_path {args.embeddings_path}: no such file")
+    if args.from_index:
+        from local_dense_retriever.retrieval.index_files import read_header
+
+        header = read_header(args.from_index) if Path(args.from_index).is_file() else None
+        if header is None or not header.is_flat:
+            parser.error(f"--from_index {args.from_index}: accepted is an existing Flat FAISS index file")
+        if args.embeddings_path or args.backend != "faiss" or args.retriever_name.lower() == "bm25":
+            parser.error("--from_index builds a FAISS index: accepted without --embeddings_path, qdrant and bm25")
     is_bm25 = args.retriever_name.lower() == "bm25"
     index_path = args.index_path
     if args.save_dir:
@@ -476,15 +516,24 @@ def parse_config(argv: list[str] | None = None) -> BuildConfig:
         value = getattr(args, flag)
         if value is not None and value < 1:
             parser.error(f"--{flag} must be at least 1, got {value}")
-    if not is_bm25 and not args.embeddings_path and args.backend == "faiss":
+    if not is_bm25 and args.backend == "faiss" and (not args.embeddings_path or args.faiss_search_params):
         try:
             import faiss
 
-            faiss.index_factory(768, args.faiss_type)  # syntax check before hours of encoding
+            probe = faiss.index_factory(768, args.faiss_type)  # syntax check before hours of encoding
         except RuntimeError as err:
             parser.error(f"--faiss_type {args.faiss_type!r} is not a valid faiss.index_factory string: {err}")
+        try:
+            set_search_params(probe, args.faiss_search_params)
+        except RuntimeError as err:
+            reason = re.sub(r"^Error in .*? at \S+:\d+: ", "", str(err).strip())
+            parser.error(
+                f"--faiss_search_params {args.faiss_search_params!r} does not apply to {args.faiss_type}: {reason}"
+            )
     model = args.retriever_model
-    if not is_bm25 and not args.embeddings_path:  # last: for a hub id that is not cached this asks the hub
+    if (
+        not is_bm25 and not args.embeddings_path and not args.from_index
+    ):  # last: for a hub id that is not cached this asks the hub
         try:
             model = check_model_source(args.retriever_model)
         except ValueError as err:
@@ -508,6 +557,8 @@ def parse_config(argv: list[str] | None = None) -> BuildConfig:
         device=args.device,
         dtype="fp16" if args.use_fp16 else args.dtype,
         embeddings_path=args.embeddings_path,
+        from_index=args.from_index,
+        faiss_search_params=args.faiss_search_params,
         save_embeddings=(
             str(Path(index_path).parent / f"emb_{args.retriever_name}.npy")
             if args.save_embedding

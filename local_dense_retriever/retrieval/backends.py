@@ -127,7 +127,7 @@ class DenseSearcher:
             )
         self.encoder, self.index = encoder, index
         self.size = index.size
-        self.description = f"{index.description}, encoder on {encoder.device} ({str(encoder.dtype).split('.')[-1]})"
+        self.description = f"{index.description}, encoder on {encoder.device} ({encoder.precision})"
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         return self.index.search_vectors(self.encoder.encode_queries(queries), k)

@@ -21,6 +21,10 @@ class ServerConfig:
     faiss_fp16: bool = True
     faiss_mmap: bool = False
     faiss_search_params: str | None = None
+    torch_search: str | None = None  # exact search with torch: "cpu", "all" or GPU ids "0,1"
+    torch_search_dtype: str | None = None  # None: fp16 on GPUs, fp32 on the CPU
+    search_workspace_mb: float | None = None  # torch search's score workspace per device
+    precision_queries: str | None = None  # questions for choosing the CPU encoder's precision (--dtype auto)
     qdrant_url: str | None = None
     qdrant_path: str | None = None
     qdrant_collection: str = "search_r1"
@@ -64,6 +68,22 @@ def _existing(parser: argparse.ArgumentParser, flag: str, value: str | None, kin
         parser.error(f"{flag} {value}: no such {kind}")
 
 
+def _check_torch_search(parser: argparse.ArgumentParser, args: argparse.Namespace, is_bm25: bool) -> None:
+    """--torch_search searches a Flat index's vectors; the GPUs it names must be there (counted without torch)."""
+    from local_dense_retriever.retrieval.gpus import parse_gpu_list, visible_gpu_count
+    from local_dense_retriever.retrieval.index_files import read_header
+
+    if is_bm25 or args.backend != "faiss" or args.faiss_gpu:
+        parser.error("--torch_search replaces FAISS: accepted without --faiss_gpu, --backend qdrant and bm25")
+    try:
+        parse_gpu_list("--torch_search", args.torch_search, visible_gpu_count())
+    except ValueError as err:
+        parser.error(str(err))
+    header = read_header(args.index_path)
+    if header is None or not header.is_flat:
+        parser.error(f"--torch_search needs a Flat index (its vectors); --index_path {args.index_path} is not one")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description="Search-R1 retrieval server with dynamic batching (FAISS / Qdrant / BM25).",
@@ -83,13 +103,34 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--faiss_fp32", action="store_true", help="with --faiss_gpu: keep fp32 vectors on the GPUs")
     data.add_argument("--faiss_mmap", action="store_true", help="memory-map a Flat index instead of reading it")
     data.add_argument("--faiss_search_params", help='e.g. "nprobe=64" (IVF) or "efSearch=128" (HNSW)')
+    data.add_argument(
+        "--torch_search",
+        metavar="DEVICES",
+        help="exact inner-product search with torch over a Flat index's vectors, split over these devices: cpu, all "
+        "(every visible GPU) or GPU ids such as 0,1,2,3 (instead of FAISS)",
+    )
+    data.add_argument(
+        "--torch_search_dtype", choices=["fp16", "bf16", "fp32"], help="with --torch_search (default: fp16 on GPUs)"
+    )
+    data.add_argument(
+        "--search_workspace_mb", type=float, help="with --torch_search: score workspace per device (1024 GPU, 256 CPU)"
+    )
     data.add_argument("--backend", choices=["faiss", "qdrant"], default="faiss", help="vector store for dense search")
     data.add_argument("--qdrant_url", help="Qdrant server URL (with --backend qdrant)")
     data.add_argument("--qdrant_path", help="qdrant-client embedded storage directory (with --backend qdrant)")
     data.add_argument("--qdrant_collection", default="search_r1", help="Qdrant collection name")
     model = parser.add_argument_group("encoder")
     model.add_argument("--device", default="auto", help="auto (GPU when present), cpu, cuda, cuda:1, ...")
-    model.add_argument("--dtype", choices=["auto", "fp32", "fp16", "bf16"], default="auto", help="auto: fp16 on GPU")
+    model.add_argument(
+        "--dtype",
+        choices=["auto", "fp32", "fp16", "bf16", "int8"],
+        default="auto",
+        help="auto: fp16 on GPU; on CPU bf16 or int8 where measured faster with the same top-3 rows, else fp32",
+    )
+    model.add_argument(
+        "--precision_queries",
+        help="questions (.txt/.json/.jsonl/.parquet) for that measurement (default: cut from corpus passages)",
+    )
     model.add_argument("--pooling_method", choices=["auto", "mean", "cls", "pooler"], default="auto")
     model.add_argument("--max_length", type=int, default=256, help="query tokens kept by the encoder")
     model.add_argument("--num_threads", type=int, default=None, help="CPU threads for torch and FAISS (usable CPUs)")
@@ -157,6 +198,10 @@ def parse_config(argv: list[str] | None = None) -> tuple[ServerConfig, argparse.
     _existing(parser, "--corpus_path", args.corpus_path)
     if args.pages_path is not None:
         _existing(parser, "--pages_path", args.pages_path)
+    if args.precision_queries is not None:
+        _existing(parser, "--precision_queries", args.precision_queries)
+    if args.torch_search is not None:
+        _check_torch_search(parser, args, is_bm25)
     if args.save_address_to is not None:
         try:  # now, not once loaded: the file is written when the server listens
             Path(args.save_address_to).mkdir(parents=True, exist_ok=True)
@@ -172,6 +217,7 @@ def parse_config(argv: list[str] | None = None) -> tuple[ServerConfig, argparse.
         ("--max_wait_ms", args.max_wait_ms, 0),
         ("--max_connections", args.max_connections, 1),
         ("--max_urls_per_request", args.max_urls_per_request, 1),
+        ("--search_workspace_mb", args.search_workspace_mb, 1),
         ("--max_url_chars", args.max_url_chars, 1),
     ]:
         if value is not None and value < low:
@@ -206,6 +252,10 @@ def parse_config(argv: list[str] | None = None) -> tuple[ServerConfig, argparse.
         faiss_fp16=not args.faiss_fp32,
         faiss_mmap=args.faiss_mmap,
         faiss_search_params=args.faiss_search_params,
+        torch_search=args.torch_search,
+        torch_search_dtype=args.torch_search_dtype,
+        search_workspace_mb=args.search_workspace_mb,
+        precision_queries=args.precision_queries,
         qdrant_url=args.qdrant_url,
         qdrant_path=args.qdrant_path,
         qdrant_collection=args.qdrant_collection,

@@ -7,7 +7,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from local_dense_retriever.retrieval import cpu_threads
 from local_dense_retriever.retrieval.corpus import Corpus
@@ -57,23 +58,15 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
         encoder = encoder_from_config(config)
         threads = cpu_threads.thread_count(config.num_threads)
         report("loading the index")
-        if config.backend == "qdrant":
-            index = backends.QdrantIndex(config.qdrant_collection, url=config.qdrant_url, path=config.qdrant_path)
-        else:
-            index = backends.FaissIndex(
-                config.index_path,
-                use_gpu=config.faiss_gpu,
-                gpu_fp16=config.faiss_fp16,
-                search_params=config.faiss_search_params,
-                mmap=config.faiss_mmap,
-            )
+        index = load_vector_index(config, encoder.dim)
         cpu_threads.configure_pools(threads)  # torch and faiss are loaded now
         searcher = backends.DenseSearcher(encoder, index)
+        faiss_on_cpu = config.backend == "faiss" and not config.faiss_gpu and not config.torch_search
         # The tuner picks how the CPU threads are spent, by measurement (--num_threads fixes one batch on that many
         # threads; GPUs need no tuning). Batches may run side by side only where each worker can have a searcher of
         # its own: an encoder on the CPU and a FAISS index on the CPU (GPU indexes are not thread-safe).
-        on_cpu = encoder.device.type == "cpu" or (config.backend == "faiss" and not config.faiss_gpu)
-        parallel = encoder.device.type == "cpu" and config.backend == "faiss" and not config.faiss_gpu
+        on_cpu = encoder.device.type == "cpu" or faiss_on_cpu or config.torch_search == "cpu"
+        parallel = encoder.device.type == "cpu" and faiss_on_cpu
         tuner = cpu_threads.ThreadTuner(
             threads, adaptive=on_cpu and config.num_threads is None, parallel_batches=parallel
         )
@@ -87,6 +80,9 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
             f"--corpus_path {corpus.path} has {len(corpus)} documents but the index has {searcher.size}; "
             "row i of the index must be line i of the corpus (were they built from the same file?)"
         )
+    if not config.is_bm25 and config.dtype == "auto" and searcher.encoder.device.type == "cpu":
+        report("choosing the encoder's precision on this CPU (fp32, bf16, int8: measured)")
+        searcher = choose_encoder_precision(config, searcher, corpus)
     pages = None
     if config.pages_path is not None:
         report("opening the pages (their URL index is built once, in one pass)")
@@ -102,6 +98,83 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
     if pages is not None:
         description += f"; pages {pages.path} ({len(pages)})"
     return Resources(searcher, corpus, batcher, description, settings, tuner, pages)
+
+
+def load_vector_index(config: ServerConfig, encoder_dim: int):
+    """The index the server searches: a Qdrant collection, torch shards of a Flat index's vectors, or a FAISS index
+    file (on the CPU, memory-mapped, or cloned to the GPUs). The file's dimension is checked from its header and
+    the layout's memory against what is free, in seconds, before a multi-GB file is read."""
+    from local_dense_retriever.retrieval import backends
+    from local_dense_retriever.retrieval.index_files import check_dimension
+
+    if config.backend == "qdrant":
+        return backends.QdrantIndex(config.qdrant_collection, url=config.qdrant_url, path=config.qdrant_path)
+    check_dimension(config.index_path, encoder_dim)
+    if config.torch_search:
+        from local_dense_retriever.retrieval.index_files import FlatVectors
+        from local_dense_retriever.retrieval.torch_search import TorchExactIndex, parse_devices
+
+        devices = parse_devices(config.torch_search)
+        return TorchExactIndex(
+            FlatVectors(config.index_path), devices, config.torch_search_dtype, config.search_workspace_mb
+        )
+    if not config.faiss_mmap:
+        check_ram_for_index(config.index_path)
+    return backends.FaissIndex(
+        config.index_path,
+        use_gpu=config.faiss_gpu,
+        gpu_fp16=config.faiss_fp16,
+        search_params=config.faiss_search_params,
+        mmap=config.faiss_mmap,
+    )
+
+
+def check_ram_for_index(index_path: str) -> None:
+    """A FAISS index is read whole into RAM: refuse one larger than the memory available now."""
+    from local_dense_retriever.retrieval.memory_plan import available_ram, gib
+
+    size, available = Path(index_path).stat().st_size, available_ram()
+    if size > available:
+        raise ValueError(
+            f"--index_path {index_path} is {gib(size)} but {gib(available)} of RAM is available; accepted: a layout "
+            "that fits (python -m local_dense_retriever.tune_index), --faiss_mmap for a Flat index, or --torch_search "
+            "on GPUs"
+        )
+
+
+def choose_encoder_precision(config: ServerConfig, searcher, corpus: Corpus):
+    """The searcher with the CPU encoder in the precision measured best here (precision.py); cached per machine."""
+    from local_dense_retriever.retrieval import backends, precision
+    from local_dense_retriever.retrieval.encoders import encoder_from_config
+    from local_dense_retriever.retrieval.questions import corpus_queries, read_questions
+
+    settings = {"name": config.retriever_name, "max_length": config.max_length, "queries": config.precision_queries}
+    settings["threads"] = cpu_threads.thread_count(config.num_threads)
+    key = precision.cache_key(config.retriever_model, config.index_path, settings)
+    choice = precision.load_cached(key)
+    encoders = {"fp32": searcher.encoder}
+    if choice is None:
+        if config.precision_queries:
+            queries = read_questions(config.precision_queries, limit=precision.PROBE_QUERIES)
+            probe = f"{len(queries)} questions of {config.precision_queries}"
+        else:
+            queries = corpus_queries(corpus, precision.PROBE_QUERIES)
+            probe = f"the first words of {len(queries)} corpus passages (--precision_queries gives real questions)"
+        choice, encoders = precision.choose(
+            searcher.encoder,
+            lambda name: encoder_from_config(replace(config, dtype=name)),
+            searcher.index.search_vectors,
+            queries,
+            probe,
+            precision.cpu_candidates(),
+            k=min(3, searcher.size),
+        )
+        precision.store_cached(key, choice)
+    logger.info("encoder precision %s%s", choice.summary(), " (cached)" if choice.cached else "")
+    if choice.chosen == "fp32":
+        return searcher
+    encoder = encoders.get(choice.chosen) or encoder_from_config(replace(config, dtype=choice.chosen))
+    return backends.DenseSearcher(encoder, searcher.index)
 
 
 class Runtime:

@@ -175,6 +175,8 @@ class RouterHandlerDriver(_RouterDriver):
     def __init__(self, state, trajectory, protocol):
         super().__init__(state, trajectory)
         self.state, self.messages, self.tools = state, protocol.messages, protocol.tool_schemas
+        self.end_of_turn_token = protocol.renderer.end_of_turn_token
+        self.ended_turn = False  # the last turn ended on a stop token (completion_tokens counted it)
 
     def conversation(self) -> list[dict]:
         return self.messages + self.state.conversation
@@ -191,7 +193,15 @@ class RouterHandlerDriver(_RouterDriver):
         finish = choice.get("finish_reason")
         self._count(int((output.get("usage") or {}).get("completion_tokens", 0)))
         finish_type = finish if finish in ("abort", "length") else "stop"
+        self.ended_turn = finish_type == "stop"
         return Turn([], finish_type, text=message.get("content") or "", message=message)
+
+    def add_observation(self, ids: list[int]) -> None:
+        # The reply follows a turn known only as text, so it begins with the end-of-turn token the model generated,
+        # which completion_tokens already counted: counted twice, each later turn would be offered one token less.
+        if self.ended_turn and ids[:1] == [self.end_of_turn_token]:
+            ids = ids[1:]
+        super().add_observation(ids)
 
     def retrieve_payload(self) -> dict:
         # The router renders the follow-ups itself; the ids counted in add_observation only keep the budget.

@@ -1,38 +1,38 @@
-"""run_qwen2.5_3B.sh: the command it assembles (DRY_RUN) and what it starts and stops (with a stand-in `ray`)."""
+"""run_qwen2.5_3B.sh end to end: the script's flag arrays through python -m slime_search_r1.launch, the dict a user
+edits in generate_with_search.py, and what a real run starts and stops (with a stand-in `ray`). The resolver's
+details are tested in this process by test_launch_command.py."""
 
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
 import sys
 import threading
-import time
-from argparse import Namespace
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from slime_search_r1.settings import SETTINGS, ConfigError, resolve_config, search_r1_configs
-from slime_search_r1.slime_flags import REWARD_POST_PROCESS_PATH, check_slime_args
+from slime_search_r1.launch.command import FLAG_SHAPING
+from slime_search_r1.slime_flags import DEFAULT_ROLLOUT, FULLY_ASYNC_ROLLOUT
 from support.fake_ray import VersionHandler
-from support.slime_compat import slime_argument_parser, using_real_slime
+from support.interrupt import interruptible
+from support.launch_runs import REPO, SCRIPT, DryRun, clean_env, dry_run_script, run_script
+from support.launch_runs import edited_copy as edited_copy_of
 from support.loopback import free_port
-from support.slime_rollout import EVAL_ROLLOUT_LOG_FUNCTION, ROLLOUT_LOG_FUNCTION, load_function
+from support.slime_compat import slime_argument_parser, using_real_slime
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "run_qwen2.5_3B.sh"
 FAKE_RAY = REPO / "tests" / "support" / "fake_ray.py"
 
-# slime's own flags used by the script (slime/utils/arguments.py and sglang_utils/arguments.py, checked by hand
-# against THUDM/slime main), so a typo here fails a test instead of a GPU job.
+# slime's own flags used by the script and the launcher (slime/utils/arguments.py and sglang_utils/arguments.py,
+# checked by hand against THUDM/slime main; read from slime's own parser with SLIME_SRC), so a typo here fails a
+# test instead of a GPU job.
 SLIME_FLAGS = {
-    "--actor-num-nodes", "--actor-num-gpus-per-node", "--num-gpus-per-node", "--colocate", "--hf-checkpoint",
-    "--ref-load", "--load", "--save", "--save-interval", "--prompt-data", "--input-key", "--label-key",
-    "--apply-chat-template", "--tool-key", "--rollout-shuffle", "--num-rollout", "--rollout-batch-size",
+    "--actor-num-nodes", "--actor-num-gpus-per-node", "--num-gpus-per-node", "--colocate", "--rollout-num-gpus",
+    "--hf-checkpoint", "--ref-load", "--load", "--save", "--save-interval", "--prompt-data", "--input-key",
+    "--label-key", "--apply-chat-template", "--tool-key", "--rollout-shuffle", "--num-rollout", "--rollout-batch-size",
     "--n-samples-per-prompt", "--rollout-max-response-len", "--rollout-temperature", "--global-batch-size",
     "--balance-data", "--eval-interval", "--eval-prompt-data", "--eval-input-key", "--eval-label-key",
     "--eval-tool-key", "--n-samples-per-eval-prompt", "--eval-max-response-len", "--eval-temperature",
@@ -41,7 +41,7 @@ SLIME_FLAGS = {
     "--custom-tis-function-path", "--custom-generate-function-path", "--custom-rm-path", "--use-wandb",
     "--wandb-project", "--wandb-group", "--rollout-num-gpus-per-engine", "--lr", "--metadata-key",
     "--custom-rollout-log-function-path", "--custom-eval-rollout-log-function-path",
-    "--custom-reward-post-process-path",
+    "--custom-reward-post-process-path", "--rollout-function-path", "--eval-function-path",
     "--save-debug-rollout-data", "--save-debug-train-data",  # slime/utils/arguments.py add_debug_arguments
 }  # fmt: skip
 # slime's tools/convert_torch_dist_to_hf.py, checked by hand against THUDM/slime main (and read from a real
@@ -56,310 +56,86 @@ MEGATRON_FLAGS = {
     "--context-parallel-size", "--expert-model-parallel-size", "--expert-tensor-parallel-size",
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--optimizer", "--lr-decay-style",
     "--weight-decay", "--adam-beta1", "--adam-beta2", "--attention-dropout", "--hidden-dropout",
-    "--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32", "--attention-backend",
+    "--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32", "--attention-backend", "--num-layers",
+    "--hidden-size",
 }  # fmt: skip
 
 
-def clean_env(**overrides) -> dict:
-    """The caller's environment without any setting the script reads, plus `overrides`."""
-    script_vars = set(re.findall(r"\b([A-Z][A-Z0-9_]+)=\$\{\1:?-", SCRIPT.read_text()))
-    plugin_vars = {setting.env for setting in SETTINGS.values() if setting.env}
-    drop = script_vars | plugin_vars | {"WANDB_KEY", "WANDB_API_KEY", "PYTHONPATH"}
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    env.update(overrides)
-    return env
-
-
-class DryRun:
-    def __init__(self, result: subprocess.CompletedProcess):
-        self.result = result
-        out = result.stdout
-        self.runtime_env = json.loads(out.split("secrets shown as <hidden>):\n", 1)[1].split("\n# Ray head", 1)[0])
-        self.head = None
-        head_lines = out.split("# Ray head", 1)[1].split("# training job:", 1)[0].strip().splitlines()
-        if len(head_lines) > 1:
-            self.head = shlex.split(head_lines[1])
-        job, _, after = out.split("# training job:\n", 1)[1].partition("\n# ")
-        self.submit = shlex.split(job.strip())
-        self.after = ("# " + after).splitlines() if after else []  # the viewer and checkpoint commands
-        self.train_args = self.submit[self.submit.index("--") + 3 :]
-
-    def has(self, flag: str) -> bool:
-        return flag in self.train_args
-
-    def value(self, flag: str) -> str:
-        assert self.train_args.count(flag) == 1, f"{flag} appears {self.train_args.count(flag)} times"
-        return self.train_args[self.train_args.index(flag) + 1]
-
-
-def dry_run(*args, **env) -> DryRun:
-    result = subprocess.run(
-        ["bash", str(SCRIPT), "--dry-run", *args], env=clean_env(**env), capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, result.stderr
-    return DryRun(result)
-
-
-def fails(*args, **env) -> str:
-    result = subprocess.run(["bash", str(SCRIPT), *args], env=clean_env(**env), capture_output=True, text=True)
-    assert result.returncode == 1, result.stdout + result.stderr
-    return result.stderr
-
-
-def test_default_command_has_the_seed_argument_groups():
-    run = dry_run()
+def test_the_script_hands_its_arrays_to_the_launcher_which_prints_the_command():
+    run = dry_run_script()
     assert run.submit[:3] == ["ray", "job", "submit"]
-    assert run.submit[run.submit.index("--") + 1 :][:2] == ["python3", "/root/slime/train.py"]
+    assert run.entry == ["python3", "/root/slime/train.py"]
     assert run.value("--hf-checkpoint") == "/root/Qwen2.5-3B"
     assert run.value("--ref-load") == "/root/Qwen2.5-3B_torch_dist"
     assert run.value("--prompt-data") == "/root/Search-R1/data/nq_hotpotqa_train/train.parquet"
-    assert run.value("--input-key") == "prompt"
-    assert run.value("--label-key") == "reward_model"
-    assert run.has("--apply-chat-template")
-    assert not run.has("--tool-key")
     assert run.value("--rollout-max-response-len") == "2048"  # the whole multi-turn budget
-    assert run.value("--advantage-estimator") == "grpo"
-    assert run.has("--use-kl-loss")
-    assert run.value("--kl-loss-coef") == "0.001"
-    assert run.value("--kl-loss-type") == "low_var_kl"
     assert run.value("--custom-generate-function-path") == "generate_with_search.generate"
-    assert run.value("--custom-rm-path") == "generate_with_search.reward_func"
-    assert run.value("--sglang-mem-fraction-static") == "0.7"
-    assert run.has("--colocate")
-    for absent in ("--use-tis", "--custom-config-path", "--use-wandb", "--eval-prompt-data", "--load", "--save"):
-        assert not run.has(absent)
+    assert run.has("--colocate") and run.has("--apply-chat-template")
     assert run.head[:4] == ["ray", "start", "--head", "--block"]
-    assert run.runtime_env["env_vars"]["PYTHONPATH"].split(":")[:2] == ["/root/Megatron-LM", str(REPO)]
-    assert "warning: slime checkout (SLIME_DIR) not found: /root/slime/train.py" in run.result.stderr
-
-
-def every_flag_run(tmp_path) -> DryRun:
-    """A launch command with every optional group switched on."""
-    eval_data = tmp_path / "test.parquet"
-    return dry_run(USE_TIS="1", USE_WANDB="1", EVAL_PROMPT_DATA=str(eval_data), SAVE_DIR="/ckpt", LOAD_DIR="/ckpt")
-
-
-def test_every_flag_is_a_real_slime_megatron_or_sglang_flag(tmp_path):
-    flags = {arg for arg in every_flag_run(tmp_path).train_args if arg.startswith("--")}
-    assert flags - SLIME_FLAGS - MEGATRON_FLAGS - SGLANG_FLAGS == set()
-
-
-@pytest.mark.skipif(not using_real_slime(), reason="needs slime's own parser: SLIME_SRC=/path/to/slime make test")
-def test_slimes_own_parser_reads_every_slime_flag_of_the_command(tmp_path, monkeypatch):
-    """With a slime checkout, its real parser reads the command: every flag that is not Megatron's or SGLang's is
-    slime's, with a value of slime's type (argparse refuses "abc" for an int flag), and the typed list is slime's."""
-    parser = slime_argument_parser(monkeypatch)
-    slime_options = set(parser._option_string_actions)
-    assert SLIME_FLAGS - slime_options == set()  # the list the stand-in run checks against is slime's own
-    known, unknown = parser.parse_known_args(every_flag_run(tmp_path).train_args)
-    assert {arg for arg in unknown if arg.startswith("--")} - MEGATRON_FLAGS - SGLANG_FLAGS == set()
-    assert known.rollout_max_response_len == 2048
-    assert known.custom_generate_function_path == "generate_with_search.generate"
-
-
-def test_tis_is_switched_on_by_a_variable():
-    run = dry_run(USE_TIS="1", SLIME_DIR="/opt/slime")
-    assert run.has("--use-tis")
-    assert run.value("--custom-config-path") == "/opt/slime/examples/train_infer_mismatch_helper/mis.yaml"
-    assert run.value("--custom-tis-function-path") == (
-        "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp"
+    assert run.runtime_env["PYTHONPATH"].split(":")[:2] == ["/root/Megatron-LM", str(REPO)]
+    assert "warning: slime's train.py (SLIME_DIR) not found: /root/slime/train.py" in run.stderr
+    # the flags a user appends to the script come last, so they win
+    appended = dry_run_script("--num-rollout", "5", EXTRA_TRAIN_ARGS="--rollout-top-p 0.99")
+    assert appended.train_args[-4:] == ["--rollout-top-p", "0.99", "--num-rollout", "5"]
+    assert appended.value("--num-rollout") == "5"
+    by_variable = run_script(DRY_RUN="1")  # DRY_RUN=1 is --dry-run
+    assert DryRun(by_variable.stdout, by_variable.stderr).sources["DRY_RUN"] == (
+        "True",
+        "environment variable DRY_RUN",
     )
-    assert "/opt/slime" in run.runtime_env["env_vars"]["PYTHONPATH"].split(":")  # the TIS module imports
-    for value in ("0", "false", "off", ""):
-        assert not dry_run(USE_TIS=value).has("--use-tis")
+    assert "ASYNC_MODE" in run_script("--help").stdout
 
 
-def test_search_metrics_are_logged_by_default_and_evaluation_reads_the_metadata_column():
-    run = dry_run()
-    # the functions the stand-in training (and so the wrapper test) logs through, and slime can import them
-    assert run.value("--custom-rollout-log-function-path") == ROLLOUT_LOG_FUNCTION
-    assert run.value("--custom-eval-rollout-log-function-path") == EVAL_ROLLOUT_LOG_FUNCTION
-    assert callable(load_function(ROLLOUT_LOG_FUNCTION))
-    assert callable(load_function(EVAL_ROLLOUT_LOG_FUNCTION))
-    assert run.value("--metadata-key") == "metadata"
-    assert dry_run(METADATA_KEY="extra").value("--metadata-key") == "extra"
-    quiet = dry_run(ROLLOUT_LOG_FUNCTION_PATH="", EVAL_ROLLOUT_LOG_FUNCTION_PATH="")
-    assert not quiet.has("--custom-rollout-log-function-path")
-    assert not quiet.has("--custom-eval-rollout-log-function-path")
-    mine = dry_run(ROLLOUT_LOG_FUNCTION_PATH="my_logs.log_rollout")
-    assert mine.value("--custom-rollout-log-function-path") == "my_logs.log_rollout"
+# What each flag-shaping setting's values do to the command: (flags present, flags absent). A setting added to
+# FLAG_SHAPING must be added here too.
+FLAG_EFFECTS = {
+    "llm_api_mode": {
+        "chat": ({"--tool-key", "--eval-tool-key"}, {"--apply-chat-template"}),
+        "generate": ({"--apply-chat-template"}, {"--tool-key", "--eval-tool-key"}),
+    },
+}
 
 
-@pytest.mark.parametrize(
-    "env, message",
-    [
-        ({"USE_TIS": "1", "TRACK_LOG_PROBS": "false"}, "--use-tis needs the engine's log probs"),
-        ({"USE_TIS": "1", "LOSS_MASK_MODE": "simple"}, "which --use-tis would treat as real"),
-        ({"USE_TIS": "maybe"}, "USE_TIS=maybe is not a boolean"),
-        ({"LLM_API_MODE": "xml"}, "LLM_API_MODE=xml is invalid; accepted: generate | chat"),
-        ({"START_RAY": "yes"}, "START_RAY=yes is invalid"),
-    ],
-)
-def test_bad_settings_stop_even_a_dry_run(env, message):
-    assert message in fails("--dry-run", **env)
+@pytest.fixture
+def edited_copy(tmp_path):
+    """edit(entries): the script of a copy of the plugin's folder whose dict holds `entries`."""
+    return lambda entries: edited_copy_of(tmp_path / "search-r1", entries) / "run_qwen2.5_3B.sh"
 
 
-def test_failed_samples_are_kept_out_of_group_advantages_by_default():
-    run = dry_run()
-    assert run.value("--custom-reward-post-process-path") == REWARD_POST_PROCESS_PATH
-    assert callable(load_function(REWARD_POST_PROCESS_PATH))
-    assert "siblings' advantages" not in run.result.stderr  # no warning: the hook is the plugin's
+@pytest.mark.parametrize(("key", "value"), [(k, v) for k in FLAG_EFFECTS for v in FLAG_EFFECTS[k]])
+def test_the_dict_a_user_edits_reaches_the_flags_and_the_job(edited_copy, key, value):
+    """The defect this layout fixes: the script's own default for LLM_API_MODE beat the dict the user edited."""
+    assert set(FLAG_EFFECTS) == set(FLAG_SHAPING)
+    script = edited_copy(f"        {key!r}: {value!r},\n")
+    from slime_search_r1.settings import SETTINGS
+
+    variable = SETTINGS[key].env
+    run = dry_run_script(script=script, EVAL_PROMPT_DATA="/data/test.parquet")
+    present, absent = FLAG_EFFECTS[key][value]
+    assert present <= set(run.train_args) and not absent & set(run.train_args)
+    assert run.runtime_env[variable] == value  # the job trains what the flags were built for
+    assert run.runtime_env["PYTHONPATH"].split(":")[1] == str(script.parent)  # and imports that same dict
+    assert run.sources[key] == (repr(value), f"SEARCH_R1_CONFIGS[{key!r}]")
+    # an environment variable that is set still wins over the dict, and says so
+    other = next(v for v in FLAG_EFFECTS[key] if v != value)
+    overridden = dry_run_script(script=script, EVAL_PROMPT_DATA="/data/test.parquet", **{variable: other})
+    present, absent = FLAG_EFFECTS[key][other]
+    assert present <= set(overridden.train_args) and not absent & set(overridden.train_args)
+    assert overridden.runtime_env[variable] == other
+    assert overridden.sources[key] == (repr(other), f"environment variable {variable}")
 
 
-def generate_refusal(flags: Namespace, env: dict) -> str:
-    """The message generate() raises at its first sample for these slime flags and plugin variables."""
-    with pytest.raises(ConfigError) as refused:
-        check_slime_args(flags, resolve_config(search_r1_configs({}, env)))
-    return str(refused.value)
-
-
-@pytest.mark.parametrize(
-    ("args", "env", "flags"),
-    [
-        (["--use-tis"], {"LOSS_MASK_MODE": "simple"}, {"use_tis": True}),
-        (["--use-rollout-logprobs"], {"LOSS_MASK_MODE": "simple"}, {"use_rollout_logprobs": True}),
-        (["--get-mismatch-metrics"], {"TRACK_LOG_PROBS": "0"}, {"get_mismatch_metrics": True}),
-        (["--use-tis"], {"TRACK_LOG_PROBS": "false"}, {"use_tis": True}),
-        (["--rollout-top-p", "0.9"], {"TRACK_LOG_PROBS": "0"}, {"rollout_top_p": 0.9}),
-        (["--use-rollout-routing-replay"], {}, {"use_rollout_routing_replay": True}),
-        (
-            ["--partial-rollout"],
-            {"TOKEN_TRACKING_MODE": "router_radix", "LEGACY_SLIME_ROUTER": "1"},
-            {"partial_rollout": True},
-        ),
-    ],
-    ids=["tis-simple", "rollout-logprobs-simple", "mismatch-no-logprobs", "tis-no-logprobs", "top-p", "r3", "partial"],
-)
-def test_flags_generate_refuses_are_refused_at_launch_with_its_message(args, env, flags, slime_tree):
-    message = generate_refusal(Namespace(**flags), env)
-    assert f"run_qwen2.5_3B.sh: error: {message}" in fails("--dry-run", *args, **env)
-    assert f"run_qwen2.5_3B.sh: error: {message}" in fails(*args, **env, **slime_tree)
-    assert ray_calls(slime_tree) == []  # refused before a Ray head or a job was started
-
-
-def test_a_bad_plugin_setting_is_refused_at_launch_with_the_import_message():
-    env = {"SEARCH_R1_MAX_TURNS": "two"}
-    with pytest.raises(ConfigError) as refused:
-        search_r1_configs({}, env)
-    assert f"run_qwen2.5_3B.sh: error: {refused.value}" in fails("--dry-run", **env)
-
-
-def test_the_router_modes_need_the_old_router_stated(tmp_path):
-    for mode in ("router_radix", "router_handler"):
-        chat = {"LLM_API_MODE": "chat"} if mode == "router_handler" else {}
-        stderr = fails("--dry-run", TOKEN_TRACKING_MODE=mode, **chat)
-        assert f"TOKEN_TRACKING_MODE={mode} needs the old slime router" in stderr
-        assert "Use TOKEN_TRACKING_MODE=manual" in stderr
-        assert dry_run(TOKEN_TRACKING_MODE=mode, LEGACY_SLIME_ROUTER="1", **chat).has("--custom-rm-path")
-
-
-def test_the_check_reads_the_dict_as_edited_in_generate_with_search(tmp_path):
-    edited = tmp_path / "generate_with_search.py"
-    source = (REPO / "generate_with_search.py").read_text()
-    opening = "SEARCH_R1_CONFIGS = search_r1_configs(\n    {\n"
-    assert opening in source
-    edited.write_text(source.replace(opening, opening + '        "max_turns": 0,\n'))
-    check = [sys.executable, "-m", "slime_search_r1.launch_check", "--plugin", str(edited), "--"]
-    env = clean_env(PYTHONPATH=str(REPO))
-    result = subprocess.run(check, env=env, capture_output=True, text=True, cwd=tmp_path)
-    assert result.returncode == 2
-    assert "SEARCH_R1_CONFIGS['max_turns']=0 is out of range; accepted: 1 to 64" in result.stderr
-    edited.write_text(source.replace(opening, opening + '        "max_turns": compute_turns(),\n'))
-    result = subprocess.run(check, env=env, capture_output=True, text=True, cwd=tmp_path)
-    assert result.returncode == 2
+def test_a_bad_value_in_the_edited_dict_stops_the_launch(edited_copy):
+    result = run_script("--dry-run", script=edited_copy('        "max_turns": 0,\n'))
+    assert result.returncode == 1
+    assert "error: SEARCH_R1_CONFIGS['max_turns']=0 is out of range; accepted: 1 to 128" in result.stderr
+    result = run_script("--dry-run", script=edited_copy('        "max_turns": compute_turns(),\n'))
+    assert result.returncode == 1
     assert "is not search_r1_configs({...}) of a literal dict" in result.stderr
-
-
-def test_the_check_can_be_skipped():
-    run = dry_run("--use-rollout-routing-replay", SKIP_PLUGIN_CHECK="1")
-    assert run.has("--use-rollout-routing-replay")
-    assert "SKIP_PLUGIN_CHECK is set" in run.result.stderr
-
-
-def test_partial_rollout_passes_the_launch_check_in_manual_mode():
-    run = dry_run("--partial-rollout", "--mask-offpolicy-in-partial-rollout", "--over-sampling-batch-size", "64")
-    assert run.has("--partial-rollout")
-    assert run.has("--mask-offpolicy-in-partial-rollout")
-    assert run.value("--over-sampling-batch-size") == "64"
-    assert "error" not in run.result.stderr
-
-
-def test_a_replaced_reward_post_process_is_warned_about():
-    run = dry_run("--custom-reward-post-process-path", "mine.post_process")
-    assert "siblings' advantages: pass --custom-reward-post-process-path" in run.result.stderr
-
-
-def test_chat_mode_keeps_messages_and_reads_tools(tmp_path):
-    run = dry_run(LLM_API_MODE="chat", EVAL_PROMPT_DATA=str(tmp_path / "test.parquet"))
-    assert not run.has("--apply-chat-template")
-    assert run.value("--tool-key") == "tools"
-    assert run.value("--eval-tool-key") == "tools"
-    assert run.runtime_env["env_vars"]["LLM_API_MODE"] == "chat"
-    assert dry_run().runtime_env["env_vars"]["LLM_API_MODE"] == "generate"
-
-
-def test_paths_and_settings_come_from_the_environment(tmp_path):
-    run = dry_run(
-        "--num-rollout",
-        "5",
-        SLIME_DIR="/opt/slime",
-        MEGATRON_PATH="/opt/Megatron-LM",
-        HF_CHECKPOINT="/models/qwen",
-        REF_LOAD="/models/qwen_dist",
-        LOAD_DIR="/ckpt/run1",
-        SAVE_DIR="/ckpt/run1",
-        PROMPT_DATA="/data/train.parquet",
-        EVAL_PROMPT_DATA="/data/test.parquet@[0:3000]",
-        ROLLOUT_MAX_RESPONSE_LEN="1536",
-        NUM_GPUS="4",
-        PYTHON_BIN="/usr/bin/python3.11",
-        EXTRA_TRAIN_ARGS="--rollout-top-p 0.99",
-    )
-    assert run.submit[run.submit.index("--") + 1 :][:2] == ["/usr/bin/python3.11", "/opt/slime/train.py"]
-    assert run.value("--hf-checkpoint") == "/models/qwen"
-    assert run.value("--ref-load") == "/models/qwen_dist"
-    assert run.value("--load") == "/ckpt/run1"
-    assert run.value("--save") == "/ckpt/run1"
-    assert run.value("--save-interval") == "20"
-    assert run.value("--prompt-data") == "/data/train.parquet"
-    eval_data = run.train_args[
-        run.train_args.index("--eval-prompt-data") + 1 : run.train_args.index("--eval-prompt-data") + 3
-    ]
-    assert eval_data == ["search_r1_test", "/data/test.parquet@[0:3000]"]
-    assert run.value("--eval-temperature") == "0"
-    assert run.value("--eval-max-response-len") == "1536"
-    assert run.value("--rollout-max-response-len") == "1536"
-    assert run.value("--actor-num-gpus-per-node") == "4"
-    assert run.head[run.head.index("--num-gpus") + 1] == "4"
-    assert run.train_args[-4:] == ["--rollout-top-p", "0.99", "--num-rollout", "5"]  # extra flags come last
-    assert run.runtime_env["env_vars"]["PYTHONPATH"].split(":")[0] == "/opt/Megatron-LM"
-    # the path checks look at the file behind slime's @[start:end] slice
-    assert "evaluation data (EVAL_PROMPT_DATA) not found: /data/test.parquet\n" in run.result.stderr
-
-
-def test_plugin_variables_are_forwarded_and_secrets_never_shown():
-    run = dry_run(
-        RETRIEVAL_SERVER_URL="http://10.0.0.5:8000",
-        SEARCH_R1_MAX_TURNS="4",
-        SEARCH_BACKEND="google",
-        GOOGLE_API_KEY="sk-very-secret",
-        WANDB_KEY="wandb-very-secret",
-        USE_WANDB="1",
-    )
-    env_vars = run.runtime_env["env_vars"]
-    assert env_vars["RETRIEVAL_SERVER_URL"] == "http://10.0.0.5:8000"
-    assert env_vars["SEARCH_R1_MAX_TURNS"] == "4"
-    assert env_vars["GOOGLE_API_KEY"] == "<hidden>"
-    assert env_vars["WANDB_API_KEY"] == "<hidden>"
-    assert "very-secret" not in run.result.stdout + run.result.stderr
-    assert not any("secret" in arg for arg in run.submit)  # the key is not on any command line
-    assert run.value("--wandb-project") == "slime-search-r1"
-
-
-def test_every_settings_variable_that_is_set_reaches_the_job():
-    values = {"SEARCH_R1_TOOLS": "search", "SEARCH_R1_EXTENSIONS": "json", "GOOGLE_SNIPPET_ONLY": "1"}
-    env_vars = dry_run(**values).runtime_env["env_vars"]
-    assert {name: env_vars[name] for name in values} == values
+    skipped = run_script("--dry-run", script=edited_copy('        "max_turns": compute_turns(),\n'),
+                         SKIP_PLUGIN_CHECK="1")  # fmt: skip
+    assert skipped.returncode == 0, skipped.stderr
+    assert "the flags follow the environment and the defaults" in skipped.stderr
 
 
 def test_an_extensions_setting_reaches_the_job_too(tmp_path):
@@ -368,17 +144,71 @@ def test_an_extensions_setting_reaches_the_job_too(tmp_path):
         "from slime_search_r1.settings import Integer, Setting, register_setting\n"
         "register_setting(Setting('my_extension.retries', 2, Integer(0, 9), 'MY_EXTENSION_RETRIES'))\n"
     )
-    run = dry_run(SEARCH_R1_EXTENSIONS="my_extension", MY_EXTENSION_RETRIES="5", PYTHONPATH=str(tmp_path))
-    assert run.runtime_env["env_vars"]["MY_EXTENSION_RETRIES"] == "5"
-    stderr = fails(
-        "--dry-run", SEARCH_R1_EXTENSIONS="my_extension", MY_EXTENSION_RETRIES="50", PYTHONPATH=str(tmp_path)
-    )
-    assert "environment variable MY_EXTENSION_RETRIES='50' is out of range; accepted: 0 to 9" in stderr
+    env = {"SEARCH_R1_EXTENSIONS": "my_extension", "PYTHONPATH": str(tmp_path)}
+    run = dry_run_script(MY_EXTENSION_RETRIES="5", **env)
+    assert run.runtime_env["MY_EXTENSION_RETRIES"] == "5"
+    assert run.sources["my_extension.retries"] == ("5", "environment variable MY_EXTENSION_RETRIES")
+    assert str(tmp_path) in run.runtime_env["PYTHONPATH"].split(":")  # the job imports it too
+    result = run_script("--dry-run", MY_EXTENSION_RETRIES="50", **env)
+    assert result.returncode == 1
+    assert "environment variable MY_EXTENSION_RETRIES='50' is out of range; accepted: 0 to 9" in result.stderr
 
 
-def test_a_real_run_stops_at_the_first_missing_path():
-    stderr = fails(RAY_BIN="/nonexistent/ray")
-    assert "error: slime checkout (SLIME_DIR) not found: /root/slime/train.py" in stderr
+def every_flag_run(tmp_path, **env) -> DryRun:
+    """A launch command with every optional group switched on."""
+    return dry_run_script("--save", "/ckpt", "--load", "/ckpt", USE_TIS="1", USE_WANDB="1", DUMP_DIR="/dumps",
+                          EVAL_PROMPT_DATA=str(tmp_path / "test.parquet"), **env)  # fmt: skip
+
+
+def test_every_flag_is_a_real_slime_megatron_or_sglang_flag(tmp_path):
+    for run in (every_flag_run(tmp_path), every_flag_run(tmp_path, ASYNC_MODE="fully", LLM_API_MODE="chat")):
+        flags = {arg for arg in run.train_args if arg.startswith("--")}
+        assert flags - SLIME_FLAGS - MEGATRON_FLAGS - SGLANG_FLAGS == set()
+
+
+@pytest.mark.skipif(
+    not using_real_slime(),
+    reason="needs slime's own parser, from a slime checkout: git clone https://github.com/THUDM/slime /tmp/slime, "
+    "then SLIME_SRC=/tmp/slime make test (or SLIME_SRC=/tmp/slime .venv/bin/python -m pytest tests/launch)",
+)
+@pytest.mark.parametrize("async_mode", ["off", "fully"])
+def test_slimes_own_parser_reads_every_slime_flag_of_the_command(tmp_path, monkeypatch, async_mode):
+    """With a slime checkout, its real parser reads the command: every flag that is not Megatron's or SGLang's is
+    slime's, with a value of slime's type (argparse refuses "abc" for an int flag), and the typed list is slime's."""
+    parser = slime_argument_parser(monkeypatch)
+    assert SLIME_FLAGS - set(parser._option_string_actions) == set()  # the list the stand-in run checks is slime's
+    run = every_flag_run(tmp_path, ASYNC_MODE=async_mode)
+    known, unknown = parser.parse_known_args(run.train_args)
+    assert {arg for arg in unknown if arg.startswith("--")} - MEGATRON_FLAGS - SGLANG_FLAGS == set()
+    assert known.rollout_max_response_len == 2048
+    assert known.custom_generate_function_path == "generate_with_search.generate"
+    if async_mode == "fully":
+        assert (known.colocate, known.actor_num_gpus_per_node, known.rollout_num_gpus) == (False, 4, 4)
+        assert (known.rollout_function_path, known.eval_function_path) == (FULLY_ASYNC_ROLLOUT, DEFAULT_ROLLOUT)
+        assert run.entry[1].endswith("/train_async.py")
+    else:
+        assert (known.colocate, known.actor_num_gpus_per_node, known.rollout_num_gpus) == (True, 8, None)
+        assert known.rollout_function_path == DEFAULT_ROLLOUT
+
+
+@pytest.mark.skipif(
+    shutil.which("shellcheck") is None,
+    reason="shellcheck is not installed: apt-get install -y shellcheck (CI's .ci/run installs it)",
+)
+def test_scripts_are_shellcheck_clean():
+    scripts = [str(SCRIPT), str(REPO / "run_qwen2.5_3B_with_retrieval.sh")]
+    result = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
+
+
+def test_no_setting_is_resolved_in_the_scripts():
+    """The scripts hold paths and slime flags; every other value is Python's (knobs.py, settings.py)."""
+    for script in (SCRIPT, REPO / "run_qwen2.5_3B_with_retrieval.sh"):
+        code = re.sub(r"#.*", "", script.read_text())
+        defaults = set(re.findall(r"\$\{(\w+):-", code))
+        assert defaults <= {"HF_CHECKPOINT", "REF_LOAD", "PROMPT_DATA", "PYTHON_BIN"}, defaults
+        assert not re.search(r"\bcase\b|\bif\b|\[\[", code)  # no mode names, booleans or checks
+    assert len(SCRIPT.read_text().splitlines()) <= 200
 
 
 # ---- what a real run starts and stops, with a stand-in `ray` -------------------------------------------------
@@ -386,15 +216,20 @@ def test_a_real_run_stops_at_the_first_missing_path():
 
 @pytest.fixture
 def slime_tree(tmp_path):
-    """A slime checkout whose train.py records what it got, plus checkpoints and data that exist."""
+    """A slime checkout whose train.py records what it got (and says so on a FIFO), checkpoints and data that
+    exist, and a stand-in `ray` on the PATH."""
     slime = tmp_path / "slime"
     (slime / "scripts" / "models").mkdir(parents=True)
     (slime / "scripts" / "models" / "qwen2.5-3B.sh").write_text("MODEL_ARGS=(--num-layers 36 --hidden-size 2048)\n")
+    started = tmp_path / "train_started"
+    os.mkfifo(started)
     (slime / "train.py").write_text(
         "import json, os, sys, time\n"
-        "out = os.environ['TRAIN_RECORD']\n"
-        "json.dump({'argv': sys.argv[1:], 'env': dict(os.environ)}, open(out, 'w'))\n"
-        "time.sleep(float(os.environ.get('TRAIN_SLEEP', '0')))\n"
+        "json.dump({'argv': sys.argv[1:], 'env': dict(os.environ)}, open(os.environ['TRAIN_RECORD'], 'w'))\n"
+        "if os.environ.get('TRAIN_HOLD'):\n"
+        "    with open(os.environ['TRAIN_STARTED'], 'w') as fifo:  # the test reads it: the job is running\n"
+        "        fifo.write('started')\n"
+        "    time.sleep(300)\n"
         "sys.exit(int(os.environ.get('TRAIN_EXIT', '0')))\n"
     )
     for folder in ("hf", "ref"):
@@ -414,7 +249,8 @@ def slime_tree(tmp_path):
         "RAY_DASHBOARD_PORT": str(free_port()),
         "FAKE_RAY_LOG": str(tmp_path / "ray_calls.jsonl"),
         "TRAIN_RECORD": str(tmp_path / "train_record.json"),
-        "EXTRA_RUNTIME_ENV_VARS": "TRAIN_RECORD,TRAIN_SLEEP TRAIN_EXIT",
+        "TRAIN_STARTED": str(started),
+        "EXTRA_RUNTIME_ENV_VARS": "TRAIN_RECORD,TRAIN_HOLD TRAIN_EXIT TRAIN_STARTED",
         "TMPDIR": str(tmp_path),
     }
 
@@ -446,6 +282,9 @@ def test_starts_a_head_runs_the_job_and_stops_only_that_head(slime_tree, tmp_pat
     assert record["env"]["GOOGLE_API_KEY"] == "sk-secret"  # the real value reaches the job, through a file
     assert str(REPO) in record["env"]["PYTHONPATH"].split(":")
     assert "sk-secret" not in result.stderr + result.stdout
+    submitted = next(call for call in ray_calls(env) if call["event"] == "job-submitted")
+    assert not any("sk-secret" in arg for arg in submitted["argv"])  # never on a command line
+    assert (submitted["runtime_env_mode"], submitted["folder_mode"]) == (0o600, 0o700)  # a private file
     assert not list(tmp_path.glob("search-r1-run.*"))  # the private runtime-env folder is removed
 
 
@@ -456,23 +295,31 @@ def test_a_failed_job_fails_the_script(slime_tree):
     assert [call["event"] for call in ray_calls(env)][-1] == "head-stopped"
 
 
-def test_sigterm_stops_the_job_it_submitted_and_the_head_it_started(slime_tree):
-    env = clean_env(**slime_tree, TRAIN_SLEEP="120")
-    process = subprocess.Popen(["bash", str(SCRIPT)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 30
-    while not any(c["event"] == "job-submitted" for c in ray_calls(env)) and time.monotonic() < deadline:
-        time.sleep(0.05)
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_stops_the_job_it_submitted_and_the_head_it_started(slime_tree, signum, code):
+    env = clean_env(**slime_tree, TRAIN_HOLD="1")
+    # SIGINT's default action restored: a suite started without job control hands its children SIGINT ignored
+    process = subprocess.Popen(
+        interruptible(["bash", str(SCRIPT)]), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    with open(env["TRAIN_STARTED"]) as fifo:  # returns once train.py runs: an event, not a polling window
+        assert fifo.read() == "started"
     submitted = next(c for c in ray_calls(env) if c["event"] == "job-submitted")
     head = next(c for c in ray_calls(env) if c["event"] == "head-started")
 
-    process.send_signal(signal.SIGTERM)  # to the script alone, not its process group
-    process.communicate(timeout=60)
-    assert process.returncode == 143
-    stops = [c for c in ray_calls(env) if c["event"] == "job-stop"]
-    assert [c["job_id"] for c in stops] == [submitted["job_id"]]
-    assert any(c["event"] == "head-stopped" for c in ray_calls(env))
-    assert not alive(submitted["job_pid"])
-    assert not alive(head["pid"])
+    try:
+        process.send_signal(signum)  # to the script alone, not its process group
+        process.communicate(timeout=60)
+        assert process.returncode == code
+        stops = [c for c in ray_calls(env) if c["event"] == "job-stop"]
+        assert [c["job_id"] for c in stops] == [submitted["job_id"]]
+        assert any(c["event"] == "head-stopped" for c in ray_calls(env))
+        assert not alive(submitted["job_pid"])
+        assert not alive(head["pid"])
+    finally:  # if the script failed to, stop what this test started (by PID)
+        for pid in (submitted["job_pid"], submitted["pid"], head["pid"], process.pid):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_running_cluster_is_used_and_left_running(slime_tree):
@@ -486,36 +333,35 @@ def test_a_running_cluster_is_used_and_left_running(slime_tree):
         assert result.returncode == 0, result.stderr
         assert "it is left running" in result.stderr
         assert [c["event"] for c in ray_calls(env)] == ["job-submitted", "job-finished"]
-        assert "START_RAY=1 but a Ray cluster already answers" in fails(**slime_tree, START_RAY="1")
+        refused = run_script(**slime_tree, START_RAY="1")
+        assert refused.returncode == 1
+        assert "START_RAY=1 but a Ray cluster already answers" in refused.stderr
     finally:
         dashboard.shutdown()
         dashboard.server_close()
-    assert "START_RAY=0 but no Ray cluster answers" in fails(**slime_tree, START_RAY="0")
+    refused = run_script(**slime_tree, START_RAY="0")
+    assert refused.returncode == 1
+    assert "START_RAY=0 but no Ray cluster answers" in refused.stderr
 
 
-@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck is not installed")
-def test_scripts_are_shellcheck_clean():
-    scripts = [str(SCRIPT), str(REPO / "run_qwen2.5_3B_with_retrieval.sh")]
-    result = subprocess.run(["shellcheck", *scripts], capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout
+def test_a_real_run_stops_at_the_first_missing_path_before_ray(slime_tree):
+    result = run_script(**{**slime_tree, "PROMPT_DATA": "/nonexistent/train.parquet"})
+    assert result.returncode == 1
+    assert "error: training data (--prompt-data) not found: /nonexistent/train.parquet" in result.stderr
+    assert ray_calls(slime_tree) == []
 
 
-def test_dumps_for_the_viewer_go_to_a_chosen_folder_and_the_viewer_command_is_printed(viewer_dumps, tmp_path):
+def test_dumps_for_the_viewer_and_the_printed_viewer_command_runs(viewer_dumps):
     """slime writes the dumps at every rollout (it has no interval); the printed command runs on them as it is."""
-    assert not dry_run().has("--save-debug-rollout-data")
-    run = dry_run(DUMP_DIR=str(viewer_dumps.folder), HF_CHECKPOINT=str(viewer_dumps.folder / "tokenizer"))
+    run = dry_run_script(DUMP_DIR=str(viewer_dumps.folder), HF_CHECKPOINT=str(viewer_dumps.folder / "tokenizer"))
     assert run.value("--save-debug-rollout-data") == f"{viewer_dumps.folder}/rollout_data/{{rollout_id}}.pt"
-    assert run.value("--save-debug-train-data") == f"{viewer_dumps.folder}/train_data/{{rollout_id}}.pt"
-    assert not dry_run(DUMP_DIR="/dumps", DUMP_TRAIN_DATA="0").has("--save-debug-train-data")
     comment, command = run.after[:2]
     assert comment.startswith("# trajectory viewer")
-    env = {**clean_env(), "PYTHON_BIN": sys.executable}
-    result = subprocess.run(["bash", "-c", command.replace("python3", sys.executable, 1)], env=env,
+    result = subprocess.run(["bash", "-c", command.replace("python3", sys.executable, 1)], env=clean_env(),
                             capture_output=True, text=True, timeout=120)  # fmt: skip
     assert result.returncode == 0, result.stderr
     page = (viewer_dumps.folder / "viewer" / "index.html").read_text(encoding="utf-8")
     assert '"name":"rollout 3"' in page and '"name":"eval 3"' in page  # --rollouts=-1: the latest rollout
-    assert "DUMP_TRAIN_DATA=maybe is not a boolean" in fails("--dry-run", DUMP_TRAIN_DATA="maybe")
 
 
 def test_a_dry_run_prints_the_way_from_its_checkpoints_to_evaluate_py(slime_tree, tmp_path):
@@ -527,7 +373,7 @@ def test_a_dry_run_prints_the_way_from_its_checkpoints_to_evaluate_py(slime_tree
     save = tmp_path / "ckpt"
     (save / "iter_0000019").mkdir(parents=True)
     (save / "latest_checkpointed_iteration.txt").write_text("19")  # Megatron's tracker: slime saves rollout_id 19
-    run = dry_run(**slime_tree, SAVE_DIR=str(save))
+    run = dry_run_script("--save", str(save), "--save-interval", "20", **slime_tree)
     lines = [line for line in run.after if not line.startswith("#")]
     assert len(lines) == 4
     # run the lines with a python that echoes its arguments: what each program would be called with, expanded
@@ -551,18 +397,17 @@ def test_a_dry_run_prints_the_way_from_its_checkpoints_to_evaluate_py(slime_tree
     assert serve[:4] == ["-m", "sglang.launch_server", "--model-path", f"{save}/hf/iter_0000019"]
     assert evaluation[0] == str(REPO / "evaluate.py")
     cli = evaluate.parse_args(evaluation[1:])  # evaluate.py takes every flag as printed
-    assert (cli.hf_checkpoint, cli.output_dir, cli.reference, cli.viewer) == (
+    assert (cli.hf_checkpoint, cli.output_dir, cli.reference, cli.viewer, cli.llm_api_mode) == (
         f"{save}/hf/iter_0000019",
         save / "eval" / "iter_0000019",
         "search-r1-base-grpo",
         True,
+        "generate",
     )
     assert str(cli.data) == "/root/Search-R1/data/nq_hotpotqa_train/test.parquet"
-    instruct = dry_run(**{**slime_tree, "HF_CHECKPOINT": "/models/Qwen2.5-3B-Instruct"}, SAVE_DIR=str(save))
+    instruct = dry_run_script("--save", str(save), **{**slime_tree, "HF_CHECKPOINT": "/models/Qwen2.5-3B-Instruct"})
     assert "--reference search-r1-instruct-grpo" in instruct.after[-1]
-    assert dry_run().after == [
-        "# no SAVE_DIR: no checkpoint is saved (set SAVE_DIR to get the commands from a checkpoint to evaluate.py)"
-    ]
+    assert dry_run_script().after[-1].startswith("# no --save: no checkpoint is saved")
 
 
 def converter_flags() -> set[str]:

@@ -2,6 +2,7 @@
 a bad value came from; and the slime-flag combinations the settings refuse."""
 
 import os
+import re
 import subprocess
 import sys
 from argparse import Namespace
@@ -10,7 +11,15 @@ from pathlib import Path
 import pytest
 
 import generate_with_search
-from slime_search_r1.settings import SETTINGS, ConfigError, resolve_config, search_r1_configs
+from slime_search_r1.launch.knobs import TRAINING, WRAPPER
+from slime_search_r1.settings import (
+    SETTINGS,
+    ConfigError,
+    read_environment,
+    resolve_config,
+    search_r1_configs,
+    value_source,
+)
 from slime_search_r1.slime_flags import check_slime_args
 from support.slime_compat import subprocess_pythonpath
 
@@ -220,9 +229,42 @@ def test_renamed_settings_name_their_new_name():
         resolved(SEARCH_R1_SEARCH_RETRIES="3")
 
 
-def test_every_variable_belongs_to_one_setting():
-    variables = [setting.env for setting in SETTINGS.values() if setting.env]
+def test_every_variable_belongs_to_one_setting_or_launch_knob():
+    variables = [s.env for s in [*SETTINGS.values(), *TRAINING.values(), *WRAPPER.values()] if s.env]
     assert len(variables) == len(set(variables))
+
+
+def test_each_value_says_where_it_came_from_in_the_documented_order():
+    """defaults < SEARCH_R1_CONFIGS < environment variables."""
+    configs = search_r1_configs({"max_turns": 4, "local": {"search_url": "http://a:1"}}, {"SEARCH_R1_TOPK": "5"})
+    sources = {key: value_source(configs, setting) for key, setting in SETTINGS.items()}
+    assert sources["max_turns"] == "SEARCH_R1_CONFIGS['max_turns']"
+    assert sources["local.search_url"] == "SEARCH_R1_CONFIGS['local']['search_url']"
+    assert sources["topk"] == "environment variable SEARCH_R1_TOPK"
+    assert sources["format_score"] == "default"
+    assert sources["final_format_score"] == "default, derived from the others"
+    assert value_source(search_r1_configs({"topk": 3}, {}), SETTINGS["topk"]) == "SEARCH_R1_CONFIGS['topk']"
+    both = search_r1_configs({"topk": 4}, {"SEARCH_R1_TOPK": "5", "SEARCH_R1_MAX_TURNS": ""})  # empty: unset
+    assert both["topk"] == 5 and value_source(both, SETTINGS["topk"]) == "environment variable SEARCH_R1_TOPK"
+    assert value_source(both, SETTINGS["max_turns"]) == "default"
+
+
+def test_launch_knobs_are_read_like_settings():
+    knobs, sources = read_environment(TRAINING.values(), {"NUM_GPUS": "4", "ACTOR_GPUS": " ", "USE_TIS": "on"})
+    assert (knobs.num_gpus, knobs.actor_gpus, knobs.rollout_gpus, knobs.use_tis) == (4, 2, 2, True)
+    assert sources["num_gpus"] == "environment variable NUM_GPUS"
+    assert sources["actor_gpus"] == "default, derived from the others"  # a blank variable is unset
+    with pytest.raises(ConfigError, match=r"^environment variable USE_TIS='maybe' is invalid; accepted: one of 1"):
+        read_environment(TRAINING.values(), {"USE_TIS": "maybe"})
+    with pytest.raises(ConfigError, match=r"^environment variable RETRIEVER_CPUS='0-x' is invalid; accepted: a CPU"):
+        read_environment(WRAPPER.values(), {"RETRIEVER_CPUS": "0-x"})
+
+
+@pytest.mark.parametrize("readme", ["README.md", "README_zh.md"])
+def test_every_launch_variable_is_in_the_readme(readme):
+    text = (ROOT / readme).read_text(encoding="utf-8")
+    knobs = [*TRAINING.values(), *WRAPPER.values()]
+    assert [s.env for s in knobs if not re.search(rf"`{s.env}[`=]", text)] == []  # `NAME` or `NAME=value`
 
 
 @pytest.mark.parametrize("readme", ["README.md", "README_zh.md"])

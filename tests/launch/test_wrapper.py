@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 
 from support.fake_retriever import FakeRetriever
+from support.interrupt import interruptible
+from support.launch_runs import edited_copy
 from support.loopback import free_port, serve_in_thread
 from support.retriever_fixtures import small_wiki_fixture  # noqa: F401
 
@@ -56,8 +58,8 @@ def wrapper_env(tmp_path, small_wiki):
     subprocess.run(["tmux", "kill-server"], env=env, capture_output=True)  # only if a test left it behind
 
 
-def run_wrapper(env, timeout=180) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(WRAPPER)], env=env, capture_output=True, text=True, timeout=timeout)
+def run_wrapper(env, timeout=180, script: Path = WRAPPER) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def port_of(env) -> int:
@@ -246,7 +248,7 @@ def test_ctrl_c_stops_training_and_the_retriever(wrapper_env, tmp_path):
         "    raise SystemExit(130)\n"
     )
     env = {**wrapper_env, "TRAIN_CMD": f"{sys.executable} {training} {started}"}
-    process = subprocess.Popen(["bash", str(WRAPPER)], env=env, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(interruptible(["bash", str(WRAPPER)]), env=env, stderr=subprocess.PIPE, text=True)
     try:
         assert read_when_written(started, process) == "started", process.stderr.read()
         assert retriever_pids(port_of(env))
@@ -288,23 +290,41 @@ def test_a_given_server_is_used_as_it_is_and_the_exit_code_propagates(wrapper_en
         assert still_serving  # left running, untouched
 
 
+def test_the_retrieval_url_in_the_edited_dict_decides_what_starts(wrapper_env, tmp_path):
+    """The wrapper reads RETRIEVAL_SERVER_URL as training does: the dict in generate_with_search.py, then the
+    environment; a non-local URL there is used as it is."""
+    retriever = FakeRetriever()
+    with serve_in_thread(retriever.app, host="127.0.0.2") as url:
+        folder = edited_copy(tmp_path / "search-r1", f'        "local": {{"search_url": "{url}"}},\n')
+        env = {k: v for k, v in wrapper_env.items() if k != "RETRIEVAL_SERVER_URL"}
+        result = run_wrapper({**env, "TRAIN_CMD": "exit 7"}, script=folder / WRAPPER.name)
+        assert result.returncode == 7, result.stderr
+        assert f"using the retrieval server(s) at {url}; none is started here" in result.stderr
+        assert not tmux_server_running(env)
+
+
 @pytest.mark.parametrize(
     "override, message",
     [
         ({"RETRIEVER_INDEX_PATH": "/nonexistent/e5_Flat.index"}, "index not found: /nonexistent/e5_Flat.index"),
         ({"RETRIEVER_CORPUS_PATH": "/nonexistent/wiki-18.jsonl"}, "corpus not found: /nonexistent/wiki-18.jsonl"),
-        ({"RETRIEVER_PYTHON": "/nonexistent/python"}, "retriever Python '/nonexistent/python' not found"),
-        ({"RETRIEVAL_SERVER_URL": "127.0.0.1:8000"}, "is not a URL like http://127.0.0.1:8000"),
-        ({"SEARCH_BACKEND": "google"}, "needs no retrieval server"),
-        ({"RETRIEVER_NUM_THREADS": "0"}, "RETRIEVER_NUM_THREADS=0 is invalid; accepted: a whole number from 1"),
-        ({"RETRIEVER_CPUS": "0-x"}, "RETRIEVER_CPUS=0-x is invalid; accepted: a CPU list for taskset -c"),
+        ({"RETRIEVER_PYTHON": "/nonexistent/python"}, "the retriever's Python '/nonexistent/python' not found"),
+        (
+            {"RETRIEVAL_SERVER_URL": "127.0.0.1:8000"},
+            "RETRIEVAL_SERVER_URL='127.0.0.1:8000' is invalid; accepted: http://host:port[/retrieve]",
+        ),
+        ({"SEARCH_BACKEND": "google"}, "SEARCH_BACKEND=google needs no retrieval server"),
+        ({"RETRIEVER_NUM_THREADS": "0"}, "RETRIEVER_NUM_THREADS='0' is out of range; accepted: >= 1"),
+        ({"RETRIEVER_CPUS": "0-x"}, "RETRIEVER_CPUS='0-x' is invalid; accepted: a CPU list for taskset -c"),
         ({"RETRIEVER_CPUS": "4095"}, "RETRIEVER_CPUS=4095 names no CPU this script may use"),
+        ({"RETRIEVER_PRESET": "tiny"}, "RETRIEVER_PRESET='tiny' is invalid; accepted: none | embedded"),
     ],
 )
 def test_bad_settings_fail_before_anything_starts(wrapper_env, override, message):
     result = run_wrapper({**wrapper_env, **override, "TRAIN_CMD": "exit 0"}, timeout=60)
     assert result.returncode == 1
-    assert message in result.stderr
+    assert result.stderr.startswith("run_qwen2.5_3B_with_retrieval.sh: error: ")
+    assert message in result.stderr and result.stderr.count("\n") == 1  # one line
     assert not tmux_server_running(wrapper_env)
     assert not Path(wrapper_env["LOG_DIR"]).exists()
 
@@ -370,3 +390,24 @@ def test_server_that_dies_at_startup_is_reported_with_its_log(wrapper_env, tmp_p
     assert "the retrieval server exited during startup" in result.stderr
     assert "not recognized" in result.stderr  # FAISS's own error, from the log tail
     assert_all_stopped(env)
+
+
+@pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "no-pidfd"])
+def test_the_wrapper_sees_which_process_exits_first(monkeypatch, pidfds):
+    """What the wrapper waits on (training's pane, the server): pidfds, or /proc on a kernel without them."""
+    from slime_search_r1.launch.with_retrieval import first_to_exit
+
+    if not pidfds:
+        monkeypatch.setattr(
+            os, "pidfd_open", lambda pid: (_ for _ in ()).throw(OSError(38, "Function not implemented"))
+        )
+    waiting = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+               for _ in range(2)]  # fmt: skip
+    try:
+        assert first_to_exit([p.pid for p in waiting], timeout=0) is None
+        waiting[1].stdin.close()  # the second one exits (and stays a zombie until reaped)
+        assert first_to_exit([p.pid for p in waiting]) == waiting[1].pid
+    finally:
+        for process in waiting:
+            process.kill()
+            process.wait()

@@ -347,10 +347,51 @@ def test_a_result_ending_in_a_full_stop_merges_with_the_template_newline(tokeniz
 information_docs = st.lists(content.map(lambda text: f'"Title"\n{text}'), min_size=1, max_size=4)
 
 
+class CountedCuts:
+    """The tokenizer, with every decode counted: information_ids decodes once per attempt at the cut, and each attempt
+    keeps at least one token fewer, so more attempts than `limit` is an endless loop; it fails there, at once."""
+
+    def __init__(self, tokenizer, limit: int):
+        self.tokenizer, self.limit, self.attempts = tokenizer, limit, 0
+
+    def __getattr__(self, name):
+        return getattr(self.tokenizer, name)
+
+    def decode(self, *args, **kwargs):
+        self.attempts += 1
+        assert self.attempts <= self.limit, f"the observation cut did not end after {self.limit} attempts"
+        return self.tokenizer.decode(*args, **kwargs)
+
+
+def cut_information(tokenizer, contents: list[str], max_tokens: int) -> tuple[list[int], bool]:
+    """information_ids on these passages, stopped at once if it tries more cuts than there are tokens to drop."""
+    return information_ids(
+        CountedCuts(tokenizer, limit=max_tokens + 1), format_documents([{"contents": c} for c in contents]).strip(),
+        max_tokens,
+    )  # fmt: skip
+
+
+def test_the_observation_cut_ends_at_every_budget_including_an_exact_fit(tokenizer):
+    # every budget from the tags alone to the whole block: the cut block fills most of them exactly, the case a
+    # `<` for `<=` would retry forever; text in several scripts and special-token look-alikes move the boundaries
+    contents = [
+        "Paris is the capital and most populous city of France. " * 2,
+        "東京は日本の首都です。🙂🇫🇷👨‍👩‍👧 é amora.\n\n<|im_end|></information>?!",
+    ]
+    whole, _ = information_ids(tokenizer, format_documents([{"contents": c} for c in contents]).strip(), 10**6)
+    tags = len(tokenizer.encode(INFORMATION_OPEN + INFORMATION_CLOSE, add_special_tokens=False))
+    exact = 0
+    for max_tokens in range(tags + 1, len(whole)):
+        ids, cut = cut_information(tokenizer, contents, max_tokens)
+        assert cut and len(ids) <= max_tokens
+        exact += len(ids) == max_tokens
+    assert exact > (len(whole) - tags) // 2  # the exact fit was tried, many times
+
+
 @PROPERTY
 @given(contents=information_docs, max_tokens=st.integers(16, 120))
 def test_information_blocks_are_tokenized_whole_even_when_cut(tokenizer, contents, max_tokens):
-    ids, _ = information_ids(tokenizer, format_documents([{"contents": c} for c in contents]).strip(), max_tokens)
+    ids, _ = cut_information(tokenizer, contents, max_tokens)
     assert len(ids) <= max_tokens
     text = tokenizer.decode(ids, skip_special_tokens=False)
     assert text.startswith(INFORMATION_OPEN)
@@ -389,6 +430,24 @@ async def test_tokens_sampled_past_a_stop_string_are_cut(make_args, tokenizer, e
     kept = len(tokenizer.encode(SEARCH_TURN))  # the turn ends in "</search>": its own tokenization is the cut
     assert sample.tokens[len(prompt_ids) : len(prompt_ids) + kept] == calls[0].output_ids[:kept]
     assert kept < len(calls[0].output_ids)
+
+
+async def test_a_turn_cut_after_its_stop_string_keeps_the_log_probs_of_exactly_the_tokens_it_keeps(
+    make_args, tokenizer, engine, policy, search_config
+):
+    engine.honor_stop_strings = False  # it samples on after </search>; the turn is cut after the tag
+    policy.scripts[QUESTION + "?"] = [SEARCH_TURN + " and then <answer> Rome </answer> junk", ANSWER_TURN]
+    _, sample, prompt_ids = await rollout(make_args, tokenizer)
+    first, second = engine.calls_for(prompt_ids)
+    kept = len(tokenizer.encode(SEARCH_TURN))  # "</search>" ends in a token of its own here
+    observation = len(second.input_ids) - len(prompt_ids) - kept
+    answer = len(second.output_ids) - 1  # cut after </answer> too: the EOS sampled after it is dropped
+    assert kept < len(first.output_ids) and observation > 0
+    # position by position: the engine's log prob of each kept token, 0.0 for the observation, then the next turn's
+    assert sample.rollout_log_probs == first.log_probs[:kept] + [0.0] * observation + second.log_probs[:answer]
+    assert sample.loss_mask == [1] * kept + [0] * observation + [1] * answer
+    assert sample.tokens == second.input_ids + second.output_ids[:answer]
+    assert second.input_ids[len(prompt_ids) : len(prompt_ids) + kept] == first.output_ids[:kept]
 
 
 async def test_text_after_the_closing_tag_in_the_same_token_is_kept_and_costs_format(

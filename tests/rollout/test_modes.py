@@ -25,12 +25,14 @@ from support.episodes import (
     CALL,
     CHAT_ANSWER,
     CHAT_WRONG,
+    LONG_THOUGHT,
     MALFORMED,
     QUESTION,
     SEARCH_TURN,
     chat_messages,
     chat_prompt_ids,
     chat_sample,
+    info,
     label,
     rollout,
     run_chat,
@@ -101,6 +103,27 @@ async def test_the_router_modes_are_token_exact(
     assert len(calls) == 2
     assert_faithful(sample, calls, tokenizer, prompt_ids)
     assert await reward_func(args, sample) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("mode", "tracking"), [("generate", "router_radix"), ("chat", "router_radix"), ("chat", "router_handler")]
+)
+async def test_the_router_modes_offer_each_turn_what_is_left_of_the_response_budget(
+    router_args, tokenizer, engine, policy, retriever, search_config, mode, tracking
+):
+    # The router drivers count the response themselves (its tokens come from the router only at the end): the
+    # count runs on across turns, so the second turn is offered the budget less the first turn and its reply.
+    policy.scripts[QUESTION + "?"] = [CALL if mode == "chat" else SEARCH_TURN, LONG_THOUGHT + CHAT_ANSWER]
+    budget = 160
+    sample, prompt_ids = sample_for(mode, tokenizer)
+    sample = await run_chat(router_args(), search_config, mode, tracking=tracking, sample=sample, budget=budget)
+    calls = engine.calls_for(prompt_ids)
+    assert len(calls) == 2
+    for call in calls:
+        assert call.sampling_params["max_new_tokens"] == budget - (len(call.input_ids) - len(prompt_ids))
+    assert sample.status == Sample.Status.TRUNCATED
+    assert info(sample)["finish_reason"] == "token_budget"
+    assert sample.response_length == budget
 
 
 async def test_today_s_slime_router_is_rejected_with_advice(tokenizer, engine, make_args, search_config):

@@ -247,6 +247,26 @@ async def test_an_episode_aborted_at_the_budget_edge_resumes_with_what_is_left(
     assert_resumed_exactly((await run_rollout(args, buffered))[0][0], baseline)
 
 
+@pytest.mark.parametrize("short", [1, 3], ids=["one token short of its stop", "three tokens short"])
+async def test_a_turn_resumed_after_an_abort_is_cut_at_its_stop_string_as_the_uninterrupted_one_is(
+    short, rollout_args, tokenizer, engine, policy, retriever
+):
+    # An engine that samples on past </search>: the turn is cut after the tag, counting the tokens sampled before
+    # the abort (they are the turn's too), so the tokens and log probs kept are the uninterrupted episode's.
+    engine.honor_stop_strings = False
+    policy.scripts[QUESTION + "?"] = [XML_SCRIPT[0] + " and then <answer> Rome </answer> junk", *XML_SCRIPT[1:]]
+    baseline = await baseline_of("generate", rollout_args, tokenizer)
+    args = rollout_args("generate")
+    sampled = len(tokenizer.encode(XML_SCRIPT[0])) - short  # what the first turn had sampled when slime aborted
+    buffered = await rollout_aborted_mid_generation(engine, args, [[new_sample("generate", tokenizer)]], 1, sampled, 0)
+    assert buffered[0][0].status == Sample.Status.ABORTED
+    calls_before = len(engine.calls)
+    resumed = (await run_rollout(args, buffered))[0][0]
+    assert "junk" in tokenizer.decode(engine.calls[calls_before].output_ids)  # the resumed request ran past the tag
+    assert_resumed_exactly(resumed, baseline)
+    assert "Rome" not in resumed.response
+
+
 @pytest.mark.parametrize("mode", MODES)
 async def test_an_episode_aborted_twice_resumes_twice(mode, rollout_args, tokenizer, engine, policy, retriever):
     policy.scripts[QUESTION + "?"] = SCRIPTS[mode]

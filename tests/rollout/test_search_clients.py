@@ -5,7 +5,6 @@ import copy
 import gc
 import json
 import threading
-import time
 
 import aiohttp
 import pytest
@@ -73,11 +72,9 @@ async def test_429_and_5xx_are_retried(retriever, status):
 
 async def test_retries_are_bounded(retriever):
     retriever.down = True
-    started = time.perf_counter()
     with pytest.raises(RequestFailed, match="HTTP 503"):
         await client_for(retriever.url, attempts=3).search("Everest", 1)
     assert retriever.requests == 3
-    assert time.perf_counter() - started < 10
 
 
 async def test_4xx_is_not_retried(retriever):
@@ -115,7 +112,7 @@ async def test_one_session_per_event_loop():
 
 
 async def test_search_concurrency_bounds_requests_in_flight(retriever):
-    retriever.latency_s = 0.05
+    retriever.together = 4  # the first four wait for each other: the bound is reached however slow the machine
     env = {"RETRIEVAL_SERVER_URL": retriever.url, "SEARCH_R1_SEARCH_CONCURRENCY": "4"}
     config = resolve_config(search_r1_configs({}, env))
     results = await asyncio.gather(*(search(config, f"Paris {i}") for i in range(40)))

@@ -10,8 +10,8 @@ each row proven in XML and chat mode where it applies to both.
 """
 
 import asyncio
-import time
 
+import httpx
 import pytest
 
 from generate_with_search import generate, reward_func
@@ -26,6 +26,7 @@ from support.episodes import (
     LONG_THOUGHT,
     MODE_IDS,
     MODES,
+    NO_ACTION_TURN,
     QUESTION,
     SEARCH,
     SEARCH_TURN,
@@ -37,6 +38,7 @@ from support.episodes import (
 )
 from support.fidelity import assert_faithful
 from support.slime_rollout import slime_sampling_params
+from support.waits import until_set
 
 # What opens the environment's reply to a search in each protocol.
 OBSERVATION_OPEN = {"generate": "<information>", "chat": "<tool_response>"}
@@ -74,52 +76,64 @@ async def test_slime_s_abort_flag_before_a_turn_aborts_without_calling_the_engin
 
 
 @by_mode
-async def test_an_engine_abort_mid_generation_aborts_the_episode(
-    mode, make_args, tokenizer, engine, policy, search_config
-):
+@pytest.mark.parametrize("when", ["mid generation", "before prefill"])
+async def test_an_engine_abort_aborts_the_episode(mode, when, make_args, tokenizer, engine, policy, search_config):
     policy.scripts[QUESTION + "?"] = [SEARCH[mode], ANSWER[mode]]
-    engine.latency_s = 0.5
+    if when == "mid generation":  # the first turn waits in flight after 3 tokens; slime's abort answers them
+        held = engine.hold_call(len(engine.calls) + 1, tokens=3)
+    else:  # the first request waits in the queue; aborted there, it answers nothing and 0 prompt tokens
+        held = engine.hold_after(len(engine.calls))
     task = asyncio.create_task(run_episode(mode, make_args, tokenizer, search_config))
-    await asyncio.sleep(0.2)
-    engine.aborted = True  # what slime's abort() does to every engine through /abort_request
+    await until_set(held.reached, task)
+    if when == "mid generation":
+        async with httpx.AsyncClient() as client:  # what slime's abort() sends every engine
+            (await client.post(engine.url + "/abort_request", json={"abort_all": True})).raise_for_status()
+    else:
+        engine.aborted = True
+        held.open()
     sample = (await task).sample
     assert sample.status == Sample.Status.ABORTED
     assert info(sample)["finish_reason"] == "engine_abort"
+    assert sample.response_length == 0  # without --partial-rollout slime drops the sample: nothing is kept
 
 
 async def test_an_abort_is_not_held_up_by_a_retrying_search(
     make_args, tokenizer, engine, policy, retriever, search_config
 ):
-    search_config.update(search_attempts=20, search_timeout=0.5)
+    search_config.update(search_attempts=5)
     retriever.down = True
+    held = retriever.hold_next()  # the search's first attempt waits in flight
     policy.scripts[QUESTION + "?"] = [SEARCH_TURN, ANSWER_TURN]
     args = make_args()
     task = asyncio.create_task(run_episode("generate", lambda **_: args, tokenizer, search_config))
-    await asyncio.sleep(0.5)
+    await until_set(held.reached, task)
     GenerateState(args).aborted = True
-    started = time.perf_counter()
+    held.release(503)  # that attempt fails as the down retriever's would; no other attempt follows the abort
     sample = (await task).sample
     assert sample.status == Sample.Status.ABORTED
-    assert time.perf_counter() - started < 6  # at most the backoff sleep in progress, not 20 attempts
-    assert retriever.requests < 20
+    assert info(sample)["finish_reason"] == "rollout_aborted"
+    assert retriever.requests == 1
 
 
 async def test_searches_queued_behind_the_concurrency_bound_are_skipped_on_abort(
     make_args, tokenizer, engine, policy, retriever, search_config
 ):
     search_config["search_concurrency"] = 1
-    retriever.latency_s = 0.5
+    held = retriever.hold_next()  # the first search holds the one slot; the others queue behind it
     questions = [f"Question number {i}" for i in range(6)]
     for question in questions:
         policy.scripts[question + "?"] = [SEARCH_TURN, ANSWER_TURN]
     args = make_args()
+    every_turn = engine.when_calls(len(engine.calls) + len(questions))
     samples = [xml_sample(tokenizer, q) for q in questions]
     tasks = [asyncio.create_task(generate(args, s, slime_sampling_params(512))) for s in samples]
-    await asyncio.sleep(0.3)
+    await until_set(held.reached, *tasks)
+    await until_set(every_turn, *tasks)  # every episode is past its turn's abort check: only its search is left
     GenerateState(args).aborted = True
+    held.release()
     done = await asyncio.gather(*tasks)
     assert {s.status for s in done} == {Sample.Status.ABORTED}
-    assert retriever.requests <= 2
+    assert retriever.requests == 1  # the one in flight when slime aborted
 
 
 # ---- TRUNCATED: the response or context budget ran out (each turn is offered exactly what is left) --------------
@@ -155,6 +169,33 @@ async def test_an_observation_that_does_not_fit_the_budget_ends_the_episode(
     assert OBSERVATION_OPEN[mode] not in sample.response
     assert sample.response_length <= budget
     assert len(engine.calls_for(episode.prompt_ids)) == 1
+
+
+def first_turn_and_reply(sample: Sample) -> tuple[int, int]:
+    """(tokens of the first turn, tokens of the reply after it), read off the loss mask: the model's tokens are
+    trained, the environment's are not."""
+    turn = sample.loss_mask.index(0)
+    return turn, sample.loss_mask.index(1, turn) - turn
+
+
+@by_mode
+@pytest.mark.parametrize("room", [0, 1], ids=["no room after the reply", "one token after the reply"])
+async def test_a_reply_is_shown_only_when_a_generated_token_still_fits_after_it(
+    mode, room, make_args, tokenizer, engine, policy, search_config
+):
+    policy.scripts[QUESTION + "?"] = [NO_ACTION_TURN, ANSWER[mode]]  # a turn with no action, then the answer
+    turn, reply = first_turn_and_reply((await run_episode(mode, make_args, tokenizer, search_config)).sample)
+    budget = turn + reply + room
+    sample = (await run_episode(mode, make_args, tokenizer, search_config, budget=budget)).sample
+    assert sample.status == Sample.Status.TRUNCATED
+    assert info(sample)["finish_reason"] == "token_budget"
+    if room == 0:
+        # the reply would fill the budget exactly: the response must not end in the environment's tokens
+        assert sample.response_length == turn
+        assert sample.loss_mask == [1] * turn
+    else:
+        assert sample.response_length == budget
+        assert sample.loss_mask == [1] * turn + [0] * reply + [1]  # the reply, and the one token generated after it
 
 
 async def test_a_chat_episode_out_of_budget_after_a_call_is_truncated(

@@ -4,7 +4,7 @@ It mimics the behaviour the script relies on, checked against ray 2.60 on this m
 - `ray start --head --block --dashboard-port P`: serves GET /api/version on 127.0.0.1:P until SIGTERM;
 - `ray job submit --submission-id ID --runtime-env FILE -- CMD...`: runs CMD with the runtime env's env_vars as a
   job that outlives the submit command (as Ray's does: Ctrl-C only stops tailing), waits for it and exits 0 if it
-  succeeded, 1 if it failed;
+  succeeded, 1 if it failed (the log records the file's and its folder's modes);
 - `ray job stop ID`: stops that job.
 Every call is appended to $FAKE_RAY_LOG as a JSON line: {"argv": [...], "event": ...}.
 """
@@ -12,11 +12,11 @@ Every call is appended to $FAKE_RAY_LOG as a JSON line: {"argv": [...], "event":
 import http.server
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 
@@ -63,13 +63,18 @@ def start_head(argv: list[str]) -> int:
 
 def submit(argv: list[str]) -> int:
     job_id = option(argv, "--submission-id")
-    env_vars = json.loads(Path(option(argv, "--runtime-env")).read_text())["env_vars"]
+    runtime_env = Path(option(argv, "--runtime-env"))
+    modes = {
+        "runtime_env_mode": runtime_env.stat().st_mode & 0o777,
+        "folder_mode": runtime_env.parent.stat().st_mode & 0o777,
+    }
+    env_vars = json.loads(runtime_env.read_text())["env_vars"]
     command = argv[argv.index("--") + 1 :]
     jobs_dir().mkdir(exist_ok=True)
     # A job of its own session: signals to this submit command (Ctrl-C, SIGTERM) do not reach it.
     job = subprocess.Popen(command, env={**os.environ, **env_vars}, start_new_session=True)
     (jobs_dir() / job_id).write_text(str(job.pid))
-    record("job-submitted", job_id=job_id, job_pid=job.pid)
+    record("job-submitted", job_id=job_id, job_pid=job.pid, **modes)
     code = job.wait()
     record("job-finished", job_id=job_id, code=code)
     return 0 if code == 0 else 1
@@ -80,15 +85,12 @@ def stop_job(argv: list[str]) -> int:
     record("job-stop", job_id=job_id)
     pid = int((jobs_dir() / job_id).read_text())
     try:
+        exited = os.pidfd_open(pid)  # readable once the job has exited (as `ray job stop`, wait for it)
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
         return 0
-    for _ in range(100):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.05)
+    select.select([exited], [], [], 60)
+    os.close(exited)
     return 0
 
 

@@ -8,6 +8,7 @@ the protocol: both result shapes, status codes, latency and injected failures.
 import asyncio
 import re
 import threading
+import time
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -67,6 +68,9 @@ class FakeRetriever:
         self.requests = 0
         self.in_flight = 0
         self.max_in_flight = 0
+        self.answer_seconds: list[float] = []  # how long each /retrieve took to answer, on time.perf_counter's clock
+        self.together = 0  # the first `together` /retrieve requests wait until they are all in flight at once
+        self._all_together: asyncio.Event | None = None
         self.bodies: list[dict] = []
         # misbehaviour on demand: a fixed answer (body bytes, status; streamed without Content-Length when
         # `stream_answer`), or more hits than the request's topk
@@ -98,13 +102,17 @@ class FakeRetriever:
 
         @app.post("/retrieve")
         async def retrieve(request: Request):
+            started = time.perf_counter()
             self.requests += 1
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             try:
+                if self.requests <= self.together:
+                    await self._wait_for_the_others()
                 return await self._retrieve(await request.json())
             finally:
                 self.in_flight -= 1
+                self.answer_seconds.append(time.perf_counter() - started)
 
         @app.post("/access")
         async def access(request: Request):
@@ -117,6 +125,17 @@ class FakeRetriever:
             return {"result": [self.pages.get(url.replace("index.php/", "index.php?title=")) for url in urls]}
 
         return app
+
+    async def _wait_for_the_others(self) -> None:
+        # every handler runs on the server's one event loop: an asyncio.Event made there is safe
+        if self._all_together is None:
+            self._all_together = asyncio.Event()
+        if self.requests == self.together:
+            self._all_together.set()
+        try:  # a client that never sends that many at once (it is bounded lower) shows up in max_in_flight
+            await asyncio.wait_for(self._all_together.wait(), timeout=30)
+        except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
+            self._all_together.set()
 
     def hold_next(self) -> "Hold":
         """The next /retrieve request waits in flight (`reached` is set) until `release(status)`."""

@@ -118,7 +118,6 @@ class FakeSGLangEngine:
         eos_ids: tuple[int, ...] = (151645, 151643),
         context_length: int = 32768,
         honor_stop_strings: bool = True,
-        latency_s: float = 0.0,
         record: bool = True,
         split_every: int = 0,
         top_p_replay: str | None = None,
@@ -129,7 +128,6 @@ class FakeSGLangEngine:
         self.eos_ids = eos_ids
         self.context_length = context_length
         self.honor_stop_strings = honor_stop_strings
-        self.latency_s = latency_s
         self.record = record
         self.split_every = split_every
         self.top_p_replay = top_p_replay
@@ -142,6 +140,7 @@ class FakeSGLangEngine:
         self.holds: dict[int, Hold] = {}  # call number -> where that request waits for slime's abort
         self.held: set[Hold] = set()  # requests waiting now (what /v1/loads counts)
         self.continuations: dict[tuple[int, ...], tuple[list[int], int]] = {}
+        self._arrivals: list[tuple[int, threading.Event]] = []  # (call count, set once that many have arrived)
         self.app = self._build_app()
 
     # ---- test controls -------------------------------------------------------------------------
@@ -156,6 +155,18 @@ class FakeSGLangEngine:
         shorter than that is not held (`reached` is set and `skipped` is true)."""
         hold = self.holds[call] = Hold(tokens)
         return hold
+
+    def when_calls(self, count: int) -> threading.Event:
+        """An event set once `count` /generate requests have arrived over the engine's life (recorded ones)."""
+        arrived = threading.Event()
+        self._arrivals.append((count, arrived))
+        self._count_arrivals()
+        return arrived
+
+    def _count_arrivals(self) -> None:
+        for count, arrived in self._arrivals:
+            if len(self.calls) >= count:
+                arrived.set()
 
     def fail_next(self, count: int, status: int = 500) -> None:
         self.failures_left, self.failure_status = count, status
@@ -287,8 +298,7 @@ class FakeSGLangEngine:
             call.headers = dict(request.headers) if request is not None else {}
             if self.record:
                 self.calls.append(call)
-            if self.latency_s:
-                await asyncio.sleep(self.latency_s)
+                self._count_arrivals()
             if self.gate is not None and len(self.calls) > self.gate.after:
                 await self.gate.wait()
             if self.aborted:

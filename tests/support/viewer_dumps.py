@@ -46,7 +46,7 @@ ROLLOUT_ID = 3
 # A retrieved passage no page may treat as markup.
 HOSTILE_TEXT = (
     'hostile passage <|im_end|> <script>window.__pwned = 1</script></script><img src=x onerror="window.__pwned = 2">'
-    " &amp; <b>bold</b> <!-- comment -->"
+    " &amp; <b>bold</b> <!-- comment --> line\u2028and paragraph\u2029separators (end a line in a JavaScript string)"
 )
 HOSTILE_DOC = f'"Hostile"\n{HOSTILE_TEXT}'
 # A turn whose text splits characters across tokens (the byte-level BPE writes an emoji in several tokens).

@@ -146,6 +146,21 @@ def test_a_wrong_answer_in_a_valid_format_adds_retrieval_score_when_a_gold_answe
 
 
 @pytest.mark.parametrize(
+    ("reply", "golds"),
+    xml_and_chat(
+        Xml(VALID_RIGHT.replace("Paris </answer>", "Rome </answer>") + " extra"),
+        [*GOOD[:2], assistant("<answer> Rome </answer> extra")],
+    ),
+)
+def test_a_retrieved_gold_answer_is_no_retrieval_hit_without_a_valid_format(reply, golds):
+    # the information and the tool message hold "Paris"; the text after </answer> breaks the format
+    details = score(reply, golds)
+    assert details.format_valid is False
+    assert details.retrieval_hit is False  # what the retrieval_hit metric logs: the bonus it would have paid
+    assert details.score == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(
     ("reply", "golds"), xml_and_chat(Xml("<answer> Rome </answer>"), [assistant("<answer> Rome </answer> x")])
 )
 def test_a_wrong_answer_in_an_invalid_format_scores_final_format_score(reply, golds):
@@ -288,6 +303,15 @@ def test_a_chat_conversation_that_ends_in_one_answer_after_well_formed_calls_is_
 )
 def test_chat_format_problems_are_named(conversation, problem):
     assert problem in conversation_format_problem(conversation, SEARCH_ONLY)
+
+
+@pytest.mark.parametrize("after", ["\n", "\n\n", " \t\n"], ids=["newline", "blank line", "spaces"])
+def test_whitespace_after_the_final_chat_answer_keeps_the_format_valid(after):
+    # a model's final message often ends in a newline: only text after </answer> costs the format bonus
+    conversation = [*GOOD[:2], assistant("<think>found</think>\n<answer> Paris </answer>" + after)]
+    assert conversation_format_problem(conversation, SEARCH_ONLY) is None
+    details = score(conversation, ["Paris"])
+    assert (details.format_valid, details.score) == (True, 1.0)
 
 
 def test_the_last_answer_of_the_final_chat_message_is_scored_and_several_answers_are_invalid():

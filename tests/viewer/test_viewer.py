@@ -211,7 +211,10 @@ def test_nothing_from_a_sample_can_end_its_script_block(viewer_dumps, runs, toke
     assert "<img" not in page and "<b>bold" not in page
     for block in re.findall(r'<script type="application/json" id="[^"]+">(.*?)</script>', page, re.DOTALL):
         json.loads(block)
-    assert script_json("</script><!--\u2028") == '"\\u003c/script\\u003e\\u003c!--\\u2028"'
+    # the passage's line and paragraph separators are in the data, escaped: never raw in a script block
+    assert "\u2028" not in page and "\u2029" not in page
+    assert "line\\u2028and paragraph\\u2029separators" in page
+    assert script_json("</script><!--\u2028\u2029&") == '"\\u003c/script\\u003e\\u003c!--\\u2028\\u2029\\u0026"'
 
 
 def test_only_the_page_s_own_script_may_run(runs, tokenizer):
@@ -323,7 +326,7 @@ def test_the_command_runs_without_slime(viewer_dumps, tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=280,  # only against a hang (under pytest's 300 s): torch and transformers load slowly when busy
     )
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "index.html").stat().st_size > 10_000

@@ -1,0 +1,166 @@
+"""The approximate layout the load benchmark serves beside Flat (`bench/retriever_load.py --layout`): chosen by the
+index tuner on the same corpus (recall only, real FanOutQA questions as queries), or named; built once from the
+corpus's Flat index and cached beside it; and its recall@3 against Flat on those questions.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from local_dense_retriever.demo import embedded_default, mini_wiki  # noqa: E402
+
+# HNSW with full vectors and with 8-bit codes: the candidates worth serving on a CPU node (IVF at the same recall
+# searched 3-10x slower here); the tuner's full default list (IVF Flat/SQ8/PQ too) runs in bench/retriever_layouts.py.
+BENCH_CANDIDATES = ["HNSW32:efSearch=64/128/256", "HNSW32,SQ8:efSearch=128/256/512"]
+THRESHOLD = 0.99
+
+
+def fanoutqa_questions_file(cache_dir: Path) -> Path:
+    """All 2,193 FanOutQA dev sub-questions, one per line (the tuner's --queries)."""
+    path = cache_dir / "fanoutqa_questions.txt"
+    if not path.exists():
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        questions = dict.fromkeys(sub["question"].strip() for sub in mini_wiki.fanoutqa_sub_questions())
+        path.write_text("\n".join(questions) + "\n")
+    return path
+
+
+def tuned_layout(flat_index: Path, corpus_path: Path, model_dir: Path, cache_dir: Path) -> tuple[str, dict]:
+    """The tuner's recommendation on this corpus (cached): in-process recall and speed, no servers."""
+    from local_dense_retriever.building.tuner import TuneConfig, tune, write_report
+
+    out_dir = flat_index.parent / "tuning"
+    manifest = {"index": str(flat_index), "mtime": flat_index.stat().st_mtime, "candidates": BENCH_CANDIDATES}
+    cached = out_dir / "bench_tuning.json"
+    if cached.exists():
+        earlier = json.loads(cached.read_text())
+        if earlier.get("manifest") == manifest and earlier.get("recommended"):
+            return earlier["recommended"], earlier
+    config = TuneConfig(
+        index_path=str(flat_index),
+        corpus_path=str(corpus_path),
+        retriever_name=embedded_default.RETRIEVER_NAME,
+        retriever_model=str(model_dir),
+        max_length=embedded_default.MAX_LENGTH,
+        queries_path=str(fanoutqa_questions_file(cache_dir)),
+        num_queries=2000,
+        threshold=THRESHOLD,
+        candidates=BENCH_CANDIDATES,
+        out_dir=str(out_dir),
+        serve="none",
+        keep=False,
+    )
+    report = tune(config)
+    write_report(report, out_dir, f"bench/approximate_layouts.py on {flat_index}")
+    if report.recommended is None:
+        raise RuntimeError(f"no candidate kept recall@3 >= {THRESHOLD} on {flat_index}: see {out_dir / 'tuning.md'}")
+    rows = [{"layout": r.layout, "recall": r.recall, "search_qps": r.search_qps} for r in report.rows]
+    data = {"manifest": manifest, "recommended": report.recommended, "rows": rows}
+    cached.write_text(json.dumps(data, indent=1))
+    return report.recommended, data
+
+
+def layout_index(flat_index: Path, spec: str) -> Path:
+    """The layout built from the Flat index's vectors, with its search parameters, cached beside it."""
+    from local_dense_retriever.building.layouts import build_layout, write_index
+    from local_dense_retriever.retrieval.index_files import FlatVectors
+    from local_dense_retriever.retrieval.layouts import parse_layout
+
+    layout = parse_layout(spec)
+    path = flat_index.with_name(f"minilm_{layout.factory.replace(',', '_')}.index")
+    stamp = path.with_suffix(".json")
+    manifest = {"flat": str(flat_index), "mtime": flat_index.stat().st_mtime, "factory": layout.factory}
+    if not (path.exists() and stamp.exists() and json.loads(stamp.read_text()) == manifest):
+        built = build_layout(FlatVectors(flat_index), layout)
+        write_index(built.index, path)
+        stamp.write_text(json.dumps(manifest))
+        print(f"  built {layout.factory} over {flat_index.parent.name} in {built.seconds:.0f} s", flush=True)
+    return path
+
+
+def recall_against_flat(model_dir: Path, flat_index: Path, approximate: Path, params: str, questions: list[str]):
+    """recall@3 of the approximate index against Flat on the questions (encoded once by the real MiniLM)."""
+    import faiss
+
+    from local_dense_retriever.building.layouts import set_search_params
+    from local_dense_retriever.building.tuner import recall_at
+    from local_dense_retriever.retrieval.encoders import TextEncoder
+
+    encoder = TextEncoder(str(model_dir), retriever_name=embedded_default.RETRIEVER_NAME, device="cpu", dtype="fp32")
+    vectors = np.concatenate([encoder.encode_queries(questions[i : i + 256]) for i in range(0, len(questions), 256)])
+    flat = faiss.read_index(str(flat_index), faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY)
+    index = faiss.read_index(str(approximate))
+    set_search_params(index, params)
+    return recall_at(index.search(vectors, 3)[1], flat.search(vectors, 3)[1], 3)
+
+
+def prepare(choice: str, size: str, flat_index: Path, corpus_path: Path, model_dir: Path, questions: list[str],
+            cache_dir: Path) -> dict:  # fmt: skip
+    """Server flags of the layout for this corpus (`choice`: "tuned" or a spec), and its recall@3 against Flat."""
+    from local_dense_retriever.retrieval.layouts import parse_layout
+
+    tuning = None
+    spec = choice
+    if choice == "tuned":
+        spec, tuning = tuned_layout(flat_index, corpus_path, model_dir, cache_dir)
+    layout = parse_layout(spec)
+    path = layout_index(flat_index, spec)
+    recall = recall_against_flat(model_dir, flat_index, path, layout.params, questions)
+    print(
+        f"  {size}: layout {spec} ({'tuned' if tuning else 'named'}), recall@3 against Flat {recall:.4f}", flush=True
+    )
+    flags = embedded_default.server_flags(model_dir, path, corpus_path, topk=3)
+    flags += ["--faiss_search_params", layout.params] if layout.params else []
+    return {"spec": spec, "tuned": tuning is not None, "recall_at_3": recall, "flags": flags,
+            "bytes": path.stat().st_size, "flat_bytes": flat_index.stat().st_size}  # fmt: skip
+
+
+TARGET_OVER_FLAT = 4.0  # layout QPS over Flat's at the same size, 256 clients
+TARGET_OF_10K = 0.6  # layout QPS at this size over the Flat server's at 10k, 256 clients
+
+
+def render(layouts: dict[str, dict], runs: list, clients: int = 256) -> str:
+    """The layout beside Flat per corpus, and the issue's targets (at `clients`)."""
+    if not layouts:
+        return ""
+    points = {(run.mode, point.size, point.concurrency): point for run in runs for point in run.points}
+    lines = [
+        "",
+        "Approximate layout beside Flat (the `layout` rows above: the index tuner's choice on that corpus, recall "
+        "only, FanOutQA's 2,193 dev sub-questions as queries; recall@3 against Flat on the same questions):",
+        "",
+        "| corpus | layout | recall@3 vs Flat | index MB (Flat MB) | clients | layout QPS | Flat QPS | layout / Flat "
+        "| layout p50 / p99 ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    checks = []
+    for size, info in layouts.items():
+        for concurrency in sorted({c for (mode, s, c) in points if mode == "layout" and s == size}):
+            layout, flat = points[("layout", size, concurrency)], points.get(("on", size, concurrency))
+            ratio = f"{layout.qps / flat.qps:.1f}x" if flat and flat.qps else ""
+            lines.append(
+                f"| {size} | {info['spec']} | {info['recall_at_3']:.4f} | {info['bytes'] / 2**20:.0f} "
+                f"({info['flat_bytes'] / 2**20:.0f}) | {concurrency} | {layout.qps:.1f} "
+                f"| {flat.qps if flat else float('nan'):.1f} | {ratio} | {layout.p50_ms:.0f} / {layout.p99_ms:.0f} |"
+            )
+        layout, flat = points.get(("layout", size, clients)), points.get(("on", size, clients))
+        small = points.get(("on", "10k", clients))
+        if layout and flat:
+            met = layout.qps >= TARGET_OVER_FLAT * flat.qps
+            ratio = layout.qps / flat.qps
+            checks.append(f"{'PASS' if met else 'FAIL'}: {size}, {clients} clients: layout >= {TARGET_OVER_FLAT}x "
+                          f"Flat's QPS: {layout.qps:.1f} vs {flat.qps:.1f} ({ratio:.1f}x)")  # fmt: skip
+        if layout and small and size != "10k":
+            met = layout.qps >= TARGET_OF_10K * small.qps
+            checks.append(f"{'PASS' if met else 'FAIL'}: {size}, {clients} clients: layout >= {TARGET_OF_10K:.0%} of "
+                          f"the server's QPS at 10k: {layout.qps:.1f} vs {small.qps:.1f} "
+                          f"({layout.qps / small.qps:.0%})")  # fmt: skip
+        met = info["recall_at_3"] >= THRESHOLD
+        checks.append(f"{'PASS' if met else 'FAIL'}: {size}: recall@3 >= {THRESHOLD} against Flat: "
+                      f"{info['recall_at_3']:.4f}")  # fmt: skip
+    return "\n".join(lines + [""] + [f"- {check}" for check in checks]) + "\n"

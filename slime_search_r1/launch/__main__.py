@@ -1,0 +1,51 @@
+"""python -m slime_search_r1.launch PLUGIN [--dry-run] [--help] [train.py flags] -- <the script's slime flags>
+
+What run_qwen2.5_3B.sh calls once its flag arrays are written: resolve every value (command.py), check it, then
+print the commands (a dry run, printed.py) or run them (ray_job.py). Errors and warnings go to stderr, one line
+each, naming the setting or flag; a missing path is a warning in a dry run and an error in a real run.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+from slime_search_r1.launch import printed, ray_job
+from slime_search_r1.launch.command import missing_paths, resolve_launch
+from slime_search_r1.launch.knobs import TRAINING, help_table
+from slime_search_r1.settings import ConfigError
+
+USAGE = """usage: bash run_qwen2.5_3B.sh [--dry-run] [--help] [more train.py flags: appended, so the last one wins]
+
+The slime flags are the script's arrays. The plugin's settings: SEARCH_R1_CONFIGS in generate_with_search.py and
+their environment variables (python -m slime_search_r1.launch_check --list). The launch's own variables:
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    plugin, rest = Path(argv[0]), argv[1:]
+    split = len(rest) - rest[::-1].index("--") - 1 if "--" in rest else len(rest)  # the script's flags come last
+    user_args, script_args = rest[:split], rest[split + 1 :]
+    if {"-h", "--help"} & set(user_args):
+        print(USAGE + help_table(TRAINING))
+        return 0
+    dry_run = "--dry-run" in user_args
+    user_args = [arg for arg in user_args if arg != "--dry-run"]
+    try:
+        launch = resolve_launch(plugin, script_args, user_args, os.environ, dry_run)
+        missing = missing_paths(launch)
+        if missing and not launch.knobs.dry_run:
+            raise ConfigError(f"{missing[0]} (set the variable or flag that names it: see --help)")
+        for warning in [*launch.warnings, *missing]:
+            print(f"{ray_job.PROG}: warning: {warning}", file=sys.stderr)
+        if launch.knobs.dry_run:
+            sys.stdout.write(printed.dry_run(launch))
+            return 0
+        return ray_job.run(launch)
+    except (ConfigError, OSError, SyntaxError) as exc:
+        print(f"{ray_job.PROG}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

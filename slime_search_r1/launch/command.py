@@ -1,0 +1,226 @@
+"""What run_qwen2.5_3B.sh launches, decided once: the values (the plugin's settings and the launch knobs, each with
+where it came from), the flags they add to the script's slime flags, the checks, and the Ray runtime env.
+
+The train.py command is, in this order: the cluster flags, MODEL_ARGS, the script's arrays, the flags the values
+imply (below), EXTRA_TRAIN_ARGS, then the script's own arguments; slime's parser keeps the last of a repeated
+flag, so what the user appends wins.
+"""
+
+import argparse
+import functools
+import os
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slime_search_r1.launch.knobs import TRAINING
+from slime_search_r1.launch.checks import check_plugin, configs_from_source
+from slime_search_r1.settings import (
+    SETTINGS,
+    ConfigError,
+    SearchR1Config,
+    SearchR1Configs,
+    Section,
+    read_environment,
+    resolve_config,
+    search_r1_configs,
+)
+from slime_search_r1.slime_flags import DEFAULT_ROLLOUT, FULLY_ASYNC_ROLLOUT
+
+# Plugin settings that change the command: the job gets the resolved value, so it trains the mode the flags are for.
+FLAG_SHAPING = ("llm_api_mode",)
+EVAL_NAME = "search_r1_test"
+EVAL_INTERVAL = 25
+SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+
+
+@dataclass
+class Launch:
+    plugin: Path
+    configs: SearchR1Configs  # SEARCH_R1_CONFIGS as resolved (with where each value came from)
+    config: SearchR1Config
+    knobs: Section
+    knob_sources: dict[str, str]
+    model_args: list[str]
+    train_args: list[str]  # every train.py flag
+    entry: list[str]  # python and slime's train.py / train_async.py
+    runtime_env: dict[str, str]
+    secret_names: set[str]
+    warnings: list[str] = field(default_factory=list)
+
+    @functools.cached_property
+    def flags(self) -> argparse.Namespace:
+        return read_flags(self.train_args)
+
+
+def read_flags(train_args: list[str]) -> argparse.Namespace:
+    """The slime flags the launcher itself reads (the last of a repeated flag, as slime's parser keeps)."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    for flag in ("--hf-checkpoint", "--ref-load", "--load", "--save", "--prompt-data", "--custom-config-path"):
+        parser.add_argument(flag)
+    parser.add_argument("--eval-prompt-data", nargs="+")
+    for flag in ("--rollout-num-gpus-per-engine", "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
+                 "--context-parallel-size"):  # fmt: skip
+        parser.add_argument(flag, type=int, default=1)
+    parser.add_argument("--apply-chat-template", action="store_true")
+    try:
+        return parser.parse_known_args(train_args)[0]
+    except argparse.ArgumentError as exc:
+        raise ConfigError(f"train.py's flags: {exc}") from None
+
+
+def read_model_args(path: str) -> list[str]:
+    """MODEL_ARGS as the bash file sets it (slime's scripts/models/*.sh)."""
+    script = 'source "$1" >&2 && printf "%s\\0" "${MODEL_ARGS[@]}"'
+    result = subprocess.run(["bash", "-c", script, "bash", path], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ConfigError(f"MODEL_ARGS_FILE={path} failed in bash: {result.stderr.strip()[-500:]}")
+    return result.stdout.split("\0")[:-1]
+
+
+def cluster_flags(knobs: Section) -> list[str]:
+    """Colocated on every GPU, or (ASYNC_MODE=fully) training and rollout on GPUs of their own."""
+    if knobs.async_mode == "fully":
+        return ["--actor-num-nodes", "1", "--actor-num-gpus-per-node", str(knobs.actor_gpus),
+                "--rollout-num-gpus", str(knobs.rollout_gpus), "--num-gpus-per-node", str(knobs.num_gpus)]  # fmt: skip
+    gpus = str(knobs.num_gpus)
+    return ["--actor-num-nodes", "1", "--actor-num-gpus-per-node", gpus, "--num-gpus-per-node", gpus, "--colocate"]
+
+
+def implied_flags(knobs: Section, config: SearchR1Config) -> list[str]:
+    """The flags the values imply."""
+    flags = []
+    if knobs.async_mode == "fully":
+        # slime evaluates with the rollout function unless told otherwise, and the fully-async one cannot
+        flags += ["--rollout-function-path", FULLY_ASYNC_ROLLOUT, "--eval-function-path", DEFAULT_ROLLOUT]
+    if config.llm_api_mode == "chat":
+        flags += ["--tool-key", "tools", "--eval-tool-key", "tools"]  # prompts stay message lists
+    else:
+        flags += ["--apply-chat-template"]  # XML tags on the templated prompt, as Search-R1
+    if knobs.eval_prompt_data:
+        flags += ["--eval-interval", str(EVAL_INTERVAL), "--eval-prompt-data", EVAL_NAME, knobs.eval_prompt_data]
+    if knobs.dump_dir:  # slime fills {rollout_id} (eval_<id> for evaluations); the layout is its --dump-details one
+        flags += ["--save-debug-rollout-data", f"{knobs.dump_dir}/rollout_data/{{rollout_id}}.pt"]
+        if knobs.dump_train_data:
+            flags += ["--save-debug-train-data", f"{knobs.dump_dir}/train_data/{{rollout_id}}.pt"]
+    if knobs.use_tis:
+        flags += ["--use-tis", "--custom-config-path", knobs.tis_config_path,
+                  "--custom-tis-function-path", knobs.tis_function_path]  # fmt: skip
+    if knobs.use_wandb:
+        flags += ["--use-wandb"]
+    return flags
+
+
+def check_gpu_split(knobs: Section, flags: argparse.Namespace, sources: dict[str, str]) -> list[str]:
+    """ASYNC_MODE=fully: the split must add up and suit the engines and Megatron; returns warnings."""
+    if knobs.async_mode != "fully":
+        if any(sources[key].startswith("environment") for key in ("actor_gpus", "rollout_gpus")):
+            return ["ACTOR_GPUS and ROLLOUT_GPUS apply with ASYNC_MODE=fully only; ASYNC_MODE=off colocates training "
+                    "and rollout on all NUM_GPUS"]  # fmt: skip
+        return []
+    actor, rollout = knobs.actor_gpus, knobs.rollout_gpus
+    if actor + rollout != knobs.num_gpus:
+        raise ConfigError(
+            f"ACTOR_GPUS={actor} + ROLLOUT_GPUS={rollout} is {actor + rollout} GPUs, but NUM_GPUS={knobs.num_gpus}; "
+            "accepted: ACTOR_GPUS + ROLLOUT_GPUS = NUM_GPUS (training and rollout each on GPUs of their own)"
+        )
+    per_engine = flags.rollout_num_gpus_per_engine
+    if rollout % per_engine:
+        raise ConfigError(
+            f"ROLLOUT_GPUS={rollout} is not a multiple of --rollout-num-gpus-per-engine {per_engine}; accepted: "
+            f"a multiple of {per_engine}"
+        )
+    model_parallel = flags.tensor_model_parallel_size * flags.pipeline_model_parallel_size
+    model_parallel *= flags.context_parallel_size
+    if actor % model_parallel:
+        raise ConfigError(
+            f"ACTOR_GPUS={actor} is not a multiple of Megatron's tensor x pipeline x context parallel size "
+            f"{model_parallel}; accepted: a multiple of {model_parallel}"
+        )
+    return []
+
+
+def missing_paths(launch: Launch) -> list[str]:
+    """What a real run would miss: one line each (a dry run only warns)."""
+    flags, knobs = launch.flags, launch.knobs
+    wanted = [("slime's " + Path(launch.entry[1]).name + " (SLIME_DIR)", launch.entry[1]),
+              ("model architecture flags (MODEL_ARGS_FILE)", knobs.model_args_file),
+              ("Hugging Face checkpoint (--hf-checkpoint)", flags.hf_checkpoint),
+              ("Megatron reference checkpoint (--ref-load)", flags.ref_load),
+              ("checkpoint to resume (--load)", flags.load),
+              ("training data (--prompt-data)", flags.prompt_data),
+              ("TIS config (--custom-config-path)", flags.custom_config_path if knobs.use_tis else None)]  # fmt: skip
+    eval_data = flags.eval_prompt_data or []
+    wanted += [("evaluation data (--eval-prompt-data)", path) for path in eval_data[1::2]]
+    # slime's path@[start:end] reads a slice of the file
+    found = [(what, re.sub(r"@\[[^]]*\]$", "", path)) for what, path in wanted if path]
+    return [f"{what} not found: {path}" for what, path in found if not os.path.exists(path)]
+
+
+def runtime_env(knobs: Section, config: SearchR1Config, plugin_dir: Path, environ) -> tuple[dict[str, str], set]:
+    """The job's environment: the paths slime and the plugin import from, every plugin variable that is set, the
+    flag-shaping settings as resolved, the wandb key, and EXTRA_RUNTIME_ENV_VARS. Returns it and its secrets."""
+    paths = [knobs.megatron_path, str(plugin_dir), knobs.slime_dir, *environ.get("PYTHONPATH", "").split(":")]
+    env = {"PYTHONPATH": ":".join(dict.fromkeys(p for p in paths if p)), "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+           "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    secrets = set()
+    for setting in SETTINGS.values():
+        if setting.env and environ.get(setting.env):
+            env[setting.env] = environ[setting.env]
+        if setting.secret and setting.env:
+            secrets.add(setting.env)
+    for key in FLAG_SHAPING:
+        env[SETTINGS[key].env] = str(config_value(config, key))
+    wandb_key = environ.get("WANDB_API_KEY") or environ.get("WANDB_KEY")
+    if wandb_key:
+        env["WANDB_API_KEY"] = wandb_key
+    for name in (knobs.extra_runtime_env_vars or "").replace(",", " ").split():
+        if environ.get(name):
+            env[name] = environ[name]
+    secrets |= {name for name in env if SECRET_NAME.search(name)}
+    return env, secrets
+
+
+def config_value(config: SearchR1Config, key: str):
+    section, _, name = key.rpartition(".")
+    return getattr(getattr(config, section) if section else config, name)
+
+
+def resolve_launch(plugin: Path, script_args: list[str], user_args: list[str], environ, dry_run: bool) -> Launch:
+    """Every value, flag and check of one launch; raises ConfigError on the first thing that cannot work."""
+    knobs, knob_sources = read_environment(TRAINING.values(), {**environ, "DRY_RUN": "1"} if dry_run else environ)
+    if dry_run:
+        knob_sources["dry_run"] = "--dry-run"
+    warnings = []
+    try:
+        user_dict = configs_from_source(plugin)
+    except ConfigError as exc:
+        if not knobs.skip_plugin_check:
+            raise
+        warnings.append(f"{exc}; SKIP_PLUGIN_CHECK is set, so the flags follow the environment and the defaults")
+        user_dict = {}
+    configs = search_r1_configs(user_dict, environ)
+    config = resolve_config(configs)
+    model_args = read_model_args(knobs.model_args_file) if os.path.isfile(knobs.model_args_file) else []
+    extra = shlex.split(knobs.extra_train_args or "")
+    train_args = [*cluster_flags(knobs), *model_args, *script_args, *implied_flags(knobs, config), *extra, *user_args]
+    entry = [knobs.python_bin, f"{knobs.slime_dir}/{'train_async.py' if knobs.async_mode == 'fully' else 'train.py'}"]
+    env, secrets = runtime_env(knobs, config, plugin.parent, environ)
+    launch = Launch(
+        plugin, configs, config, knobs, knob_sources, model_args, train_args, entry, env, secrets, warnings
+    )
+    flags = launch.flags
+    if config.llm_api_mode == "chat" and flags.apply_chat_template:
+        raise ConfigError(
+            "--apply-chat-template with LLM_API_MODE=chat: chat mode keeps each prompt a message list (it adds "
+            "--tool-key tools); accepted: without --apply-chat-template"
+        )
+    warnings += check_gpu_split(knobs, flags, knob_sources)
+    if knobs.skip_plugin_check:
+        warnings.append("SKIP_PLUGIN_CHECK is set: the slime flags are checked against the settings only at the "
+                        "first sample")  # fmt: skip
+    else:
+        warnings += check_plugin(config, train_args, knobs.legacy_slime_router)
+    return launch

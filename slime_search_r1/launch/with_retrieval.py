@@ -1,0 +1,309 @@
+"""python -m slime_search_r1.launch.with_retrieval PLUGIN: the retrieval server and training side by side in one tmux
+session, stopped together (what run_qwen2.5_3B_with_retrieval.sh runs).
+
+1. checks tmux, the settings and, when it starts a server, the server itself (its Python and modules, the index
+   and corpus files, the port: local_dense_retriever.serving.launcher.preflight) before anything starts;
+2. starts the retrieval server (a child of this process, stopped by its PID) and shows its log in tmux window
+   "retriever"; waits until it is ready (GET /health, RETRIEVER_STARTUP_TIMEOUT);
+3. starts training (TRAIN_CMD) in window "training", its output also in a log;
+4. waits for training to exit, or for the server to die; on exit, Ctrl-C or SIGTERM it stops exactly what it
+   started (training first, by Ctrl-C in its window, then the server) and exits with training's exit code (1 if
+   the server died first).
+The retrieval URL and the search backend are the plugin's settings, resolved as training resolves them (the dict in
+generate_with_search.py, then the environment): one local URL gets a server started here; a non-local URL, several
+URLs or START_RETRIEVER=0 are used as they are. Watch it with: tmux attach -t slime-search-r1
+"""
+
+import errno
+import json
+import os
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from local_dense_retriever.serving.launcher import PreflightError, ServerProcess, preflight, server_ready
+from slime_search_r1.launch.checks import configs_from_source
+from slime_search_r1.launch.knobs import REPO, WRAPPER, help_table
+from slime_search_r1.launch.signals import Stopped, ignore_signals, stop_on_signals
+from slime_search_r1.settings import ConfigError, Section, read_environment, resolve_config, search_r1_configs
+
+PROG = "run_qwen2.5_3B_with_retrieval.sh"
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+USAGE = (f"usage: bash {PROG} [--help]\n\n" + __doc__.split("\n\n", 1)[1].split("The retrieval URL")[0]
+         + "Variables (RETRIEVAL_SERVER_URL and the plugin's other settings apart):\n")  # fmt: skip
+
+
+class Failed(Exception):
+    """Stop with exit code 1 and this message."""
+
+
+def info(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+def log_tail(path: Path, lines: int = 30) -> None:
+    text = path.read_text(errors="replace") if path.exists() else ""
+    print(f"---- last lines of {path} ----", *text.splitlines()[-lines:], "----", sep="\n", file=sys.stderr)
+
+
+def first_to_exit(pids: list[int], timeout: float | None = None) -> int | None:
+    """The first of `pids` to exit, waiting on their pidfds (an event, not a polling loop); None after `timeout`."""
+    fds: dict[int, int] = {}
+    try:
+        for pid in pids:
+            try:
+                fds[os.pidfd_open(pid)] = pid
+            except ProcessLookupError:
+                return pid
+            except OSError as exc:  # a kernel before 5.3 has no pidfds: look twice a second instead
+                if exc.errno != errno.ENOSYS:
+                    raise
+                return _first_to_exit_polling(pids, timeout)
+        ready = select.select(list(fds), [], [], timeout)[0]
+        return fds[ready[0]] if ready else None
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _first_to_exit_polling(pids: list[int], timeout: float | None) -> int | None:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        for pid in pids:
+            try:  # gone, or a zombie (our own child, the server, until it is reaped)
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                    return pid
+            except FileNotFoundError:
+                return pid
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+        time.sleep(0.5)
+
+
+class Tmux:
+    def __init__(self, knobs: Section):
+        self.prefix = ["tmux", *(["-L", knobs.tmux_socket] if knobs.tmux_socket else [])]
+        self.session = knobs.tmux_session
+        self.created = False
+
+    def run(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*self.prefix, *args], capture_output=True, text=True)
+
+    def window(self, name: str, command: str) -> int:
+        """A window running `command` (a shell line) in the session, created with it if needed; its pane's PID."""
+        where = ["new-window", "-t", f"{self.session}:"] if self.created else ["new-session", "-s", self.session]
+        made = self.run(*where, "-d", "-P", "-F", "#{pane_pid}", "-n", name, "-c", os.getcwd(), command)
+        if made.returncode != 0:
+            raise Failed(f"tmux could not open window '{name}': {made.stderr.strip()}")
+        self.created = True
+        return int(made.stdout.strip())
+
+    def attach_hint(self) -> str:
+        return shlex.join([*self.prefix, "attach", "-t", self.session])
+
+
+def retrieval_bases(plugin: Path, environ) -> list[str]:
+    """The plugin's retrieval URL(s) without /retrieve; refuses a backend that needs no retrieval server."""
+    configs = search_r1_configs(configs_from_source(plugin), environ)
+    if configs["search_backend"] != "local":
+        raise Failed(f"SEARCH_BACKEND={configs['search_backend']} needs no retrieval server; run run_qwen2.5_3B.sh "
+                     "directly")  # fmt: skip
+    return [url.removesuffix("/retrieve") for url in resolve_config(configs).local.search_url]
+
+
+def server_flags(knobs: Section) -> list[str]:
+    if knobs.retriever_preset == "embedded":
+        info(f"preparing the embedded mini-Wikipedia index (built once, cached under {REPO}/.cache; minutes on CPU)")
+        try:
+            command = [knobs.retriever_python, "-m", "local_dense_retriever.demo", "--print_server_flags"]
+            printed = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE, text=True)
+        except FileNotFoundError:
+            raise Failed(f"the retriever's Python '{knobs.retriever_python}' not found (RETRIEVER_PYTHON)") from None
+        flags = [line for line in printed.stdout.splitlines() if line]
+        if printed.returncode != 0 or not flags:
+            raise Failed("could not prepare the embedded index (see the error above)")
+    else:
+        flags = ["--index_path", knobs.retriever_index_path, "--corpus_path", knobs.retriever_corpus_path,
+                 "--retriever_name", knobs.retriever_name, "--retriever_model", knobs.retriever_model]  # fmt: skip
+    gpu = knobs.retriever_faiss_gpu == "1"
+    if knobs.retriever_faiss_gpu == "auto" and shutil.which("nvidia-smi"):
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
+        gpu = any(line.startswith("GPU") for line in listed.splitlines())
+    threads = ["--num_threads", str(knobs.retriever_num_threads)] if knobs.retriever_num_threads else []
+    extra = shlex.split(knobs.retriever_extra_args or "")
+    return [*flags, "--topk", str(knobs.retriever_topk), *(["--faiss_gpu"] if gpu else []), *threads, *extra]
+
+
+def cpu_prefix(knobs: Section) -> list[str]:
+    """taskset -c RETRIEVER_CPUS (it execs the server: the PID stays the server's)."""
+    if not knobs.retriever_cpus:
+        return []
+    if shutil.which("taskset") is None:
+        raise Failed("RETRIEVER_CPUS needs taskset (apt-get install util-linux)")
+    wanted = set()
+    for part in knobs.retriever_cpus.split(","):
+        low, _, high = part.partition("-")
+        wanted |= set(range(int(low), int(high or low) + 1))
+    allowed = os.sched_getaffinity(0)
+    if not wanted & allowed:
+        raise Failed(f"RETRIEVER_CPUS={knobs.retriever_cpus} names no CPU this script may use (allowed: "
+                     f"{','.join(map(str, sorted(allowed)))})")  # fmt: skip
+    return ["taskset", "-c", knobs.retriever_cpus]
+
+
+def training_window(run_dir: Path) -> int:
+    """Runs in the training window: the wrapper's environment and folder, TRAIN_CMD with its output also in the log;
+    then its exit code in run_dir/training.exit, which the wrapper reads."""
+    spec = json.loads((run_dir / "training.json").read_text())
+    os.environ.clear()
+    os.environ.update(spec["env"])
+    os.chdir(spec["cwd"])
+    for signum in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C in this window is for TRAIN_CMD; this stays to record
+        signal.signal(signum, lambda *_: None)
+    with open(spec["log"], "ab") as log:
+        for out in (log, sys.stdout.buffer):
+            out.write(f"{time.strftime('%F %T')} starting: {spec['command']}\n".encode())
+            out.flush()
+        child = subprocess.Popen(["bash", "-c", spec["command"]], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for chunk in iter(lambda: os.read(child.stdout.fileno(), 65536), b""):
+            for out in (log, sys.stdout.buffer):
+                out.write(chunk)
+                out.flush()
+        code = child.wait()
+    (run_dir / "training.exit.tmp").write_text(str(code))
+    os.replace(run_dir / "training.exit.tmp", run_dir / "training.exit")
+    return code
+
+
+def wait_until_ready(bases: list[str], server: ServerProcess | None, knobs: Section, retriever_log: Path) -> None:
+    started, timeout = time.monotonic(), knobs.retriever_startup_timeout
+    for base in bases:
+        info(f"waiting for {base}/health (up to {timeout:g} s)")
+        try:
+            if server is not None:
+                server.wait_ready()
+            else:
+                while not server_ready(base):
+                    if time.monotonic() - started > timeout:
+                        raise TimeoutError
+                    time.sleep(1)
+        except RuntimeError:
+            log_tail(retriever_log)
+            raise Failed(f"the retrieval server exited during startup (log above: {retriever_log})") from None
+        except TimeoutError:
+            if server is not None:
+                log_tail(retriever_log)
+            raise Failed(f"{base} was not healthy after {timeout:g} s; a large index can take longer to load (raise "
+                         "RETRIEVER_STARTUP_TIMEOUT), or check the server") from None  # fmt: skip
+    info(f"retrieval server ready after {time.monotonic() - started:.0f} s")
+
+
+def stop_training(tmux: Tmux, pane: int | None, timeout: float) -> None:
+    if pane is None or first_to_exit([pane], 0) is not None:
+        return
+    info(f"stopping training (Ctrl-C in its window, up to {timeout:g} s)")
+    tmux.run("send-keys", "-t", f"={tmux.session}:training", "C-c")
+    if first_to_exit([pane], timeout) is None:
+        info("training did not stop; sending SIGTERM to its window's process group")
+        os.killpg(pane, signal.SIGTERM)
+        first_to_exit([pane], 10)
+
+
+def run(plugin: Path, knobs: Section) -> int:
+    if shutil.which("tmux") is None:
+        raise Failed("tmux is not installed (apt-get install tmux)")
+    bases = retrieval_bases(plugin, os.environ)
+    split = urlsplit(bases[0])
+    start_local = knobs.start_retriever == "auto" and len(bases) == 1 and split.hostname in LOCAL_HOSTS
+    tmux = Tmux(knobs)
+    if tmux.run("has-session", "-t", f"={tmux.session}").returncode == 0:
+        raise Failed(f"tmux session '{tmux.session}' already exists (an earlier run?); attach with "
+                     f"'{tmux.attach_hint()}' and stop it, or set TMUX_SESSION to another name")  # fmt: skip
+    server = None
+    port = split.port or (443 if split.scheme == "https" else 80)
+    if start_local:
+        flags, prefix = server_flags(knobs), cpu_prefix(knobs)
+        preflight(knobs.retriever_python, flags, knobs.retriever_host, port)
+    stamp = time.strftime("%Y%m%d_%H%M%S")
+    logs = Path(knobs.log_dir)
+    logs.mkdir(parents=True, exist_ok=True)
+    retriever_log, training_log = logs / f"retrieval_server_{stamp}.log", logs / f"training_{stamp}.log"
+    run_dir = Path(tempfile.mkdtemp(prefix="search-r1-wrapper."))  # mode 700: the environment file holds secrets
+    pane = None
+    stop_on_signals()
+    try:
+        if start_local:
+            server = ServerProcess(flags, retriever_log, port=port, startup_timeout=knobs.retriever_startup_timeout,
+                                   python=knobs.retriever_python, prefix=prefix, host=knobs.retriever_host,
+                                   program=[str(REPO / "local_dense_retriever" / "retrieval_server.py")],
+                                   die_with_parent=True)  # fmt: skip
+            info(f"starting the retrieval server on {knobs.retriever_host}:{port} in tmux window 'retriever' (log: "
+                 f"{retriever_log})")  # fmt: skip
+            server.spawn()
+            tmux.window("retriever", shlex.join(["tail", "-n", "+1", "-F", str(retriever_log)]))
+        else:
+            info(f"using the retrieval server(s) at {', '.join(bases)}; none is started here")
+        wait_until_ready(bases, server, knobs, retriever_log)
+        env = {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE")}  # not the caller's tmux
+        spec = {"env": env, "cwd": os.getcwd(), "command": knobs.train_cmd, "log": str(training_log)}
+        with os.fdopen(os.open(run_dir / "training.json", os.O_WRONLY | os.O_CREAT, 0o600), "w") as out:
+            json.dump(spec, out)
+        info(f"starting training in tmux window 'training' (log: {training_log})")
+        window = [sys.executable, "-m", "slime_search_r1.launch.with_retrieval", "--training-window", str(run_dir)]
+        pane = tmux.window("training", f"PYTHONPATH={shlex.quote(str(REPO))} exec {shlex.join(window)}")
+        info(f"watch with: {tmux.attach_hint()}   (Ctrl-C here stops training and the server)")
+        exited = first_to_exit([pane, *([server.process.pid] if server else [])])
+        if exited != pane:
+            log_tail(retriever_log)
+            raise Failed("the retrieval server died during training (log above); stopping training")
+        if not (run_dir / "training.exit").exists():
+            raise Failed(f"the training window closed without an exit code (killed?); see {training_log}")
+        code = int((run_dir / "training.exit").read_text())
+        info(f"training exited with code {code}")
+        return code
+    except Stopped as stopped:
+        return stopped.code
+    except Failed as failed:
+        print(f"{PROG}: error: {failed}", file=sys.stderr)
+        return 1
+    finally:
+        ignore_signals()
+        stop_training(tmux, pane, knobs.shutdown_timeout)
+        if server is not None:
+            if server.process.poll() is None:
+                info(f"stopping the retrieval server (pid {server.process.pid})")
+            server.stop()
+        if tmux.created:
+            tmux.run("kill-session", "-t", f"={tmux.session}")
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if training_log.exists():
+            info(f"training log: {training_log}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--training-window"]:
+        return training_window(Path(argv[1]))
+    plugin, argv = Path(argv[0]), argv[1:]  # the script names its generate_with_search.py
+    if argv[:1] in (["-h"], ["--help"]):
+        print(USAGE + help_table(WRAPPER))
+        return 0
+    try:
+        if argv:
+            raise Failed(f"unknown argument '{argv[0]}'; settings are environment variables (see --help)")
+        knobs, _ = read_environment(WRAPPER.values(), os.environ)
+        return run(plugin, knobs)
+    except (Failed, ConfigError, PreflightError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""The index tuner: candidate layouts from a built Flat index, recall against its exact answers, the real server's
+figures, the recommendation, and its bad-input refusals."""
+
+import json
+
+import faiss
+import numpy as np
+import pytest
+
+from local_dense_retriever.building import tuner
+from local_dense_retriever.building.index import main as build_main
+from local_dense_retriever.building.tuner import Row, TuneConfig, expand, recall_at, recommend, tune
+from support.retriever_fixtures import small_wiki_fixture  # noqa: F401
+
+
+def config_for(wiki, tmp_path, **overrides) -> TuneConfig:
+    settings = dict(
+        index_path=str(wiki.index_path),
+        corpus_path=str(wiki.corpus_path),
+        retriever_name="minilm",
+        retriever_model=str(wiki.model_dir),
+        num_queries=60,
+        out_dir=str(tmp_path / "tuning"),
+        serve="none",
+        progress=False,
+    )
+    settings.update(overrides)
+    return TuneConfig(**settings)
+
+
+def row(layout: str, recall3: float, qps: float | None, size: int, search_qps: float = 100.0) -> Row:
+    return Row(layout, {"1": recall3, "3": recall3, "10": recall3}, search_qps, size, 0.0, qps=qps)
+
+
+def test_recall_counts_the_exact_rows_found():
+    exact = np.array([[1, 2, 3], [4, 5, 6]])
+    assert recall_at(np.array([[1, 2, 3], [4, 5, 6]]), exact, 3) == 1.0
+    assert recall_at(np.array([[3, 9, 1], [6, 7, 8]]), exact, 3) == pytest.approx(0.5)  # 2/3 and 1/3
+    assert recall_at(np.array([[2, 1, 9], [4, 9, 9]]), exact, 1) == 0.5  # order within top-1 matters
+
+
+def test_the_recommendation_is_the_fewest_bytes_among_the_fastest_that_keep_recall():
+    rows = [
+        row("Flat", 1.0, 100.0, 10_000),
+        row("HNSW32:efSearch=256", 0.999, 400.0, 11_000),
+        row("HNSW32,SQ8:efSearch=256", 0.995, 390.0, 4_000),  # within 5% of the fastest, a third of the bytes
+        row("IVF64,PQ16:nprobe=64", 0.90, 450.0, 500),  # fastest and smallest, but below the threshold
+        row("IVF64,SQ8:nprobe=8", 0.992, 200.0, 3_000),  # smaller still, but half as fast
+    ]
+    assert recommend(rows, 0.99).layout == "HNSW32,SQ8:efSearch=256"
+    assert recommend(rows, 0.998).layout == "HNSW32:efSearch=256"
+    assert recommend(rows, 1.0) is None  # Flat itself is never "recommended": it is the baseline
+    unserved = [row("A", 0.995, None, 100, search_qps=1000.0), row("B", 0.995, None, 50, search_qps=500.0)]
+    assert recommend(unserved, 0.99).layout == "A"  # without server figures, in-process speed decides
+
+
+def test_candidate_grids_expand_and_bad_ones_name_what_is_accepted():
+    assert [str(layout) for layout in expand("HNSW32,SQ8:efSearch=64/128")] == [
+        "HNSW32,SQ8:efSearch=64",
+        "HNSW32,SQ8:efSearch=128",
+    ]
+    assert tuner.default_candidates(1_000_000, 384)[3:] == [
+        "IVF4096,Flat:nprobe=16/64/256",
+        "IVF4096,SQ8:nprobe=16/64/256",
+        "IVF4096,PQ96:nprobe=16/64/256",
+    ]
+    with pytest.raises(ValueError, match="nprobe does not apply to HNSW32"):
+        expand("HNSW32:nprobe=4/8")
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "-0.2", "nan", "high"])
+def test_a_threshold_outside_0_1_is_refused_in_one_line(small_wiki, capsys, value):
+    with pytest.raises(SystemExit):
+        tuner.parse_config(["--index_path", str(small_wiki.index_path), "--corpus_path", str(small_wiki.corpus_path),
+                            "--retriever_model", str(small_wiki.model_dir), "--threshold", value])  # fmt: skip
+    assert f"--threshold: {value}: accepted is a recall in (0, 1]" in capsys.readouterr().err
+
+
+def test_an_index_that_is_not_flat_is_refused(small_wiki, tmp_path, capsys):
+    hnsw = tmp_path / "x.index"
+    faiss.write_index(faiss.IndexHNSWFlat(8, 4), str(hnsw))
+    with pytest.raises(SystemExit):
+        tuner.parse_config(["--index_path", str(hnsw), "--corpus_path", str(small_wiki.corpus_path),
+                            "--retriever_model", str(small_wiki.model_dir)])  # fmt: skip
+    assert "accepted is a Flat FAISS index or a .npy of embeddings" in capsys.readouterr().err
+
+
+def test_an_index_of_another_dimension_than_the_encoder_is_refused(small_wiki, tmp_path):
+    other = tmp_path / "other_Flat.index"
+    index = faiss.IndexFlatIP(16)
+    index.add(np.random.default_rng(0).normal(size=(300, 16)).astype(np.float32))
+    faiss.write_index(index, str(other))
+    with pytest.raises(ValueError, match=r"holds 16-d vectors but --retriever_model produces 384-d ones"):
+        tune(config_for(small_wiki, tmp_path, index_path=str(other), candidates=["HNSW8"]))
+
+
+def test_a_candidate_that_does_not_fit_in_ram_is_refused_before_building(small_wiki, tmp_path, monkeypatch):
+    monkeypatch.setattr(tuner, "available_ram", lambda: 100_000)  # bytes: the 300 x 384 HNSW needs ~500 kB
+    with pytest.raises(
+        ValueError, match=r"--candidates: layout HNSW8 needs 0\.5 MiB of RAM to build and 0\.1 MiB is available"
+    ):
+        tune(config_for(small_wiki, tmp_path, candidates=["HNSW8"]))
+
+
+def test_tuning_measures_recall_against_flat_and_keeps_the_recommended_index(small_wiki, tmp_path):
+    """IVF with every list probed is exact (recall 1); one list of four cannot be; the kept file carries nprobe."""
+    config = config_for(small_wiki, tmp_path, candidates=["IVF4,Flat:nprobe=1/4", "HNSW8,SQ8:efSearch=4"])
+    report = tune(config)
+    rows = {r.layout: r for r in report.rows}
+    assert list(rows) == ["Flat", "IVF4,Flat:nprobe=1", "IVF4,Flat:nprobe=4", "HNSW8,SQ8:efSearch=4"]
+    assert rows["IVF4,Flat:nprobe=4"].recall == {"1": 1.0, "3": 1.0, "10": 1.0}
+    assert rows["IVF4,Flat:nprobe=1"].recall_at_3 < 0.99
+    assert all(r.index_bytes > 0 and r.search_qps > 0 for r in report.rows)
+    assert report.recommended in ("IVF4,Flat:nprobe=4", "HNSW8,SQ8:efSearch=4")
+    assert rows[report.recommended].recall_at_3 >= 0.99
+    assert "the first 12 words of 60 passages" in report.queries
+    kept = faiss.read_index(report.index_file)
+    assert kept.ntotal == 300 and sorted(p.name for p in (tmp_path / "tuning").glob("*.index")) == [
+        f"minilm_{report.recommended.split(':')[0].replace(',', '_')}.index"
+    ]  # the other candidates' files are gone
+    if report.recommended.startswith("IVF"):
+        assert faiss.extract_index_ivf(kept).nprobe == 4
+    markdown, data = tuner.write_report(report, tmp_path / "tuning", "cmd")
+    assert f"| {report.recommended} **(recommended)** |" in markdown.read_text()
+    assert json.loads(data.read_text())["recommended"] == report.recommended
+
+
+def test_the_builder_builds_the_recommended_layout_from_the_flat_index(small_wiki, tmp_path):
+    out = tmp_path / "ivf.index"
+    assert build_main(["--corpus_path", str(small_wiki.corpus_path), "--from_index", str(small_wiki.index_path),
+                       "--faiss_type", "IVF4,Flat", "--faiss_search_params", "nprobe=4", "--index_path", str(out),
+                       "--no_progress"]) == 0  # fmt: skip
+    built, flat = faiss.read_index(str(out)), faiss.read_index(str(small_wiki.index_path))
+    assert faiss.extract_index_ivf(built).nprobe == 4
+    vectors = flat.reconstruct_n(0, flat.ntotal)
+    assert (built.search(vectors[:40], 3)[1] == flat.search(vectors[:40], 3)[1]).all()  # every list probed: exact
+
+
+@pytest.mark.slow
+def test_layouts_are_measured_through_the_real_server_with_questions_from_a_file(small_wiki, tmp_path):
+    questions = tmp_path / "train.jsonl"
+    questions.write_text("".join(json.dumps({"question": q.question}) + "\n" for q in small_wiki.questions))
+    config = config_for(small_wiki, tmp_path, candidates=["HNSW8:efSearch=32"], serve="all",
+                        queries_path=str(questions), clients=8, seconds=1.0, warmup=0.5)  # fmt: skip
+    report = tune(config)
+    flat, hnsw = report.rows
+    assert report.queries == f"{len(small_wiki.questions)} questions of {questions}"
+    for measured in (flat, hnsw):
+        assert measured.qps > 0 and measured.single_ms > 0 and measured.errors == 0 and measured.server_rss_mb > 0
+    assert report.server_precision in ("fp32", "bf16", "int8")
+
+
+def test_gpu_candidates_are_refused_where_no_gpu_is_visible(small_wiki, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(ValueError, match="--candidates torch-\\* all: no GPU is visible here"):
+        tune(config_for(small_wiki, tmp_path, candidates=["torch-fp16"]))
+    with pytest.raises(ValueError, match="accepted GPU candidates are torch-fp16, torch-bf16, torch-fp32"):
+        tune(config_for(small_wiki, tmp_path, candidates=["faiss-gpu-fp16"]))
+
+
+def test_gpu_rows_report_recall_and_shard_bytes_and_are_not_recommended(small_wiki, tmp_path, monkeypatch):
+    """The GPU path on CPU torch (the devices are the only difference): exact rows, the shard's bytes, and the
+    recommendation stays a CPU layout."""
+    import torch
+
+    from local_dense_retriever.retrieval import torch_search
+
+    monkeypatch.setattr(torch_search, "parse_devices", lambda value, flag="": [torch.device("cpu")] * 2)
+    report = tune(config_for(small_wiki, tmp_path, candidates=["torch-fp32", "IVF4,Flat:nprobe=4"]))
+    rows = {r.layout: r for r in report.rows}
+    assert rows["torch-fp32"].recall == {"1": 1.0, "3": 1.0, "10": 1.0}
+    assert rows["torch-fp32"].gpu_bytes == 150 * 384 * 4 and rows["torch-fp32"].index_bytes == 0
+    assert report.recommended == "IVF4,Flat:nprobe=4"
