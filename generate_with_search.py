@@ -55,7 +55,8 @@ def _warn_once(message: str) -> None:
         logger.warning(message)
 
 
-async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
+async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample | list[Sample]:
+    """One episode; with SEARCH_R1_SPLIT_TRAJECTORIES=true (training) a list of samples, one per context."""
     config = resolve_config(SEARCH_R1_CONFIGS)
     for warning in check_slime_args(args, config):
         _warn_once(warning)

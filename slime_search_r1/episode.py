@@ -144,6 +144,13 @@ def resume_point(record: dict) -> dict | None:
     return point if isinstance(point, dict) else None
 
 
+def segment_of(record: dict) -> dict | None:
+    """Which of the samples an episode was split into this one is: {"index", "count"} (split_trajectories), or
+    None for an episode trained as one sample. Every segment carries the whole episode's record."""
+    segment = record.get("segment")
+    return segment if isinstance(segment, dict) else None
+
+
 def tool_counters(record: dict) -> dict[str, dict]:
     """Per tool name: {"calls": finished calls, "failures": calls that failed for good, "seconds": [each call's]}."""
     return record.get("tools") or {}
@@ -235,6 +242,11 @@ class EpisodeStats:
     engine_aborts: int = 0
     restarts: int = 0  # times an aborted episode started over instead of resuming (no --partial-rollout)
     lag_masked_tokens: int = 0  # generated tokens max_version_lag took out of the loss
+    # long horizon (force_answer, split_trajectories, page chunks)
+    forced_answer: dict | None = None  # {"mode", "turn", "trigger", "tokens"}: the answer was forced on that turn
+    segments: int = 1  # samples the episode was split into for training (split_trajectories)
+    page_chunks: int = 0  # page chunks the access tool showed
+    short_form_tokens_saved: int = 0  # tokens the chunks read no longer take in later contexts (full - short form)
 
     def tool(self, name: str) -> ToolStats:
         return self.tools.setdefault(name, ToolStats())
@@ -264,6 +276,7 @@ class EpisodeState:
     turn_started_at: int = 0  # len(conversation) when the turn under way began
     turn_start: int = 0  # response tokens before the turn under way
     stage: str = "turn"  # "turn": generating it (or about to); "tool": it was read and its calls are to run
+    pages: dict = field(default_factory=dict)  # page chunks: the pages being read, by URL (tools/access.py)
 
     def __post_init__(self) -> None:
         # An aborted sample handed back (slime's fully-async worker requeues its group) that starts over keeps

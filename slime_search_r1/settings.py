@@ -253,8 +253,17 @@ for _setting in (
     Setting("engine_model", "actor", Text(), "SEARCH_R1_ENGINE_MODEL",
             "the policy's name in --sglang-config (slime's get_model_url); else slime's default router"),
     # ---- rollout
-    Setting("max_turns", 3, Integer(1, 64), "SEARCH_R1_MAX_TURNS",
+    Setting("max_turns", 3, Integer(1, 128), "SEARCH_R1_MAX_TURNS",
             "model turns per sample; a tool call on the last turn is not run"),
+    # ---- long horizon (README: "Fully asynchronous, long horizon")
+    Setting("force_answer", "off", Choice(("off", "final_turn", "inject")), "SEARCH_R1_FORCE_ANSWER",
+            "off; final_turn: one more turn after max_turns, its tool calls not run (Search-R1); inject: an "
+            "instruction to answer now before the last turn (or below force_answer_reserve), outside the loss"),
+    Setting("force_answer_reserve", 0, Integer(0), "SEARCH_R1_FORCE_ANSWER_RESERVE",
+            "inject: also when fewer response tokens than this are left after a reply (0: before the last turn only)"),
+    Setting("split_trajectories", False, Flag(), "SEARCH_R1_SPLIT_TRAJECTORIES",
+            "an episode whose context stops being a prefix of what was trained becomes several samples (one "
+            "rollout_id, the episode's reward on each); needed by page chunks"),
     Setting("max_context_length", 16384, Integer(1), "SEARCH_R1_MAX_CONTEXT_LENGTH",
             "prompt + response tokens (slime's --rollout-max-context-len caps it too)"),
     Setting("max_obs_tokens", 500, Integer(16), "SEARCH_R1_MAX_OBS_TOKENS",
@@ -267,6 +276,13 @@ for _setting in (
             "the tools the model may call: search, and access to read a page of the results"),
     Setting("max_page_tokens", 1024, Integer(16), "SEARCH_R1_MAX_PAGE_TOKENS",
             "tokens of one page the access tool shows (the response budget must hold them)"),
+    Setting("page_chunk_tokens", 0, Integer(0), "SEARCH_R1_PAGE_CHUNK_TOKENS",
+            "0: off; else access shows a page in chunks of this many tokens, the next one each time the model "
+            "accesses it again, and a chunk read is cut to its short form in later contexts (ASearcher)"),
+    Setting("max_page_chunks", 10, Integer(1, 1000), "SEARCH_R1_MAX_PAGE_CHUNKS",
+            "chunks of one page at most (ASearcher: 10); the rest of the page is never shown"),
+    Setting("page_short_tokens", 32, Integer(0), "SEARCH_R1_PAGE_SHORT_TOKENS",
+            "tokens of a chunk's text its short form keeps, in the contexts after the turn that read it"),
     Setting("topk", 3, Integer(1, 100), "SEARCH_R1_TOPK", "passages per search"),
     Setting("search_concurrency", 256, Integer(1), "SEARCH_R1_SEARCH_CONCURRENCY",
             "searches in flight per rollout process"),
@@ -532,6 +548,57 @@ def _version_lag_needs_recorded_versions(config: SearchR1Config) -> None:
 def _wrong_answer_cannot_beat_valid_format(config: SearchR1Config) -> None:
     if config.final_format_score > config.format_score:
         raise ConfigError("final_format_score must not exceed format_score (a wrong answer cannot beat valid format)")
+
+
+# The fewest tokens a page chunk may hold: below this a chunk is mostly its "[part i of n]" frame.
+MIN_PAGE_CHUNK_TOKENS = 16
+# Tokens a chunk's observation may take beyond page_chunk_tokens: its frame, the hint to read on and the protocol's
+# tags or template (tools/access.py); the response budget must hold a chunk with them.
+PAGE_CHUNK_FRAME_TOKENS = 64
+
+
+@register_rule
+def _split_needs_the_manual_driver(config: SearchR1Config) -> None:
+    if config.split_trajectories and config.token_tracking_mode != "manual":
+        raise ConfigError(
+            f"SEARCH_R1_SPLIT_TRAJECTORIES=true builds each sample from the contexts the engine was sent, but "
+            f"TOKEN_TRACKING_MODE={config.token_tracking_mode} takes the trajectory from the router's cache at the "
+            "end of the episode; accepted: TOKEN_TRACKING_MODE=manual with split trajectories"
+        )
+
+
+@register_rule
+def _page_chunks_fit_and_need_a_split(config: SearchR1Config) -> None:
+    chunk = config.page_chunk_tokens
+    if not chunk:
+        return
+    if chunk < MIN_PAGE_CHUNK_TOKENS:
+        raise ConfigError(
+            f"SEARCH_R1_PAGE_CHUNK_TOKENS={chunk} is out of range; accepted: 0 (off) or {MIN_PAGE_CHUNK_TOKENS} to "
+            f"{config.max_context_length - 1} (below SEARCH_R1_MAX_CONTEXT_LENGTH)"
+        )
+    context = config.max_context_length
+    if chunk >= context:
+        raise ConfigError(
+            f"SEARCH_R1_PAGE_CHUNK_TOKENS={chunk} cannot fit SEARCH_R1_MAX_CONTEXT_LENGTH={context}; accepted: "
+            f"0 (off) or {MIN_PAGE_CHUNK_TOKENS} to {context - 1}"
+        )
+    if config.page_short_tokens >= chunk:
+        raise ConfigError(
+            f"SEARCH_R1_PAGE_SHORT_TOKENS={config.page_short_tokens} would not shorten a chunk of "
+            f"SEARCH_R1_PAGE_CHUNK_TOKENS={chunk}; accepted: 0 to {chunk - 1}"
+        )
+    if "access" not in config.tools:
+        raise ConfigError(
+            f"SEARCH_R1_PAGE_CHUNK_TOKENS={chunk} reads the access tool's pages in chunks, but access is not "
+            "enabled; accepted: SEARCH_R1_TOOLS=search,access with page chunks, or SEARCH_R1_PAGE_CHUNK_TOKENS=0"
+        )
+    if not config.split_trajectories:
+        raise ConfigError(
+            f"SEARCH_R1_PAGE_CHUNK_TOKENS={chunk} cuts each chunk read to its short form in later contexts, so "
+            "those contexts are no longer a prefix of what was trained; accepted: SEARCH_R1_SPLIT_TRAJECTORIES=true "
+            "with page chunks, or SEARCH_R1_PAGE_CHUNK_TOKENS=0"
+        )
 
 
 def resolve_config(configs: Mapping[str, Any]) -> SearchR1Config:
