@@ -412,6 +412,21 @@ def test_staleness_metrics_of_a_hand_built_batch(make_args):
     assert plugin[TRAIN_PREFIX + "restarted_share"] == pytest.approx(1 / 5)
 
 
+def test_a_split_episode_counts_the_trained_tokens_of_every_part_once(make_args):
+    """split_trajectories: each part carries the whole episode's spans and only its own loss mask; the figures are
+    those of the episode unsplit."""
+    spans, mask = [[0, 4, "5"], [6, 10, "7"]], [1, 1, 1, 1, 0, 0, 1, 1, 0, 1]
+    whole = finished(spans, mask)
+    first, second = finished(spans, mask[:6]), finished(spans, mask[6:])
+    for index, (part, start) in enumerate([(first, 0), (second, 6)]):
+        info(part)["segment"] = {"index": index, "count": 2, "start": start}
+    split = staleness_metrics([(part, info(part)) for part in (first, second)])
+    assert split == staleness_metrics([(whole, info(whole))])
+    assert split["versions/stale_trained_token_share"] == pytest.approx(4 / 7)
+    assert split["versions/lag/mean"] == 2  # one episode, counted once
+    assert staleness_metrics([(second, info(second))]) == {}  # a later part alone: its first part has the figures
+
+
 def test_a_batch_of_one_version_reads_no_loss_mask():
     """Synchronous training (one version per rollout): the staleness metrics come from the records alone."""
 

@@ -297,7 +297,10 @@ async def test_a_three_chunk_page_gives_three_reading_turns_with_one_full_chunk_
     assert min(len(tokenizer.encode(chunk)) for chunk in chunks[:2]) >= 95
 
     assert [segment.rollout_id for segment in segments] == [0, 0, 0]  # the sample's index, shared
-    assert [info(segment)["segment"] for segment in segments] == [{"index": i, "count": 3} for i in range(3)]
+    starts = [sum(part.response_length for part in segments[:i]) for i in range(3)]  # where each part begins
+    assert [info(segment)["segment"] for segment in segments] == [
+        {"index": i, "count": 3, "start": start} for i, start in enumerate(starts)
+    ]
     record = info(segments[0])
     assert record["page_chunks"] == 3 and record["segments"] == 3 and record["short_form_tokens_saved"] > 150
     assert_segments_faithful(segments, calls, tokenizer)
