@@ -73,8 +73,9 @@ def check_slime_args(args, config: SearchR1Config) -> list[str]:
                 + ") out of their group's advantages"
             )
         elif getattr(args, "custom_reward_post_process_path", None) != REWARD_POST_PROCESS_PATH:
+            which = " and ".join(removed)
             warnings.append(
-                " and ".join(removed).capitalize() + " get remove_sample, but slime's reward post-processing still "
+                which[:1].upper() + which[1:] + " get remove_sample, but slime's reward post-processing still "
                 "counts their reward in their group's mean and std, which shifts their siblings' advantages: pass "
                 f"--custom-reward-post-process-path {REWARD_POST_PROCESS_PATH} (run_qwen2.5_3B.sh does)"
             )
