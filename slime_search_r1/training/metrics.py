@@ -177,10 +177,11 @@ def _log(args, rollout_id: int, metrics: dict, step_key: str) -> None:
     logging_utils.log(args, metrics, step_key=step_key)
 
 
-def watch_for_collapse(rollout_id, found: dict[str, float], watch: CollapseWatch = COLLAPSE_WATCH) -> dict:
-    """The early warnings' changes against the previous rollouts, and a warning line for each signal out of its band
-    (training/collapse.py); judge verdicts that left samples unscored are one line too."""
-    changes, alarms = watch.observe(found)
+def watch_for_collapse(rollout_id, found: dict[str, float], watch: CollapseWatch | None = None) -> dict:
+    """The early warnings' changes against the previous rollouts (COLLAPSE_WATCH's unless `watch` is given), and a
+    warning line for each signal out of its band (training/collapse.py); judge verdicts that left samples unscored are
+    one line too."""
+    changes, alarms = (watch or COLLAPSE_WATCH).observe(found)
     for alarm in alarms:
         logger.warning("search_r1 collapse warning at rollout %s: %s", rollout_id, alarm.message)
     if found.get("judge/unscored"):

@@ -102,6 +102,7 @@ class Rollout:
     rollout_id: int
     metrics: dict[str, float]  # what the log hook sent to slime's tracking call, without the prefix
     warnings: list[str] = field(default_factory=list)  # the warning lines of the training log
+    samples: list[Sample] = field(default_factory=list)
 
 
 class _Lines(logging.Handler):
@@ -149,7 +150,8 @@ async def constructed_run(args, tokenizer, engine) -> list[Rollout]:
                 logged = next(c["metrics"] for c in reversed(calls) if "rollout/search_r1/samples" in c["metrics"])
                 prefix = hook_metrics.TRAIN_PREFIX
                 metrics = {k.removeprefix(prefix): v for k, v in logged.items() if k.startswith(prefix)}
-                rollouts.append(Rollout(rollout_id, metrics, [line for line in handler.lines if "collapse" in line]))
+                warnings = [line for line in handler.lines if "collapse warning" in line]
+                rollouts.append(Rollout(rollout_id, metrics, warnings, samples))
     finally:
         hook_metrics.COLLAPSE_WATCH = saved
         logging.getLogger(hook_metrics.__name__).removeHandler(handler)
