@@ -142,8 +142,8 @@ def table_score(
         wrong = weights.format_score + (weights.retrieval_score if hit else 0.0)
     else:
         wrong = weights.final_format_score if answer is not None else 0.0
-    # s = 1 and s = 0 are the rows themselves, so that EM's rewards stay Search-R1's to the last bit
-    score = right if s >= 1.0 else wrong if s <= 0.0 else s * right + (1.0 - s) * wrong
+    # exact at s = 1 and s = 0 (1.0 * x + 0.0 * y == x in floating point): EM's rewards are Search-R1's to the bit
+    score = s * right + (1.0 - s) * wrong
     return ScoreDetails(
         score=score, em=float(em), format_valid=format_valid, retrieval_hit=hit, answer=answer, answer_score=s
     )

@@ -81,6 +81,15 @@ def test_the_table_mixes_the_right_and_wrong_rows_in_proportion_to_s(response, s
     assert details.answer_score == s
 
 
+def search_r1_row(em: bool, answered: bool, valid: bool, hit: bool, w: FormatWeights) -> float:
+    """Search-R1's qa_em_format rules as it writes them (verl/utils/reward_score/qa_em_format.py), for comparison."""
+    if em:
+        return w.correct_score if valid else w.correct_score - w.format_score
+    if valid:
+        return w.format_score + (w.retrieval_score if hit else 0.0)
+    return w.final_format_score if answered else 0.0
+
+
 @pytest.mark.parametrize(
     "response",
     [
@@ -95,8 +104,10 @@ def test_the_table_mixes_the_right_and_wrong_rows_in_proportion_to_s(response, s
 @pytest.mark.parametrize("weights", [WEIGHTS, FormatWeights(0.3, 0.15, 0.0), FormatWeights(0.1 + 0.2, 0.1, 0.7)])
 def test_em_as_s_gives_search_r1_s_rows_to_the_last_bit(response, weights):
     reading = read_response(PROMPT, response)
-    em = score_reading(reading, ["Paris"], weights)
-    assert score_reading(reading, ["Paris"], weights, answer_score=em.em) == em  # ==, not approx
+    details = score_reading(reading, ["Paris"], weights)
+    answered, hit = reading.answer is not None, details.retrieval_hit
+    assert details.score == search_r1_row(bool(details.em), answered, details.format_valid, hit, weights)  # not approx
+    assert score_reading(reading, ["Paris"], weights, answer_score=details.em) == details
 
 
 def test_the_reward_names_are_the_scores_and_the_judge():
