@@ -36,8 +36,8 @@ def collapse_warnings(runs: list[Run], hooks: list[dict[str, float]]) -> list[li
     before it (by rollout id); their changes are added to `hooks`. One list of warnings per run."""
     warnings: list[list[str]] = [[] for _ in runs]
     watch = CollapseWatch()
-    rollouts = sorted((r.rollout_id, i) for i, r in enumerate(runs) if r.kind == "rollout" and r.rollout_id is not None)
-    for _, index in rollouts:
+    training = [(r.rollout_id, i) for i, r in enumerate(runs) if r.kind == "rollout" and r.rollout_id is not None]
+    for _, index in sorted(training):
         changes, alarms = watch.observe(hooks[index])
         hooks[index] |= {**changes, "health/alarms": len(alarms)}
         warnings[index] = [alarm.message for alarm in alarms]

@@ -100,6 +100,7 @@ def test_only_generated_tokens_count_observations_do_not():
     found = signals(sample(ids=ids, mask=mask, log_probs=log_probs))
     assert found["health/repetition_share"] == 0.0
     assert found["health/neg_log_prob"] == pytest.approx(2.0)  # (20 * 1 + 20 * 3) / 40
+    assert signals(sample(ids=ids, mask=mask))["health/repetition_share"] == 0.0  # without log probs too
 
 
 @pytest.mark.parametrize(
