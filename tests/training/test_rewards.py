@@ -4,8 +4,8 @@ marked, kept out of its group's advantages, counted in the logs), the settings r
 through slime's own reward path (generate_and_rm_group -> async_rm / batched_async_rm -> reward_func, --reward-key,
 --group-rm) and its reward post-processing with the plugin's hook.
 
-The judge is the loopback stand-in of an OpenAI-compatible endpoint (support/fake_judge.py): it says "correct" when the
-answer contains a reference answer.
+The judge is the loopback stand-in of an OpenAI-compatible endpoint (support/fake_judge.py, the judge_server
+fixture): it says "correct" when the answer contains a reference answer.
 """
 
 import asyncio
@@ -24,9 +24,8 @@ from slime_search_r1.scoring.rewards import REWARDS, question_of
 from slime_search_r1.settings import ConfigError, resolve_config, search_r1_configs
 from slime_search_r1.slime_flags import check_slime_args
 from support.episodes import MODE_IDS, MODES, QUESTION, SEARCH, info, label, run_episode
-from support.fake_judge import FakeJudge, default_rule
+from support.fake_judge import default_rule
 from support.fake_sglang import question_of as question_of_context
-from support.loopback import serve_in_thread
 from support.slime_group_math import _method_source, slime_post_process_rewards
 from support.slime_rollout import chat_prompt, log_rollout_data
 from support.tracking import record_tracking
@@ -41,23 +40,11 @@ F1_PARIS_FRANCE = 2 * 0.5 * 1.0 / 1.5  # precision 1/2, recall 1/1
 
 
 @pytest.fixture
-def judge():
-    """The loopback judge; `url` is its /v1 base."""
-    judge = FakeJudge()
-    with serve_in_thread(judge.app) as url:
-        judge.url = url + "/v1"
-        try:
-            yield judge
-        finally:
-            judge.release.set()
-
-
-@pytest.fixture
-def judged(search_config, judge):
+def judged(search_config, judge_server):
     """SEARCH_R1_REWARD=judge against the loopback judge, two attempts per answer."""
     search_config.update(reward="judge")
-    search_config["judge"] = {**search_config["judge"], "url": judge.url, "model": "judge-7b", "attempts": 2}
-    return judge
+    search_config["judge"] = {**search_config["judge"], "url": judge_server.url, "model": "judge-7b", "attempts": 2}
+    return judge_server
 
 
 # ---- the table over s -------------------------------------------------------------------------------------------
