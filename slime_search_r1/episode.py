@@ -120,16 +120,30 @@ def forget_episode(sample) -> None:
     sample.metadata = {k: v for k, v in (sample.metadata or {}).items() if k != METADATA_KEY}
 
 
-def record_reward(sample, reward: dict) -> None:
-    """reward_func's breakdown {score, em, format_valid, retrieval_hit}, where the log hooks find it."""
+def record_reward(sample, reward: dict, scored_by: str = "em", verdict: dict | None = None) -> None:
+    """reward_func's breakdown, where the log hooks and the viewer find it: {score, em, format_valid, retrieval_hit}
+    and, when the reward is not built on em, `scored_by` (f1, cover_em or judge) with that score under its name;
+    with the judge, its verdict {status, score, reply, error, attempts}, and `unscored` when that verdict carries no
+    score (the sample is kept out of training)."""
     record = episode_record(sample)
-    if record is not None:
-        record["reward"] = dict(reward)
+    if record is None:
+        return
+    parts = dict(reward) if scored_by == "em" else {**reward, "scored_by": scored_by}
+    if verdict is not None:
+        parts["judge_verdict"] = dict(verdict)
+        if verdict.get("score") is None:
+            parts["unscored"] = True
+    record["reward"] = parts
 
 
 def reward_of(record: dict) -> dict | None:
     reward = record.get("reward")
     return reward if isinstance(reward, dict) else None
+
+
+def unscored(reward: dict) -> bool:
+    """The judge gave this sample no usable verdict: its score is a placeholder, it is not trained on."""
+    return bool(reward.get("unscored"))
 
 
 def conversation_of(record: dict) -> list[dict] | None:

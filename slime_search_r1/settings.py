@@ -27,6 +27,8 @@ from urllib.parse import urlsplit
 from slime_search_r1.registry import PROTOCOLS, SEARCH_BACKENDS, TOKEN_DRIVERS, TOOLS
 
 _TRUE = ("1", "true", "yes", "on")
+# The answer scores a reward can be built on (scoring/rewards.py implements them; a test keeps the two equal).
+REWARDS = ("em", "f1", "cover_em", "judge")
 _FALSE = ("0", "false", "no", "off")
 
 
@@ -308,6 +310,18 @@ for _setting in (
     Setting("final_format_score", lambda values: values["format_score"] / 2, Number(0.0, 1.0, optional=True), None,
             "a wrong answer in a bad format; None: half of format_score (Search-R1 v0.3 pairs 0.2 with 0.1)"),
     Setting("retrieval_score", 0.0, Number(0.0, 1.0), None, "bonus when a gold answer appears in a retrieved block"),
+    Setting("reward", "em", Choice(REWARDS), "SEARCH_R1_REWARD",
+            "the answer score the reward is built on: em, f1, cover_em, or judge (an LLM judge, judge.* settings)"),
+    Setting("judge.url", None, Text(optional=True), "SEARCH_R1_JUDGE_URL",
+            "the judge's OpenAI-compatible endpoint, e.g. http://127.0.0.1:8001/v1 (SEARCH_R1_REWARD=judge)"),
+    Setting("judge.model", None, Text(optional=True), "SEARCH_R1_JUDGE_MODEL", "the model name the judge serves"),
+    Setting("judge.api_key", None, Text(optional=True), "JUDGE_API_KEY",
+            "sent as a bearer token when set; never logged", secret=True),
+    Setting("judge.prompt", None, Text(optional=True), "SEARCH_R1_JUDGE_PROMPT",
+            "a judge prompt file with {question}, {gold_answers} and {prediction}; None: scoring/judge_prompt.txt"),
+    Setting("judge.concurrency", 32, Integer(1), None, "judge requests in flight per rollout process"),
+    Setting("judge.timeout", 60.0, Number(0.1), None, "seconds per judge request"),
+    Setting("judge.attempts", 4, Integer(1, 20), None, "tries per answer, the first included, before it is marked"),
     # ---- extending
     Setting("extensions", [], Names(None), "SEARCH_R1_EXTENSIONS",
             "modules imported first: they register tools, search backends, token-tracking modes or settings"),
@@ -599,6 +613,33 @@ def _page_chunks_fit_and_need_a_split(config: SearchR1Config) -> None:
             "those contexts are no longer a prefix of what was trained; accepted: SEARCH_R1_SPLIT_TRAJECTORIES=true "
             "with page chunks, or SEARCH_R1_PAGE_CHUNK_TOKENS=0"
         )
+
+
+@register_rule
+def _judge_settings_work(config: SearchR1Config) -> None:
+    judge = config.judge
+    if judge.url and not judge.model:
+        raise ConfigError(
+            "SEARCH_R1_JUDGE_URL names a judge but SEARCH_R1_JUDGE_MODEL is not set; accepted: the model name that "
+            "endpoint serves (SEARCH_R1_JUDGE_MODEL, or SEARCH_R1_CONFIGS['judge']['model'])"
+        )
+    if config.reward == "judge" and not judge.url:
+        raise ConfigError(
+            "SEARCH_R1_REWARD=judge needs a judge endpoint; accepted: SEARCH_R1_JUDGE_URL (an OpenAI-compatible "
+            "http(s) URL) with SEARCH_R1_JUDGE_MODEL, or another reward: " + " | ".join(REWARDS)
+        )
+    if judge.url:
+        # here, not at the top: the judge's client needs aiohttp, which nothing else in this module does
+        from slime_search_r1.scoring.judge import JudgePrompt, JudgeSetupError, chat_completions_url
+
+        try:
+            chat_completions_url(judge.url)
+        except JudgeSetupError as exc:
+            raise ConfigError(f"SEARCH_R1_JUDGE_URL {exc}") from None
+        try:
+            JudgePrompt.load(judge.prompt)
+        except JudgeSetupError as exc:
+            raise ConfigError(f"SEARCH_R1_JUDGE_PROMPT: {exc}") from None
 
 
 def resolve_config(configs: Mapping[str, Any]) -> SearchR1Config:

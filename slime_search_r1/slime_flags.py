@@ -72,19 +72,25 @@ def check_slime_args(args, config: SearchR1Config, at_launch: bool = False) -> l
     normalized = getattr(args, "advantage_estimator", "grpo") in GROUP_NORMALIZED_ESTIMATORS and getattr(
         args, "rewards_normalization", True
     )
-    if config.drop_failed_samples and normalized:
+    # samples that get remove_sample: FAILED ones (a tool still failing) unless kept, and those the judge left unscored
+    removed = [
+        *(["FAILED samples (a tool still failing after its retries)"] if config.drop_failed_samples else []),
+        *(["samples the judge could not score"] if config.reward == "judge" else []),
+    ]
+    if removed and normalized:
         if getattr(args, "custom_convert_samples_to_train_data_path", None):
             warnings.append(
                 "--custom-convert-samples-to-train-data-path replaces slime's reward post-processing, so "
-                f"{REWARD_POST_PROCESS_PATH} does not run: make sure your converter keeps removed (FAILED) samples "
-                "out of their group's advantages"
+                f"{REWARD_POST_PROCESS_PATH} does not run: make sure your converter keeps removed samples ("
+                + " and ".join(removed)
+                + ") out of their group's advantages"
             )
         elif getattr(args, "custom_reward_post_process_path", None) != REWARD_POST_PROCESS_PATH:
+            which = " and ".join(removed)
             warnings.append(
-                "FAILED samples (a tool still failing after its retries) get remove_sample, but slime's reward "
-                "post-processing still counts their reward in their group's mean and std, which shifts their "
-                f"siblings' advantages: pass --custom-reward-post-process-path {REWARD_POST_PROCESS_PATH} "
-                "(run_qwen2.5_3B.sh does)"
+                which[:1].upper() + which[1:] + " get remove_sample, but slime's reward post-processing still "
+                "counts their reward in their group's mean and std, which shifts their siblings' advantages: pass "
+                f"--custom-reward-post-process-path {REWARD_POST_PROCESS_PATH} (run_qwen2.5_3B.sh does)"
             )
     return warnings
 

@@ -32,7 +32,7 @@ from slime_search_r1.episode import (
 )
 from slime_search_r1.viewer.samples import Run, ViewSample
 from slime_search_r1.viewer.steps import steps_of, tool_calls
-from slime_search_r1.viewer.summary import hook_metrics, hook_prefix, log_prob_gaps, viewer_metrics
+from slime_search_r1.viewer.summary import collapse_warnings, hook_metrics, hook_prefix, log_prob_gaps, viewer_metrics
 from slime_search_r1.viewer.vocabulary import TokenTexts
 
 ASSETS = Path(__file__).with_name("assets")
@@ -259,6 +259,8 @@ def render_page(
     texts = TokenTexts(tokenizer) if tokenizer is not None else None
     blocks: list[str] = []
     page_runs = []
+    hooks = [hook_metrics(run) for run in runs]
+    alarms = collapse_warnings(runs, hooks)
     for run_index, run in enumerate(runs):
         shown = shown_samples(run.samples, per_source)
         for sample in shown:
@@ -276,7 +278,8 @@ def render_page(
                 "notes": run.notes,
                 "total": len(run.samples),
                 "prefix": hook_prefix(run),
-                "hooks": hook_metrics(run),
+                "hooks": hooks[run_index],
+                "alarms": alarms[run_index],  # the early warnings of a collapse the log hook gave this rollout
                 "viewer": viewer_metrics(run, threshold),
                 "rows": [sample_row(sample) for sample in shown],
             }

@@ -169,6 +169,8 @@ class FakeSGLangEngine:
         self.held: set[Hold] = set()  # requests waiting now (what /v1/loads counts)
         self.continuations: dict[tuple[int, ...], tuple[list[int], int]] = {}
         self._arrivals: list[tuple[int, threading.Event]] = []  # (call count, set once that many have arrived)
+        # (context ids, sampled ids) -> the sampled ids' log probs; None: fake_log_prob by position and token
+        self.log_probs_of: Callable[[list[int], list[int]], list[float]] | None = None
         self.app = self._build_app()
 
     # ---- test controls -------------------------------------------------------------------------
@@ -369,7 +371,11 @@ class FakeSGLangEngine:
                 pause.version_before, pause.version_after = version, self.push_weights()
                 pause.reached.set()
             call.output_ids, call.finish = out, finish
-            call.log_probs = [fake_log_prob(len(input_ids) + i, t) for i, t in enumerate(out)]
+            call.log_probs = (
+                self.log_probs_of(input_ids, out)
+                if self.log_probs_of
+                else [fake_log_prob(len(input_ids) + i, t) for i, t in enumerate(out)]
+            )
             skip = bool(params.get("skip_special_tokens", True))
             meta = {
                 "id": uuid.uuid4().hex,

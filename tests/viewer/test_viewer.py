@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from slime_search_r1.episode import episode_record
-from slime_search_r1.training.metrics import search_metrics
+from slime_search_r1.training.metrics import health_metrics, search_metrics
 from slime_search_r1.viewer.__main__ import main as viewer_main
 from slime_search_r1.viewer.dumps import InputError, load_torch_file
 from slime_search_r1.viewer.inputs import read_inputs
@@ -128,7 +128,7 @@ def test_the_tokens_text_put_end_to_end_is_the_response_even_where_a_token_holds
 
 
 def test_the_figures_are_the_log_hooks_own_on_the_same_samples(viewer_dumps, runs):
-    assert hook_metrics(runs["rollout"]) == search_metrics(viewer_dumps.samples)
+    assert hook_metrics(runs["rollout"]) == search_metrics(viewer_dumps.samples) | health_metrics(viewer_dumps.samples)
     figures = viewer_metrics(runs["rollout"], threshold=0.5)
     statuses = [s.status.value for s in viewer_dumps.samples]
     assert {k: v for k, v in figures.items() if k.startswith("status/")} == {

@@ -12,7 +12,8 @@ import json
 import numpy as np
 import pytest
 
-from slime_search_r1.training.metrics import em_by_data_source, search_metrics
+from slime_search_r1.training.collapse import CollapseWatch
+from slime_search_r1.training.metrics import em_by_data_source, health_metrics, search_metrics
 from slime_search_r1.viewer import build_page
 from support.browser import launch_or_skip
 from support.viewer_dumps import HOSTILE_TEXT, NEW_RECORD_KEY, NEW_RECORD_NAME, train_log_probs
@@ -91,14 +92,17 @@ def test_the_summary_shows_the_log_hooks_figures_of_the_dump(page, viewer_dumps)
         "Object.fromEntries([...document.querySelectorAll('td[data-kind=hook]')]"
         ".map(td => [td.dataset.metric, Number(td.dataset.value)]))"
     )
-    assert shown == search_metrics(viewer_dumps.samples)
+    expected = search_metrics(viewer_dumps.samples) | health_metrics(viewer_dumps.samples)
+    expected["health/alarms"] = len(CollapseWatch().observe(expected)[1])  # the page's first rollout: no changes yet
+    assert shown == expected
     page.tab.click("nav#runs button[data-run='1']")
     page.tab.wait_for_selector("#run-name:text('eval 3')")
     shown = page.js(
         "Object.fromEntries([...document.querySelectorAll('td[data-kind=hook]')]"
         ".map(td => [td.dataset.metric, Number(td.dataset.value)]))"
     )
-    expected = search_metrics(viewer_dumps.eval_samples) | em_by_data_source(viewer_dumps.eval_samples)
+    eval_samples = viewer_dumps.eval_samples
+    expected = search_metrics(eval_samples) | em_by_data_source(eval_samples) | health_metrics(eval_samples)
     assert shown == expected
     assert "em_by_source/bamboogle" in shown
     assert page.rows() == [0, 1]

@@ -143,6 +143,7 @@
     document.getElementById("run-source").textContent = source.join("; ");
     const summary = clear(document.getElementById("summary"));
     summary.appendChild(metricsTable(`The log hooks' metrics (logged as ${run.prefix}<name>), over ${run.total} samples`, run.hooks, "hook"));
+    for (const alarm of run.alarms || []) summary.appendChild(h("div", { class: "warning", text: `collapse warning: ${alarm}`, data: { alarm: "" } }));
     summary.appendChild(metricsTable("The viewer's own figures (not logged)", run.viewer, "viewer"));
     for (const note of run.notes) summary.appendChild(h("div", { class: "note", text: note }));
     if (run.rows.length < run.total) {
@@ -316,6 +317,7 @@
     if (row.index !== null && row.index !== undefined) badges.push(h("span", { class: "badge", text: `index ${row.index}` }));
     if (row.group !== null && row.group !== undefined) badges.push(h("span", { class: "badge", text: `group ${row.group}` }));
     if (row.removed) badges.push(h("span", { class: "badge bad", text: "remove_sample: kept out of the loss" }));
+    if (record.reward && record.reward.unscored) badges.push(h("span", { class: "badge bad", text: "the judge gave no verdict: unscored, kept out of training", data: { field: "unscored" } }));
     if (record.tool_error) badges.push(h("span", { class: "badge bad", text: `tool error: ${record.tool_error}` }));
     if (row.resumes) badges.push(h("span", { class: "badge", text: `resumed ${row.resumes}× (partial rollout): ${record.earlier_policy_tokens} of ${record.generated_tokens} sampled tokens from earlier rollouts`, data: { field: "resumes" } }));
     view.appendChild(h("div", { class: "badges" }, badges));
@@ -323,8 +325,17 @@
     view.appendChild(h("p", { class: "muted", text: `question: ${row.q}` }));
 
     const reward = record.reward || {};
-    const rewardRows = ["score", "em", "format_valid", "retrieval_hit"].map((k) =>
+    const scoredBy = reward.scored_by || "em";
+    const rewardKeys = ["score", "em", ...(scoredBy === "em" ? [] : [scoredBy]), "format_valid", "retrieval_hit"];
+    const rewardRows = rewardKeys.map((k) =>
       h("tr", null, [h("td", { text: k }), h("td", { class: "value", text: fmt(reward[k] === undefined ? null : reward[k]), data: { reward: k } })]));
+    if (record.reward) rewardRows.push(h("tr", null, [h("td", { text: "scored by" }), h("td", { class: "value", text: scoredBy, data: { reward: "scored_by" } })]));
+    const verdict = reward.judge_verdict;
+    if (verdict) {
+      const said = [verdict.status, `${verdict.attempts} request${verdict.attempts === 1 ? "" : "s"}`, verdict.error].filter((x) => x).join("; ");
+      rewardRows.push(h("tr", null, [h("td", { text: "judge" }), h("td", { class: "value", text: said, data: { reward: "judge_verdict" } })]));
+      if (verdict.reply) rewardRows.push(h("tr", null, [h("td", { text: "judge's reply" }), h("td", { class: "value reply", text: verdict.reply })]));
+    }
     rewardRows.push(h("tr", null, [h("td", { text: "sample.reward" }), h("td", { class: "value", text: typeof detail.reward === "object" && detail.reward !== null ? JSON.stringify(detail.reward) : fmt(detail.reward) })]));
     rewardRows.push(h("tr", null, [h("td", { text: "gold answers" }), h("td", { class: "value", text: (detail.answers || []).join(" | ") || "-" })]));
     const counted = ["turns", "invalid_actions", "observation_tokens", "truncated_observations"];
