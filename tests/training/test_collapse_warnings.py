@@ -132,6 +132,22 @@ def test_no_answer_counts_responses_without_a_closing_answer_but_not_failed_ones
     assert signals(answered, cut, failed, shown)["health/no_answer_share"] == pytest.approx(2 / 3)
 
 
+def test_a_split_episode_is_read_whole_once():
+    """split_trajectories: the answer is in the last part and a loop may run across parts; the episode's signals are
+    those of its parts joined, counted once beside an unsplit episode."""
+    loop = [7, 8, 9, 10, 11, 12] * 10
+    parts = [
+        sample("<think>a</think><search> q </search>\n\n<information>...</information>\n\n", ids=loop[:30]),
+        sample("<think>so</think><answer> Paris </answer>", ids=loop[30:]),
+    ]
+    for index, part in enumerate(parts):
+        part.metadata["search_r1"]["segment"] = {"index": index, "count": 2, "start": 30 * index}
+    unsplit = sample("<think>a</think>", ids=list(range(1, 61)), status=Sample.Status.TRUNCATED)
+    found = signals(*parts, unsplit)
+    assert found["health/no_answer_share"] == 0.5  # the split episode answered, the other did not
+    assert found["health/repetition_share"] == 0.5  # its loop is counted once, across its two parts
+
+
 def test_the_reasoning_before_the_first_tool_call_in_both_protocols():
     searched = {"search": {"calls": 1, "failures": 0, "seconds": [0.1]}}
     xml = sample("<think>twelve chars</think>\n<search> q </search>", tools=searched)  # 26 characters before
