@@ -159,8 +159,9 @@ def resume_point(record: dict) -> dict | None:
 
 
 def segment_of(record: dict) -> dict | None:
-    """Which of the samples an episode was split into this one is: {"index", "count"} (split_trajectories), or
-    None for an episode trained as one sample. Every segment carries the whole episode's record."""
+    """Which of the samples an episode was split into this one is: {"index", "count", "start": where its part begins
+    in the episode's response} (split_trajectories), or None for an episode trained as one sample. Every segment
+    carries the whole episode's record."""
     segment = record.get("segment")
     return segment if isinstance(segment, dict) else None
 
@@ -184,6 +185,18 @@ def version_spans(record: dict) -> list[tuple[int, int, str | None]]:
     """The record's spans: (start, end, weight version) per engine call that sampled tokens, in response-token
     positions, in order; they cover exactly the generated tokens (observations lie between them)."""
     return [(int(start), int(end), version) for start, end, version in record.get(VERSIONS_KEY) or ()]
+
+
+def part_spans(record: dict, response_length: int) -> list[tuple[int, int, str | None]]:
+    """The record's spans in this sample's own response positions: a part of a split episode (segment_of) holds the
+    response from its segment's start on, so the spans are shifted there and cut to its `response_length`."""
+    offset = int((segment_of(record) or {}).get("start", 0))
+    spans = []
+    for start, end, version in version_spans(record):
+        start, end = max(start - offset, 0), min(end - offset, response_length)
+        if start < end:
+            spans.append((start, end, version))
+    return spans
 
 
 def token_versions(record: dict, response_length: int) -> list[str | None]:

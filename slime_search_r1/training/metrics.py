@@ -23,6 +23,7 @@ from slime_search_r1.episode import (
     FinishReason,
     episode_record,
     newest_version,
+    part_spans,
     reward_of,
     segment_of,
     tool_counters,
@@ -105,13 +106,12 @@ def staleness_metrics(samples: list[tuple]) -> dict[str, float]:
         return {}
     trained = stale_trained = 0
     if max(lags):  # some tokens are older than the newest: count the trained ones (the loss mask as slime trains it)
-        for sample, record, spans in spans_of:
+        for sample, record, _ in spans_of:
             if sample.remove_sample:  # out of the loss whatever its mask says
                 continue
             mask = sample.loss_mask or []
-            offset = (segment_of(record) or {}).get("start", 0)  # a split episode's later part starts further in
-            for start, end, version in spans:
-                kept = sum(mask[max(start - offset, 0) : max(end - offset, 0)])
+            for start, end, version in part_spans(record, sample.response_length):  # a split one's part: its own
+                kept = sum(mask[start:end])
                 trained += kept
                 number = version_number(version)
                 stale_trained += kept if number is not None and number < newest else 0

@@ -25,6 +25,7 @@ from slime_search_r1.data import golden_answers
 from slime_search_r1.episode import (
     conversation_of,
     newest_version,
+    part_spans,
     reward_of,
     tool_counters,
     version_number,
@@ -58,6 +59,11 @@ DRAWN_RECORD_KEYS = {
     "engine_aborts",
     "restarts",
     "lag_masked_tokens",
+    "forced_answer",
+    "segments",
+    "segment",
+    "page_chunks",
+    "short_form_tokens_saved",
 }
 _MARKER = re.compile(r"<!--VIEWER:(\w+)-->|/\*VIEWER:(\w+)\*/")
 _SMALL_TENSOR = 64  # elements; bigger tensors are shown by shape
@@ -129,10 +135,11 @@ def _number(value) -> float | None:
     return None
 
 
-def versions_view(record: dict | None) -> dict | None:
+def versions_view(record: dict | None, response_length: int) -> dict | None:
     """The weight versions that sampled the response: each distinct one (oldest first; unordered ones last) with
-    how far it lags the sample's newest, and the record's spans as [start, end, its index]. None: none recorded."""
-    spans = version_spans(record) if record else []
+    how far it lags the episode's newest, and the spans as [start, end, its index] in the sample's response (a part
+    of a split episode shows its own). None: none recorded."""
+    spans = part_spans(record, response_length) if record else []
     if not spans:
         return None
 
@@ -141,7 +148,7 @@ def versions_view(record: dict | None) -> dict | None:
         return (number is None, number or 0, str(version))
 
     names = sorted({version for _, _, version in spans}, key=order)
-    newest = newest_version(spans)
+    newest = newest_version(version_spans(record))
     lags = [None if (n := version_number(v)) is None or newest is None else newest - n for v in names]
     return {
         "names": names,
@@ -213,7 +220,7 @@ def sample_detail(sample: ViewSample, texts: TokenTexts | None) -> dict:
         "train_fields": sample.train_fields,
         # --partial-rollout: the response tokens before this position were sampled in earlier rollouts
         "earlier_before": (record.get("resumed_at") or [0])[-1] if record else 0,
-        "versions": versions_view(record),
+        "versions": versions_view(record, sample.response_length),
     }
     if sample.response_ids is not None:
         detail["prompt_ids"] = typed(sample.prompt_ids or [], "<i4")

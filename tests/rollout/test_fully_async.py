@@ -24,10 +24,11 @@ from slime.rollout.data_source import RolloutDataSource, RolloutDataSourceWithBu
 from slime.rollout.fully_async_rollout import AsyncRolloutWorker, generate_rollout_fully_async
 from slime.utils.http_utils import get_rollout_num_engines
 from slime.utils.types import Sample
-from slime_search_r1.episode import lagging_spans, token_versions, version_number, version_spans
+from slime_search_r1.episode import lagging_spans, part_spans, token_versions, version_number, version_spans
 from slime_search_r1.settings import ConfigError, resolve_config, search_r1_configs
 from slime_search_r1.tokens.manual import Trajectory
 from slime_search_r1.training.metrics import TRAIN_PREFIX, search_metrics, staleness_metrics
+from slime_search_r1.viewer.page import versions_view
 from support import slime_compat
 from support.episodes import (
     CHAT_LABEL,
@@ -368,6 +369,15 @@ def test_one_version_per_response_token_none_for_observations():
     assert token_versions({}, 2) == [None, None]  # the router modes record none
     assert [version_number(v) for v in ("12", "000012", "default", None)] == [12, 12, None, None]
     assert lagging_spans(version_spans(record), 0) == [(0, 3, "4")]
+
+
+def test_a_part_of_a_split_episode_sees_the_spans_in_its_own_positions():
+    """The record holds the episode's spans; a part starting at response position 4 of length 4 holds 4..8."""
+    record = {"versions": [[0, 3, "4"], [5, 6, "5"], [7, 10, "6"]], "segment": {"index": 1, "count": 2, "start": 4}}
+    assert part_spans(record, 4) == [(1, 2, "5"), (3, 4, "6")]
+    assert part_spans({"versions": record["versions"]}, 10) == version_spans(record)  # an unsplit sample: all
+    view = versions_view(record, 4)  # the viewer marks the part's own tokens, lags against the episode's newest
+    assert view == {"names": ["5", "6"], "lags": [1, 0], "spans": [[1, 2, 0], [3, 4, 1]]}
 
 
 # ---- what the log hooks say of a batch ------------------------------------------------------------------------------

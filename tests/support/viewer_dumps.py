@@ -84,6 +84,10 @@ TRAIN_EPISODES = [
 TRAIN_NAMES = [e.name for e in TRAIN_EPISODES]
 NEW_RECORD_KEY = {"from_turn": 1, "kept_tokens": 20}
 NEW_RECORD_NAME = "from_a_newer_plugin"
+LONG_HORIZON_KEYS = {
+    "forced_answer": {"mode": "inject", "turn": 3, "trigger": "max_turns", "tokens": 18},
+    "page_chunks": 2,
+}
 RESUMED_AFTER = 6  # tokens of the second turn sampled before the abort
 EVAL_EPISODES = [
     Episode("eval right", "generate", [SEARCH_TURN, ANSWER_TURN], "nq"),
@@ -244,6 +248,8 @@ def make_dumps(folder: Path, tokenizer, tokenizer_dir: str) -> Dumps:
     train, evaluation = _run_all(tokenizer, tokenizer_dir)
     # a record key this viewer does not draw (a newer plugin's): the page must still show it
     train[TRAIN_NAMES.index("wrong")].metadata["search_r1"][NEW_RECORD_NAME] = NEW_RECORD_KEY
+    # long-horizon keys the page draws in the Episode card (this episode ran without them; only the card is tested)
+    train[TRAIN_NAMES.index("wrong")].metadata["search_r1"].update(LONG_HORIZON_KEYS)
     template = str(folder / "rollout_data" / "{rollout_id}.pt")
     save_debug_rollout_data(template, train, rollout_id=ROLLOUT_ID, evaluation=False)
     save_debug_rollout_data(

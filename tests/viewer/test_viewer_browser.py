@@ -269,6 +269,13 @@ def test_record_keys_the_viewer_does_not_know_are_shown(page, viewer_dumps):
     summary = page.js("document.querySelector('[data-block=record-more] summary').textContent")
     assert summary == f"record: {NEW_RECORD_NAME}"
     assert json.loads(page.js("document.querySelector('[data-block=record-more] pre').textContent")) == NEW_RECORD_KEY
+    assert page.js("document.querySelectorAll('[data-block=record-more]').length") == 1  # the long-horizon keys: drawn
+    cells = page.js(
+        "Object.fromEntries([...document.querySelectorAll('td[data-counter]')]"
+        ".map(c => [c.dataset.counter, c.textContent]))"
+    )
+    assert cells["forced_answer"] == "inject on turn 3 (max_turns), 18 instruction tokens"
+    assert cells["page_chunks"] == "2"
 
 
 @pytest.fixture(scope="module")

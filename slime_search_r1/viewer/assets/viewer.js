@@ -340,8 +340,13 @@
     rewardRows.push(h("tr", null, [h("td", { text: "gold answers" }), h("td", { class: "value", text: (detail.answers || []).join(" | ") || "-" })]));
     const counted = ["turns", "invalid_actions", "observation_tokens", "truncated_observations"];
     for (const k of ["engine_aborts", "restarts", "lag_masked_tokens"]) if (record[k]) counted.push(k); // fully-async
+    for (const k of ["page_chunks", "short_form_tokens_saved"]) if (record[k]) counted.push(k); // long horizon
+    if (record.segments > 1) counted.push("segments");
     const counters = counted.map((k) =>
       h("tr", null, [h("td", { text: k }), h("td", { class: "value", text: fmt(record[k] === undefined ? null : record[k]), data: { counter: k } })]));
+    const forced = record.forced_answer, part = record.segment;
+    if (forced) counters.push(h("tr", null, [h("td", { text: "forced answer" }), h("td", { class: "value", text: `${forced.mode} on turn ${forced.turn} (${forced.trigger}), ${forced.tokens} instruction tokens`, data: { counter: "forced_answer" } })]));
+    if (part) counters.push(h("tr", null, [h("td", { text: "part" }), h("td", { class: "value", text: `${part.index + 1} of ${part.count}, from response token ${part.start}`, data: { counter: "segment" } })]));
     const toolRows = Object.entries(record.tools || {}).map(([name, c]) => {
       const seconds = (c.seconds || []).map((s) => s.toFixed(2)).join(", ");
       return h("tr", null, [h("td", { text: name }), h("td", { class: "value", text: `${c.calls || 0} calls, ${c.failures || 0} failed${seconds ? `; seconds ${seconds}` : ""}` })]);
