@@ -176,6 +176,20 @@ def test_the_wrapper_refuses_a_gpu_layout_beside_the_declared_training_before_an
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_a_training_launch_that_would_fail_stops_the_wrapper_when_asked(launch_as_training):
+    """Asked what training holds, the launch checks its own settings first: a bad one stops the wrapper then."""
+    env = {**launch_as_training, "RETRIEVER_EXTRA_ARGS": "--torch_search 0", "GPU_MEMORY_GIB": "80", "NUM_GPUS": "0"}
+    result = run_wrapper(env, timeout=120)
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(
+        "run_qwen2.5_3B_with_retrieval.sh: error: training would not start (TRAIN_CMD's launch, asked first: exit "
+        "code 1): run_qwen2.5_3B.sh: error: environment variable NUM_GPUS='0' is out of range; accepted: >= 1"
+    )
+    assert_nothing_started(env)
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_the_wrapper_refuses_an_index_that_does_not_fit_in_ram(wrapper_env, small_wiki):
     env = {**wrapper_env, "RETRIEVER_RAM_GIB": "0.1", "TRAIN_CMD": "exit 0"}
     result = run_wrapper(env, timeout=120)
