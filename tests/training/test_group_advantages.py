@@ -143,3 +143,17 @@ async def test_a_group_from_generate_with_one_failed_search(
     siblings_alone = slime_advantages(grpo_args(n=3, batch=1), samples[:3])
     assert advantages[:3] == pytest.approx(siblings_alone, abs=1e-6)
     assert advantages[3] == 0.0
+
+
+def test_integer_rewards_are_normalised_as_floats():
+    """A custom reward function may return ints; slime builds a float tensor from them, and so does the hook."""
+    args = grpo_args(n=4, batch=1)
+    samples = samples_with([1, 0, 1, 1])
+    assert post_process_rewards(args, samples)[1] == pytest.approx(slime_advantages(args, samples), abs=1e-6)
+
+
+def test_a_group_whose_samples_were_all_removed_does_not_stop_the_next_groups():
+    args = grpo_args(n=3, batch=2)
+    samples = samples_with([0.0, 0.0, 0.0, 1.0, 0.2, 0.0], removed={0, 1, 2})  # the first prompt's searches all failed
+    expected = slime_advantages(grpo_args(n=3, batch=1), samples_with([1.0, 0.2, 0.0]))
+    assert post_process_rewards(args, samples)[1] == pytest.approx([0.0, 0.0, 0.0, *expected], abs=1e-6)
