@@ -42,12 +42,16 @@ SURVIVED_CODES = {0}
 NO_TESTS_CODES = {5, 33}
 
 
+# Lines left alone: what goes to the log changes neither what is trained nor what a client gets.
+NOT_MUTATED = (r"^\s*(logger|logging)\.(debug|info|warning|error|exception)\(", r"^\s*_warn_once\(")
+
+
 @dataclass(frozen=True)
 class Target:
     name: str
     what: str  # what a user relies on it for
     files: tuple[str, ...]  # the modules mutated
-    tests: tuple[str, ...]  # the test files that cover them
+    tests: tuple[str, ...]  # the test files that cover them (pytest arguments: files, node ids, -k)
     only: tuple[str, ...] = ()  # mutant-name globs, where a file holds more than this target's code
 
 
@@ -215,6 +219,7 @@ def prepare_copy(target: Target, workdir: Path) -> None:
         "also_copy": top_level,  # the whole tree goes into mutants/, where the tests import from
         "pytest_add_cli_args_test_selection": list(target.tests),
         "pytest_add_cli_args": ["-p", "no:cacheprovider"],
+        "do_not_mutate_patterns": list(NOT_MUTATED),
     }
     lines = ["", "[tool.mutmut]"] + [f"{key} = {toml_list(value)}" for key, value in config.items()]
     with open(workdir / "pyproject.toml", "a") as out:
@@ -370,6 +375,8 @@ def main() -> int:
             + (" (FAILED)" if outcome.error else ""),
             flush=True,
         )
+        for mutant in outcome.survivors:
+            print(f"    survived: {mutant.name} {one_line(mutant.diff)}", flush=True)
         outcomes.append(outcome)
     text = render(outcomes, args.jobs, (load_start, os.getloadavg()[0]), time.monotonic() - started)
     results_md.report(TITLE, text, write=not args.no_write)
