@@ -6,8 +6,8 @@ STAMP := $(VENV)/.installed
 # The CPU wheel of torch 2.13.0 is preinstalled on the project's machines; elsewhere pick your build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install test lint demo bench bench-rollout bench-retriever bench-retriever-hostile bench-retriever-busy bench-viewer \
-	bench-retriever-layouts bench-encoder-precision bench-gpu clean shellcheck mutation
+.PHONY: install test lint demo bench bench-rollout bench-retriever bench-retriever-hostile bench-retriever-busy bench-retriever-peers \
+	bench-viewer bench-retriever-layouts bench-encoder-precision bench-gpu clean shellcheck mutation
 
 $(STAMP): pyproject.toml requirements-assets.txt
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,10 @@ bench-gpu: $(STAMP)
 # Hostile-client reliability checks of the retriever (counts of errors, mismatches, 5xx, crashes); writes RESULTS.md.
 bench-retriever-hostile: $(STAMP)
 	$(BIN)/python bench/retriever_hostile.py --write-results
+
+# A Search-R1 training step (2,560 queries in one request) beside single-query clients; writes bench/RESULTS.md.
+bench-retriever-peers: $(STAMP)
+	$(BIN)/python bench/retriever_peers.py --write-results
 
 # The retriever idle and beside BUSY_CORES spinning processes (1 and 256 clients, the in-process ceiling; checks the targets),
 # then through the tmux wrapper with a CPU-busy stand-in training; each writes its own section of bench/RESULTS.md.

@@ -1,7 +1,7 @@
 """Search-R1 for slime: multi-turn search rollouts and their reward.
 
     --custom-generate-function-path generate_with_search.generate
-    --custom-rm-path generate_with_search.reward_func
+    --custom-rm-path generate_with_search.reward_func                                     # EM, F1, cover EM, judge
     --custom-reward-post-process-path generate_with_search.post_process_rewards           # FAILED out of groups
     --custom-rollout-log-function-path generate_with_search.log_rollout_metrics            # search metrics
     --custom-eval-rollout-log-function-path generate_with_search.log_eval_rollout_metrics  # and EM per source
@@ -17,15 +17,18 @@ variables override the dict. A bad value stops the import with a message saying 
 accepted.
 """
 
+import asyncio
 import logging
 
-from qa_em_format import FormatWeights, score_conversation, score_response
+from qa_em_format import FormatWeights, read_chat, read_response, score_reading
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
 from slime_search_r1.data import golden_answers
 from slime_search_r1.episode import conversation_of, episode_record, record_reward
 from slime_search_r1.loop import enabled_tools, run_episode
 from slime_search_r1.protocols.xml_tags import prompt_text
+from slime_search_r1.scoring.rewards import JUDGE, question_of
+from slime_search_r1.scoring.rewards import grade as grade_answer
 from slime_search_r1.settings import resolve_config, search_r1_configs
 from slime_search_r1.slime_flags import check_slime_args
 from slime_search_r1.training.advantages import post_process_rewards  # noqa: F401 (slime loads it from here)
@@ -55,7 +58,8 @@ def _warn_once(message: str) -> None:
         logger.warning(message)
 
 
-async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
+async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample | list[Sample]:
+    """One episode; with SEARCH_R1_SPLIT_TRAJECTORIES=true (training) a list of samples, one per context."""
     config = resolve_config(SEARCH_R1_CONFIGS)
     for warning in check_slime_args(args, config):
         _warn_once(warning)
@@ -63,13 +67,16 @@ async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool
 
 
 async def reward_func(args, sample: Sample | list[Sample], **kwargs) -> float | dict | list:
-    """Search-R1 EM with the configured format bonus; evaluation samples get pure EM.
+    """Search-R1's reward table over the configured answer score (SEARCH_R1_REWARD: em by default, f1, cover_em or
+    judge) with the configured format bonus; evaluation samples get pure EM.
 
-    Returns a float, or {"score", "em", "format_valid", "retrieval_hit"} when slime's --reward-key is set;
-    with --group-rm slime passes the group and gets one reward per sample.
+    Returns a float, or {"score", "em", "format_valid", "retrieval_hit"} (and the reward's own score, "f1",
+    "cover_em" or "judge", when it is not em) when slime's --reward-key is set; with --group-rm slime passes the
+    group and gets one reward per sample. A sample the judge could not score is marked in its record and gets
+    remove_sample, so that post_process_rewards keeps it out of its group's advantages.
     """
     if isinstance(sample, list):
-        return [await reward_func(args, one) for one in sample]
+        return list(await asyncio.gather(*(reward_func(args, one) for one in sample)))  # judge requests overlap
     config = resolve_config(SEARCH_R1_CONFIGS)
     tools = enabled_tools(config)
     record = episode_record(sample) or {}  # what generate() recorded
@@ -82,18 +89,28 @@ async def reward_func(args, sample: Sample | list[Sample], **kwargs) -> float | 
     golds = golden_answers(sample.label)
     conversation = conversation_of(record)
     if conversation is not None:
-        details = score_conversation(conversation, golds, weights, tools)
+        reading = read_chat(conversation, tools)
     else:
         # the prompt exactly as the episode conditioned on it (messages rendered with the sample's tokenizer)
         tokenizer = None if isinstance(sample.prompt, str) else GenerateState(args).tokenizer
-        details = score_response(prompt_text(args, tokenizer, sample, tools), sample.response, golds, weights, tools)
+        reading = read_response(prompt_text(args, tokenizer, sample, tools), sample.response, tools)
+    # evaluation stays pure EM (evaluate.py asks the judge itself); a rule-based reward's score is recorded beside it
+    name = config.reward if not (evaluation and config.reward == JUDGE) else "em"
+    grade = await grade_answer(config, name, question_of(sample) if name == JUDGE else "", golds, reading.answer)
+    answer_score = None if name == "em" or evaluation else (grade.value if grade.scored else 0.0)
+    details = score_reading(reading, golds, weights, answer_score)
     reward = {
         "score": details.score,
         "em": details.em,
         "format_valid": float(details.format_valid),
         "retrieval_hit": float(details.retrieval_hit),
     }
-    record_reward(sample, reward)  # what the rollout log functions plot (slime_search_r1/training/metrics.py)
+    if name != "em":
+        reward[name] = grade.value if grade.scored else 0.0  # a number for slime; the record says it is unscored
+    # what the log hooks plot (training/metrics.py) and the viewer shows, the judge's verdict included
+    record_reward(sample, reward, name, grade.verdict.as_dict() if grade.verdict else None)
+    if not grade.scored:
+        sample.remove_sample = True  # kept out of the loss and of its group's advantages, like a failed search
     # slime indexes a dict reward with --reward-key (training) and --eval-reward-key (evaluation) only.
     if getattr(args, "reward_key", None) or (evaluation and getattr(args, "eval_reward_key", None)):
         return dict(reward)

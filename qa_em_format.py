@@ -1,18 +1,25 @@
-"""Search-R1's exact-match reward with its format rules (qa_em and qa_em_format).
+"""Search-R1's exact-match reward with its format rules (qa_em and qa_em_format), and the same table over F1, cover
+EM or a judge's verdict (SEARCH_R1_REWARD).
 
-| answer  | format valid | score                                                            |
-|---------|--------------|------------------------------------------------------------------|
-| correct | yes          | 1.0                                                              |
-| correct | no           | 1.0 - format_score                                               |
-| wrong   | yes          | format_score (+ retrieval_score if a gold answer was retrieved)  |
-| wrong   | no           | final_format_score                                               |
-| none    | yes          | format_score (+ retrieval_score)                                 |
-| none    | no           | 0                                                                |
+s is the answer's score: EM (0 or 1, the default), token F1 or cover EM (slime_search_r1/scoring/answers.py), or the
+judge's verdict (1 or 0). With s = EM the rows are Search-R1's own; any other s in [0, 1] mixes a row's "right" and
+"wrong" values in proportion: s * right + (1 - s) * wrong.
 
-With format_score = final_format_score = retrieval_score = 0 this is plain EM (qa_em). XML responses are read
-here (score_response); chat conversations are read by slime_search_r1/protocols/chat_reward.py and scored with
-the same table (score_conversation). The normalisation, exact match and the reading of the last <answer> live in
-slime_search_r1/scoring/answers.py (with F1 and cover EM) and keep their names here.
+| answer  | format valid | score                                                                          |
+|---------|--------------|--------------------------------------------------------------------------------|
+| s = 1   | yes          | 1.0                                                                            |
+| s = 1   | no           | 1.0 - format_score                                                             |
+| s = 0   | yes          | format_score (+ retrieval_score if a gold answer was retrieved)                |
+| s = 0   | no           | final_format_score                                                             |
+| s       | yes          | s + (1 - s) * (format_score (+ retrieval_score if a gold answer was retrieved)) |
+| s       | no           | s * (1.0 - format_score) + (1 - s) * final_format_score                        |
+| none    | yes          | format_score (+ retrieval_score)                                               |
+| none    | no           | 0                                                                              |
+
+With format_score = final_format_score = retrieval_score = 0 the score is s itself (pure EM with EM: qa_em). XML
+responses are read here (read_response); chat conversations by slime_search_r1/protocols/chat_reward.py (read_chat);
+both are scored with the same table (score_reading). The normalisation, the scores and the reading of the last
+<answer> live in slime_search_r1/scoring/answers.py and keep their names here.
 """
 
 import re
@@ -75,6 +82,16 @@ class ScoreDetails:
     format_valid: bool
     retrieval_hit: bool
     answer: str | None
+    answer_score: float = 0.0  # s in the table: em's 0/1 unless another score was given
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What the reward reads from a response, whichever protocol wrote it."""
+
+    answer: str | None  # the last <answer> the model wrote (None: no answer)
+    format_valid: bool
+    retrieved: list[str]  # the tools' results, where the retrieval bonus looks for a gold answer
 
 
 def format_problem(text: str, tools: Iterable[str] = ("search",)) -> str | None:
@@ -109,24 +126,49 @@ def contains_gold(texts: Iterable[str], golden_answers: Iterable[str]) -> bool:
     return any(gold in text for text in normalized for gold in golds)
 
 
-def table_score(answer: str | None, golden_answers: list[str], format_valid: bool, hit: bool, weights) -> ScoreDetails:
-    """The reward table at the top of this module."""
+def table_score(
+    answer: str | None,
+    golden_answers: list[str],
+    format_valid: bool,
+    hit: bool,
+    weights,
+    answer_score: float | None = None,
+) -> ScoreDetails:
+    """The reward table at the top of this module; `answer_score` is s (None: exact match)."""
     em = answer is not None and em_check(answer, golden_answers)
-    if em:
-        score = weights.correct_score if format_valid else weights.correct_score - weights.format_score
-    elif format_valid:
-        score = weights.format_score + (weights.retrieval_score if hit else 0.0)
+    s = float(em) if answer_score is None else float(answer_score)
+    right = weights.correct_score if format_valid else weights.correct_score - weights.format_score
+    if format_valid:
+        wrong = weights.format_score + (weights.retrieval_score if hit else 0.0)
     else:
-        score = weights.final_format_score if answer is not None else 0.0
-    return ScoreDetails(score=score, em=float(em), format_valid=format_valid, retrieval_hit=hit, answer=answer)
+        wrong = weights.final_format_score if answer is not None else 0.0
+    # exact at s = 1 and s = 0 (1.0 * x + 0.0 * y == x in floating point): EM's rewards are Search-R1's to the bit
+    score = s * right + (1.0 - s) * wrong
+    return ScoreDetails(
+        score=score, em=float(em), format_valid=format_valid, retrieval_hit=hit, answer=answer, answer_score=s
+    )
 
 
-def score_answer(
-    answer: str | None, golden_answers: list[str], format_valid: bool, retrieved: list[str], weights: FormatWeights
+def score_reading(
+    reading: Reading, golden_answers: list[str], weights: FormatWeights, answer_score: float | None = None
 ) -> ScoreDetails:
     """The table for an answer read from either protocol; the retrieval bonus needs a valid format."""
-    hit = format_valid and contains_gold(retrieved, golden_answers)
-    return table_score(answer, golden_answers, format_valid, hit, weights)
+    hit = reading.format_valid and contains_gold(reading.retrieved, golden_answers)
+    return table_score(reading.answer, golden_answers, reading.format_valid, hit, weights, answer_score)
+
+
+def read_response(prompt: str, response: str, tools: Mapping[str, Tool] | None = None) -> Reading:
+    """XML mode: the format is checked on prompt + response, the answer read from the response; `tools` are the
+    enabled ones (Search-R1's search when None)."""
+    tools = tools or search_only()
+    format_valid = format_problem(prompt + response, tools) is None
+    return Reading(last_answer(response, tools), format_valid, INFORMATION_PATTERN.findall(response))
+
+
+def read_chat(conversation: list[dict], tools: Mapping[str, Tool] | None = None) -> Reading:
+    """Chat mode: the recorded conversation's answer, format and tool results (chat_reward.read_conversation)."""
+    reading = read_conversation(conversation, tools or search_only())
+    return Reading(reading.answer, reading.format_valid, reading.tool_texts)
 
 
 def score_response(
@@ -136,12 +178,8 @@ def score_response(
     weights: FormatWeights,
     tools: Mapping[str, Tool] | None = None,
 ) -> ScoreDetails:
-    """XML mode: the format is checked on prompt + response, the answer read from the response; `tools` are the
-    enabled ones (Search-R1's search when None)."""
-    tools = tools or search_only()
-    format_valid = format_problem(prompt + response, tools) is None
-    retrieved = INFORMATION_PATTERN.findall(response)
-    return score_answer(last_answer(response, tools), golden_answers, format_valid, retrieved, weights)
+    """Exact match's row for an XML response."""
+    return score_reading(read_response(prompt, response, tools), golden_answers, weights)
 
 
 def score_conversation(
@@ -150,6 +188,5 @@ def score_conversation(
     weights: FormatWeights,
     tools: Mapping[str, Tool] | None = None,
 ) -> ScoreDetails:
-    """Chat mode: the recorded conversation's format, answer and tool results (chat_reward.read_conversation)."""
-    reading = read_conversation(conversation, tools or search_only())
-    return score_answer(reading.answer, golden_answers, reading.format_valid, reading.tool_texts, weights)
+    """Exact match's row for a chat conversation."""
+    return score_reading(read_chat(conversation, tools), golden_answers, weights)

@@ -25,9 +25,11 @@ Results go to the `## Retriever load` section of bench/RESULTS.md (other section
 Busy neighbours (--busy_cores K): K child processes spin (`while True: pass`, bounded in time, stopped by PID),
 each pinned to one of the last K CPUs; each server is measured idle and beside them, in turns, at 1 and 256
 clients: our server (`on`), the server as before cpu_threads.py (libgomp spin-wait, fixed threads: `spin`),
-and the public request path (`public`). It prints and records the issue's targets as PASS/FAIL and exits 1 if
-one fails. With --wrapper the wrapper starts the server as for training, and its TRAIN_CMD is a stand-in
-training (this script, --standin_training) that searches like rollouts, idle and then beside K busy processes;
+and the public request path (`public`); `--modes on,today,even` compares the current CPU policy (`on`: the
+one-page tuner, speed shares) with that of commit TODAY_COMMIT (`today`) and with equal shares (`even`) in one run.
+It prints and records the issue's targets as PASS/FAIL and exits 1 if one fails. With --wrapper the wrapper
+starts the server as for training, and its TRAIN_CMD is a stand-in training (this script, --standin_training)
+that searches like rollouts, idle and then beside K busy processes;
 rows compare the wrapper's default with RETRIEVER_NUM_THREADS=1 and RETRIEVER_CPUS=<the free CPUs>. Each writes
 its own section of bench/RESULTS.md.
 """
@@ -675,8 +677,32 @@ SPIN_PROGRAM = [
     "-c",
     "import sys, faiss, torch; from local_dense_retriever.serving.cli import main; sys.exit(main())",
 ]
+# `today`: the server's CPU policy as it was at TODAY_COMMIT (issue 21's tuner: a ladder of layouts, seven knobs,
+# and equal shares for batches side by side), read from git and swapped in before the server loads; `even`: the
+# current tuner with equal shares, so that `on` against `today` and `even` tells the tuner's and the shares' parts.
+TODAY_COMMIT = "dc5b62c"
+EQUAL_SHARES = (
+    "from local_dense_retriever.serving import batcher; init = batcher.DynamicBatcher.__init__; "
+    "batcher.DynamicBatcher.__init__ = lambda self, *a, **k: init(self, *a, **{**k, 'speed_shares': False}); "
+)
+TODAY_PROGRAM = [
+    "-c",
+    "import subprocess, sys, types; "
+    f"source = subprocess.run(['git', 'show', '{TODAY_COMMIT}:local_dense_retriever/retrieval/cpu_threads.py'], "
+    "capture_output=True, text=True, check=True).stdout; "
+    "today = types.ModuleType('cpu_threads_today'); exec(compile(source, 'cpu_threads_today.py', 'exec'), "
+    "today.__dict__); from local_dense_retriever.retrieval import cpu_threads; "
+    "cpu_threads.ThreadTuner = today.ThreadTuner; " + EQUAL_SHARES + "from local_dense_retriever.serving.cli "
+    "import main; sys.exit(main())",
+]
+EVEN_PROGRAM = [
+    "-c",
+    f"import sys; {EQUAL_SHARES}from local_dense_retriever.serving.cli import main; sys.exit(main())",
+]
 BUSY_MODES = {  # program, extra flags
     "on": MODES["on"],
+    "today": (TODAY_PROGRAM, []),
+    "even": (EVEN_PROGRAM, []),
     "passive": MODES["passive"],
     "spin": (SPIN_PROGRAM, ["--num_threads", str(os.cpu_count() or 1)]),
     "public": MODES["public"],
@@ -889,6 +915,8 @@ def render_busy(
         f"clients. `on` = our server's defaults ({describe_threads(runs['on'].cpu_threads) if 'on' in runs else ''}); "
         "`passive` = one batch at a time on every CPU with OMP_WAIT_POLICY=PASSIVE (`--num_threads` = the usable "
         "CPUs: issue 13's server on an idle machine, without its thread tuner); "
+        f"`today` = the server with the CPU policy of commit {TODAY_COMMIT} (issue 21's tuner, equal shares for "
+        "batches side by side); `even` = our server with equal shares (the tuner of `on`); "
         "`spin` = the server as before issue 13: torch and faiss loaded before it sets "
         "the wait policy (libgomp's default spin-wait) and `--num_threads` = the machine's core count (no tuning); "
         "`public` = the public servers' request path (bench/public_pattern_server.py). Each cell is the best of "
@@ -1112,8 +1140,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--modes",
         default=None,
-        help="servers to run: on, off, passive, public (default: on, off, public); busy case: on, passive, spin, "
-        "public (default: on, spin, public)",
+        help="servers to run: on, off, passive, public (default: on, off, public); busy case: on, today, even, "
+        "passive, spin, public (default: on, spin, public; `today` is the CPU policy of commit "
+        f"{TODAY_COMMIT}, `even` the current one with equal shares)",
     )
     # 5 s: the server's tuner re-checks its CPU layout when the load or a neighbour changes (a window and a probe,
     # ~3.5 s at 100k and 256 clients); the measured window is its steady state.

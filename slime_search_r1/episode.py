@@ -4,7 +4,9 @@
   encode_text, encode_prompt      the ids of text the model did not write: its prompt, what it is shown
   EpisodeState, EpisodeStats      what the loop owns and hands on: settings, tools, where the episode stands, counters
   the record                      sample.metadata["search_r1"]: the counters, how the episode ended, (chat) its
-                                  conversation, where an aborted one stood; reward_func adds the reward's parts
+                                  conversation, where an aborted one stood, the policy version of each engine
+                                  call's tokens; reward_func adds the reward's parts
+  weight versions                 version_spans, token_versions, version_number: which policy wrote which token
 
 generate() writes the record once, at the end (loop.py); reward_func, the log hooks, evaluate.py and the viewer read
 it with the functions below. Everything stored is plain Python (dicts, lists, str, int, float, bool, None): slime
@@ -118,16 +120,30 @@ def forget_episode(sample) -> None:
     sample.metadata = {k: v for k, v in (sample.metadata or {}).items() if k != METADATA_KEY}
 
 
-def record_reward(sample, reward: dict) -> None:
-    """reward_func's breakdown {score, em, format_valid, retrieval_hit}, where the log hooks find it."""
+def record_reward(sample, reward: dict, scored_by: str = "em", verdict: dict | None = None) -> None:
+    """reward_func's breakdown, where the log hooks and the viewer find it: {score, em, format_valid, retrieval_hit}
+    and, when the reward is not built on em, `scored_by` (f1, cover_em or judge) with that score under its name;
+    with the judge, its verdict {status, score, reply, error, attempts}, and `unscored` when that verdict carries no
+    score (the sample is kept out of training)."""
     record = episode_record(sample)
-    if record is not None:
-        record["reward"] = dict(reward)
+    if record is None:
+        return
+    parts = dict(reward) if scored_by == "em" else {**reward, "scored_by": scored_by}
+    if verdict is not None:
+        parts["judge_verdict"] = dict(verdict)
+        if verdict.get("score") is None:
+            parts["unscored"] = True
+    record["reward"] = parts
 
 
 def reward_of(record: dict) -> dict | None:
     reward = record.get("reward")
     return reward if isinstance(reward, dict) else None
+
+
+def unscored(reward: dict) -> bool:
+    """The judge gave this sample no usable verdict: its score is a placeholder, it is not trained on."""
+    return bool(reward.get("unscored"))
 
 
 def conversation_of(record: dict) -> list[dict] | None:
@@ -142,12 +158,89 @@ def resume_point(record: dict) -> dict | None:
     return point if isinstance(point, dict) else None
 
 
+def segment_of(record: dict) -> dict | None:
+    """Which of the samples an episode was split into this one is: {"index", "count", "start": where its part begins
+    in the episode's response} (split_trajectories), or None for an episode trained as one sample. Every segment
+    carries the whole episode's record."""
+    segment = record.get("segment")
+    return segment if isinstance(segment, dict) else None
+
+
 def tool_counters(record: dict) -> dict[str, dict]:
     """Per tool name: {"calls": finished calls, "failures": calls that failed for good, "seconds": [each call's]}."""
     return record.get("tools") or {}
 
 
+# ---- which policy wrote which token -----------------------------------------------------------------------------
+# SGLang answers every /generate with meta_info["weight_version"]: the version of the weights that sampled it (slime
+# sets it at each weight update: "1", "2", ...; SGLang's own "default" before the first). The trajectory records one
+# span per engine call, [start, end, version] in response-token positions, under "versions" in the record. A weight
+# update that lands while a search runs changes the policy between two spans; one that pauses the engines mid-turn
+# (slime's fully-async training) splits that turn into two spans once --partial-rollout resumes it.
+
+VERSIONS_KEY = "versions"
+
+
+def version_spans(record: dict) -> list[tuple[int, int, str | None]]:
+    """The record's spans: (start, end, weight version) per engine call that sampled tokens, in response-token
+    positions, in order; they cover exactly the generated tokens (observations lie between them)."""
+    return [(int(start), int(end), version) for start, end, version in record.get(VERSIONS_KEY) or ()]
+
+
+def part_spans(record: dict, response_length: int) -> list[tuple[int, int, str | None]]:
+    """The record's spans in this sample's own response positions: a part of a split episode (segment_of) holds the
+    response from its segment's start on, so the spans are shifted there and cut to its `response_length`."""
+    offset = int((segment_of(record) or {}).get("start", 0))
+    spans = []
+    for start, end, version in version_spans(record):
+        start, end = max(start - offset, 0), min(end - offset, response_length)
+        if start < end:
+            spans.append((start, end, version))
+    return spans
+
+
+def token_versions(record: dict, response_length: int) -> list[str | None]:
+    """One weight version per response token: the version that sampled it; None for the tokens no engine call
+    sampled (observations, and everything in the router modes, which record no versions)."""
+    versions: list[str | None] = [None] * response_length
+    for start, end, version in version_spans(record):
+        versions[start:end] = [version] * (min(end, response_length) - start)
+    return versions
+
+
+def version_number(version: str | None) -> int | None:
+    """Where a weight version sits in the order of updates: slime's versions count its weight updates (str of an
+    int, zero-padded by some updaters); anything else (SGLang's "default" before slime's first update, or None)
+    has no place in that order."""
+    text = str(version).strip() if version is not None else ""
+    return int(text) if text.isdigit() else None
+
+
+def newest_version(spans) -> int | None:
+    """The newest ordered version among (start, end, version) spans, or None when none is ordered."""
+    numbers = [number for _, _, version in spans if (number := version_number(version)) is not None]
+    return max(numbers) if numbers else None
+
+
+def lagging_spans(spans, max_lag: int) -> list[tuple[int, int, str | None]]:
+    """The spans sampled more than `max_lag` versions before the newest of `spans` (the episode's last policy);
+    spans of an unordered version never lag."""
+    newest = newest_version(spans)
+    if newest is None:
+        return []
+    return [
+        (start, end, version)
+        for start, end, version in spans
+        if (number := version_number(version)) is not None and newest - number > max_lag
+    ]
+
+
 # ---- what the episode knows while it runs -----------------------------------------------------------------------
+
+
+def _status(sample) -> str:
+    status = getattr(sample, "status", None)
+    return str(getattr(status, "value", status))
 
 
 @dataclass
@@ -171,6 +264,16 @@ class EpisodeStats:
     resumes: int = 0  # partial rollout: how often an aborted episode was resumed
     earlier_policy_tokens: int = 0  # of generated_tokens, those an earlier policy wrote (before the last resume)
     resumed_at: list[int] = field(default_factory=list)  # the response length at each resume (tokens before it: older)
+    # Aborts counted from the engine's answers (finish_reason abort: slime's abort, or a weight update pausing the
+    # engines in fully-async training, where slime's abort flag never turns true), over every attempt.
+    engine_aborts: int = 0
+    restarts: int = 0  # times an aborted episode started over instead of resuming (no --partial-rollout)
+    lag_masked_tokens: int = 0  # generated tokens max_version_lag took out of the loss
+    # long horizon (force_answer, split_trajectories, page chunks)
+    forced_answer: dict | None = None  # {"mode", "turn", "trigger", "tokens"}: the answer was forced on that turn
+    segments: int = 1  # samples the episode was split into for training (split_trajectories)
+    page_chunks: int = 0  # page chunks the access tool showed
+    short_form_tokens_saved: int = 0  # tokens the chunks read no longer take in later contexts (full - short form)
 
     def tool(self, name: str) -> ToolStats:
         return self.tools.setdefault(name, ToolStats())
@@ -200,6 +303,15 @@ class EpisodeState:
     turn_started_at: int = 0  # len(conversation) when the turn under way began
     turn_start: int = 0  # response tokens before the turn under way
     stage: str = "turn"  # "turn": generating it (or about to); "tool": it was read and its calls are to run
+    pages: dict = field(default_factory=dict)  # page chunks: the pages being read, by URL (tools/access.py)
+
+    def __post_init__(self) -> None:
+        # An aborted sample handed back (slime's fully-async worker requeues its group) that starts over keeps
+        # count of its aborts; one that resumes takes all its counters from its record (resume()).
+        earlier = episode_record(self.sample) if _status(self.sample) == "aborted" else None
+        if earlier is not None:
+            self.stats.engine_aborts = int(earlier.get("engine_aborts", 0))
+            self.stats.restarts = int(earlier.get("restarts", 0)) + 1
 
     @property
     def aborted(self) -> bool:
@@ -227,11 +339,13 @@ class EpisodeState:
         """The conversation before the assistant turn under way (chat mode)."""
         return (self.conversation or [])[: self.turn_started_at]
 
-    def record(self, reason: FinishReason, *, resumable: bool) -> dict:
+    def record(self, reason: FinishReason, *, resumable: bool, versions=()) -> dict:
         """The record of the episode that ended for `reason`; with `resumable` (slime aborted it in a partial
-        rollout and hands it back later), where it stood too."""
+        rollout and hands it back later), where it stood too; `versions`: the trajectory's [start, end, version]
+        spans."""
         record = asdict(self.stats)
         record.update(finish_reason=reason.value, evaluation=self.evaluation)
+        record[VERSIONS_KEY] = [[start, end, version] for start, end, version in versions]
         if self.conversation is not None:
             record["conversation"] = self.conversation
         if resumable:

@@ -18,15 +18,29 @@ protocols, token drivers and tools are imported here and picked by the name a se
 holds those names, and what extensions register). How an episode ends:
 
   answer                              COMPLETED  answer
-  engine abort, or slime's abort      ABORTED    engine_abort / rollout_aborted (checked before every turn)
+  engine abort, or slime's abort      ABORTED    engine_abort (slime's abort, or a weight update pausing the engines in
+                                                 fully-async training) / rollout_aborted (checked before every turn)
   response or context budget out      TRUNCATED  token_budget (each turn is offered exactly what is left)
   max_turns reached                   TRUNCATED  max_turns; a tool call on the last turn is not run (no turn reads it)
   a tool failing after its retries    FAILED     tool_failed, with remove_sample when drop_failed_samples
 
+Long horizons (README: "Fully asynchronous, long horizon"):
+  force_answer=final_turn   as Search-R1: max_turns turns run their tool calls, then one more turn whose calls are not
+                            run; it answers (COMPLETED) or ends max_turns
+  force_answer=inject       the reply before the last turn (or the first one after which fewer than
+                            force_answer_reserve response tokens are left) ends with the protocol's instruction to
+                            answer now, outside the loss; the next turn is the last (max_turns, or token_budget when
+                            the reserve triggered it)
+  split_trajectories        a context that shows an observation shorter than it was shown (a page chunk read, in its
+                            short form) starts a new segment; a training episode is returned as a list of samples,
+                            one per segment (one rollout_id), each with the episode's reward
+
 With slime's --partial-rollout, an ABORTED episode records where it stood (the turn, and whether that turn was being
 generated or its tool calls were to run); slime hands the sample back in a later rollout, and the episode resumes
 there: a turn cut mid-generation continues from its last token, calls the abort interrupted run again, and the
-budgets count what was already done.
+budgets count what was already done. slime's fully-async worker hands an aborted sample back the same way. Each
+engine call's tokens are recorded with the weight version that sampled them (the Trajectory's `versions`);
+max_version_lag masks the oldest out of the loss when the episode ends.
 """
 
 import copy
@@ -35,6 +49,7 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
+from slime.rollout.rm_hub import async_rm
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
 from slime_search_r1.episode import (
@@ -85,8 +100,11 @@ class TurnProtocol(Protocol):
     def read(self, turn: Turn, state: EpisodeState) -> Action:
         """What the model did in `turn`."""
 
-    def reply(self, action: Action, results: dict[str, str], turn: Turn, state: EpisodeState) -> Reply:
-        """What the model is shown next: the results of its calls (by call id), or what was wrong."""
+    def reply(
+        self, action: Action, results: dict[str, str], turn: Turn, state: EpisodeState, force_answer: bool = False
+    ) -> Reply:
+        """What the model is shown next: the results of its calls (by call id), or what was wrong; with
+        `force_answer` (force_answer=inject), followed by the protocol's instruction to answer now."""
 
 
 class TokenDriver(Protocol):
@@ -109,8 +127,9 @@ class TokenDriver(Protocol):
     def written_turn(self) -> Turn:
         """The turn under way as the trajectory holds it (a resumed episode reads it again)."""
 
-    def add_observation(self, ids: list[int]) -> None:
-        """The environment's reply follows the turn."""
+    def add_observation(self, ids: list[int], short_ids: list[int] | None = None) -> None:
+        """The environment's reply follows the turn; `short_ids` (split_trajectories, manual only): what contexts
+        show in its place once a later turn has read it."""
 
     async def finish(self, status: Sample.Status) -> None:
         """The trajectory is complete (a router driver fetches it now)."""
@@ -194,15 +213,39 @@ async def run_episode(args, sample: Sample, sampling_params: dict, config: Searc
     status, reason = await _turns(state, protocol, driver, episode_budget(args, sampling_params, config, evaluation))
     await driver.finish(status)
     driver.trajectory.decode_response(state.tokenizer)
-    return finish(state, status, reason)
+    if config.max_version_lag is not None and status != Sample.Status.ABORTED:  # an aborted one has more to come
+        state.stats.lag_masked_tokens = driver.trajectory.mask_lagging_spans(config.max_version_lag)
+    versions = driver.trajectory.versions
+    if not config.split_trajectories or evaluation:  # evaluation scores one sample per episode (slime, evaluate.py)
+        return finish(state, status, reason, versions)
+    if status != Sample.Status.ABORTED:  # an aborted one is not trained: slime generates it again from the start
+        state.stats.segments = sum(segment.start < trajectory.response_length for segment in trajectory.segments)
+    return await split_for_training(args, finish(state, status, reason, versions), trajectory, state.tokenizer)
 
 
-def finish(state: EpisodeState, status: Sample.Status, reason: FinishReason) -> Sample:
+async def split_for_training(args, sample: Sample, trajectory: Trajectory, tokenizer) -> list[Sample]:
+    """split_trajectories: the episode as a list of samples, one per segment (a list of one when it was never
+    split, so that every entry of slime's groups has one shape), each with the reward of the whole episode. That
+    reward is computed here, through slime's own reward call (the configured --custom-rm-path) on the episode as it
+    happened, because each segment holds only part of it; slime sees it set and does not score the segments."""
+    if sample.status == Sample.Status.ABORTED:
+        return [sample]
+    sample.reward = await async_rm(args, sample)
+    segments = trajectory.segment_samples(tokenizer)
+    start = 0  # where each segment's part begins in the episode's response (the record's spans count from there)
+    for index, segment in enumerate(segments):
+        episode_record(segment)["segment"] = {"index": index, "count": len(segments), "start": start}
+        start += segment.response_length
+    return segments
+
+
+def finish(state: EpisodeState, status: Sample.Status, reason: FinishReason, versions=()) -> Sample:
     """The episode's end on the sample: its status, and its record in its metadata (where it stood too, when slime
-    aborted it in a partial rollout: slime hands the sample back to be resumed)."""
+    aborted it in a partial rollout: slime hands the sample back to be resumed; `versions`: the trajectory's weight
+    version per engine call)."""
     sample = state.sample
     resumable = status == Sample.Status.ABORTED and bool(getattr(state.args, "partial_rollout", False))
-    write_episode(sample, state.record(reason, resumable=resumable))
+    write_episode(sample, state.record(reason, resumable=resumable, versions=versions))
     sample.status = status
     sample.remove_sample = status == Sample.Status.FAILED and state.config.drop_failed_samples
     return sample
@@ -213,18 +256,25 @@ async def _turns(
 ) -> tuple[Sample.Status, FinishReason]:
     """(status, reason) of the episode, the trajectory written as it goes; a resumed episode starts where it stood."""
     config, stats = state.config, state.stats
+    final_turn = config.force_answer == "final_turn"
+    turns = config.max_turns + 1 if final_turn else config.max_turns  # final_turn: one more, its calls not run
     continuing = state.stage == "turn" and driver.response_length > state.turn_start  # a turn cut by an abort
-    while state.turn_index < config.max_turns:
-        last_turn = state.turn_index == config.max_turns - 1
+    while state.turn_index < turns:
+        forced = stats.forced_answer is not None and stats.forced_answer["turn"] == state.turn_index
+        last_turn = state.turn_index == turns - 1 or forced
         if state.stage == "tool":  # resumed after its turn was read: read it again, run its calls
             turn = driver.written_turn()
             action = protocol.read(turn, state)
         else:
             if not continuing:
                 state.begin_turn(driver.response_length)
+                if final_turn and state.turn_index == config.max_turns:
+                    stats.forced_answer = forced_answer("final_turn", state.turn_index, "max_turns")
             continuing = False
             if state.aborted:
                 return Sample.Status.ABORTED, FinishReason.ROLLOUT_ABORTED
+            if config.split_trajectories:  # observations read since the last turn: their short forms from now on
+                stats.short_form_tokens_saved += driver.trajectory.shorten_read_observations()
             if budget.left(driver) <= 0:
                 return Sample.Status.TRUNCATED, FinishReason.TOKEN_BUDGET
             # A new dict per turn: in evaluation slime shares one sampling_params dict across all samples.
@@ -235,6 +285,7 @@ async def _turns(
             turn = await driver.generate(params)
             stats.generated_tokens += driver.response_length - before
             if turn.finish_type == "abort":
+                stats.engine_aborts += 1
                 return Sample.Status.ABORTED, FinishReason.ENGINE_ABORT
             stats.turns += 1
             action = protocol.read(turn, state)
@@ -247,6 +298,8 @@ async def _turns(
             if turn.finish_type == "length":
                 return Sample.Status.TRUNCATED, FinishReason.TOKEN_BUDGET
             if last_turn:
+                if forced and stats.forced_answer["trigger"] == "reserve":
+                    return Sample.Status.TRUNCATED, FinishReason.TOKEN_BUDGET
                 return Sample.Status.TRUNCATED, FinishReason.MAX_TURNS
             state.stage = "tool"
         counters = copy.deepcopy(stats.tools)
@@ -257,11 +310,14 @@ async def _turns(
             return Sample.Status.ABORTED, FinishReason.ROLLOUT_ABORTED
         except ToolError:
             return Sample.Status.FAILED, FinishReason.TOOL_FAILED
-        reply = protocol.reply(action, results, turn, state)
+        reply, short_ids = _reply(state, protocol, driver, budget, action, results, turn)
         if len(reply.ids) >= budget.left(driver):
             # The reply plus at least one generated token must fit.
             return Sample.Status.TRUNCATED, FinishReason.TOKEN_BUDGET
-        driver.add_observation(reply.ids)
+        if short_ids is None:
+            driver.add_observation(reply.ids)
+        else:
+            driver.add_observation(reply.ids, short_ids)
         stats.observation_tokens += len(reply.ids)
         stats.truncated_observations += reply.truncated
         if state.conversation is not None:
@@ -269,3 +325,39 @@ async def _turns(
         state.turn_index += 1
         state.stage = "turn"
     return Sample.Status.TRUNCATED, FinishReason.MAX_TURNS  # resumed with fewer max_turns than it had taken
+
+
+def forced_answer(mode: str, turn: int, trigger: str, tokens: int = 0) -> dict:
+    """The record of a forced answer: on which turn, why (max_turns or reserve) and the instruction's tokens."""
+    return {"mode": mode, "turn": turn, "trigger": trigger, "tokens": tokens}
+
+
+def _reply(
+    state: EpisodeState,
+    protocol: TurnProtocol,
+    driver: TokenDriver,
+    budget: Budget,
+    action: Action,
+    results: dict[str, str],
+    turn: Turn,
+) -> tuple[Reply, list[int] | None]:
+    """What the model is shown after `turn`, with the instruction to answer now when force_answer=inject calls for
+    it here; and the reply's short form when a result has one (a page chunk: tools/access.py), else None."""
+    config, stats = state.config, state.stats
+    reply = protocol.reply(action, results, turn, state)
+    forcing: dict = {}  # the keyword is passed only when set: a protocol of your own needs it only with inject
+    if config.force_answer == "inject" and stats.forced_answer is None:
+        next_is_last = state.turn_index + 1 == config.max_turns - 1
+        reserve = config.force_answer_reserve
+        low = bool(reserve) and budget.left(driver) - len(reply.ids) < reserve
+        if next_is_last or low:
+            forced = protocol.reply(action, results, turn, state, force_answer=True)
+            if len(forced.ids) < budget.left(driver):  # else the reply alone may still fit
+                trigger = "max_turns" if next_is_last else "reserve"
+                extra = len(forced.ids) - len(reply.ids)
+                stats.forced_answer = forced_answer("inject", state.turn_index + 1, trigger, extra)
+                reply, forcing = forced, {"force_answer": True}
+    shorter = {call_id: short for call_id, text in results.items() if (short := getattr(text, "short_form", None))}
+    if not shorter:
+        return reply, None
+    return reply, protocol.reply(action, {**results, **shorter}, turn, state, **forcing).ids

@@ -27,6 +27,8 @@ from urllib.parse import urlsplit
 from slime_search_r1.registry import PROTOCOLS, SEARCH_BACKENDS, TOKEN_DRIVERS, TOOLS
 
 _TRUE = ("1", "true", "yes", "on")
+# The answer scores a reward can be built on (scoring/rewards.py implements them; a test keeps the two equal).
+REWARDS = ("em", "f1", "cover_em", "judge")
 _FALSE = ("0", "false", "no", "off")
 
 
@@ -82,18 +84,24 @@ class Flag:
 class Integer:
     low: int
     high: int | None = None
+    optional: bool = False  # None allowed: the setting is off
 
     def bounds(self) -> str:
-        return f">= {self.low}" if self.high is None else f"{self.low} to {self.high}"
+        bounds = f">= {self.low}" if self.high is None else f"{self.low} to {self.high}"
+        return f"{bounds}, or None" if self.optional else bounds
 
-    def check(self, value: Any) -> int:
+    def check(self, value: Any) -> int | None:
+        if value is None and self.optional:
+            return None
         if isinstance(value, bool) or not isinstance(value, int):
             raise Refused(f"an integer, {self.bounds()}")
         if value < self.low or (self.high is not None and value > self.high):
             raise Refused(self.bounds(), "out of range")
         return value
 
-    def from_env(self, text: str) -> int:
+    def from_env(self, text: str) -> int | None:
+        if self.optional and text.strip().lower() == "none":
+            return None
         try:
             value = int(text.strip())
         except ValueError:
@@ -247,17 +255,36 @@ for _setting in (
     Setting("engine_model", "actor", Text(), "SEARCH_R1_ENGINE_MODEL",
             "the policy's name in --sglang-config (slime's get_model_url); else slime's default router"),
     # ---- rollout
-    Setting("max_turns", 3, Integer(1, 64), "SEARCH_R1_MAX_TURNS",
+    Setting("max_turns", 3, Integer(1, 128), "SEARCH_R1_MAX_TURNS",
             "model turns per sample; a tool call on the last turn is not run"),
+    # ---- long horizon (README: "Fully asynchronous, long horizon")
+    Setting("force_answer", "off", Choice(("off", "final_turn", "inject")), "SEARCH_R1_FORCE_ANSWER",
+            "off; final_turn: one more turn after max_turns, its tool calls not run (Search-R1); inject: an "
+            "instruction to answer now before the last turn (or below force_answer_reserve), outside the loss"),
+    Setting("force_answer_reserve", 0, Integer(0), "SEARCH_R1_FORCE_ANSWER_RESERVE",
+            "inject: also when fewer response tokens than this are left after a reply (0: before the last turn only)"),
+    Setting("split_trajectories", False, Flag(), "SEARCH_R1_SPLIT_TRAJECTORIES",
+            "an episode whose context stops being a prefix of what was trained becomes several samples (one "
+            "rollout_id, the episode's reward on each); needed by page chunks"),
     Setting("max_context_length", 16384, Integer(1), "SEARCH_R1_MAX_CONTEXT_LENGTH",
             "prompt + response tokens (slime's --rollout-max-context-len caps it too)"),
     Setting("max_obs_tokens", 500, Integer(16), "SEARCH_R1_MAX_OBS_TOKENS",
             "tokens of one search result (Search-R1's max_obs_length)"),
+    Setting("max_version_lag", None, Integer(0, optional=True), "SEARCH_R1_MAX_VERSION_LAG",
+            "loss mask 0 on generated tokens more than this many weight versions behind the episode's last; "
+            "None: off"),
     # ---- tools and search
     Setting("tools", ["search"], Names(TOOLS.names, at_least=1), "SEARCH_R1_TOOLS",
             "the tools the model may call: search, and access to read a page of the results"),
     Setting("max_page_tokens", 1024, Integer(16), "SEARCH_R1_MAX_PAGE_TOKENS",
             "tokens of one page the access tool shows (the response budget must hold them)"),
+    Setting("page_chunk_tokens", 0, Integer(0), "SEARCH_R1_PAGE_CHUNK_TOKENS",
+            "0: off; else access shows a page in chunks of this many tokens, the next one each time the model "
+            "accesses it again, and a chunk read is cut to its short form in later contexts (ASearcher)"),
+    Setting("max_page_chunks", 10, Integer(1, 1000), "SEARCH_R1_MAX_PAGE_CHUNKS",
+            "chunks of one page at most (ASearcher: 10); the rest of the page is never shown"),
+    Setting("page_short_tokens", 32, Integer(0), "SEARCH_R1_PAGE_SHORT_TOKENS",
+            "tokens of a chunk's text its short form keeps, in the contexts after the turn that read it"),
     Setting("topk", 3, Integer(1, 100), "SEARCH_R1_TOPK", "passages per search"),
     Setting("search_concurrency", 256, Integer(1), "SEARCH_R1_SEARCH_CONCURRENCY",
             "searches in flight per rollout process"),
@@ -283,6 +310,18 @@ for _setting in (
     Setting("final_format_score", lambda values: values["format_score"] / 2, Number(0.0, 1.0, optional=True), None,
             "a wrong answer in a bad format; None: half of format_score (Search-R1 v0.3 pairs 0.2 with 0.1)"),
     Setting("retrieval_score", 0.0, Number(0.0, 1.0), None, "bonus when a gold answer appears in a retrieved block"),
+    Setting("reward", "em", Choice(REWARDS), "SEARCH_R1_REWARD",
+            "the answer score the reward is built on: em, f1, cover_em, or judge (an LLM judge, judge.* settings)"),
+    Setting("judge.url", None, Text(optional=True), "SEARCH_R1_JUDGE_URL",
+            "the judge's OpenAI-compatible endpoint, e.g. http://127.0.0.1:8001/v1 (SEARCH_R1_REWARD=judge)"),
+    Setting("judge.model", None, Text(optional=True), "SEARCH_R1_JUDGE_MODEL", "the model name the judge serves"),
+    Setting("judge.api_key", None, Text(optional=True), "JUDGE_API_KEY",
+            "sent as a bearer token when set; never logged", secret=True),
+    Setting("judge.prompt", None, Text(optional=True), "SEARCH_R1_JUDGE_PROMPT",
+            "a judge prompt file with {question}, {gold_answers} and {prediction}; None: scoring/judge_prompt.txt"),
+    Setting("judge.concurrency", 32, Integer(1), None, "judge requests in flight per rollout process"),
+    Setting("judge.timeout", 60.0, Number(0.1), None, "seconds per judge request"),
+    Setting("judge.attempts", 4, Integer(1, 20), None, "tries per answer, the first included, before it is marked"),
     # ---- extending
     Setting("extensions", [], Names(None), "SEARCH_R1_EXTENSIONS",
             "modules imported first: they register tools, search backends, token-tracking modes or settings"),
@@ -510,9 +549,97 @@ def _access_reads_the_local_retrievers_pages(config: SearchR1Config) -> None:
 
 
 @register_rule
+def _version_lag_needs_recorded_versions(config: SearchR1Config) -> None:
+    if config.max_version_lag is not None and config.token_tracking_mode in ("router_radix", "router_handler"):
+        raise ConfigError(
+            f"max_version_lag={config.max_version_lag} masks tokens by the weight version that sampled them, which "
+            f"TOKEN_TRACKING_MODE={config.token_tracking_mode} does not record (its tokens come from the router's "
+            "cache); use TOKEN_TRACKING_MODE=manual, or leave SEARCH_R1_MAX_VERSION_LAG unset"
+        )
+
+
+@register_rule
 def _wrong_answer_cannot_beat_valid_format(config: SearchR1Config) -> None:
     if config.final_format_score > config.format_score:
         raise ConfigError("final_format_score must not exceed format_score (a wrong answer cannot beat valid format)")
+
+
+# The fewest tokens a page chunk may hold: below this a chunk is mostly its "[part i of n]" frame.
+MIN_PAGE_CHUNK_TOKENS = 16
+# Tokens a chunk's observation may take beyond page_chunk_tokens: its frame, the hint to read on and the protocol's
+# tags or template (tools/access.py); the response budget must hold a chunk with them.
+PAGE_CHUNK_FRAME_TOKENS = 64
+
+
+@register_rule
+def _split_needs_the_manual_driver(config: SearchR1Config) -> None:
+    if config.split_trajectories and config.token_tracking_mode != "manual":
+        raise ConfigError(
+            f"SEARCH_R1_SPLIT_TRAJECTORIES=true builds each sample from the contexts the engine was sent, but "
+            f"TOKEN_TRACKING_MODE={config.token_tracking_mode} takes the trajectory from the router's cache at the "
+            "end of the episode; accepted: TOKEN_TRACKING_MODE=manual with split trajectories"
+        )
+
+
+@register_rule
+def _page_chunks_fit_and_need_a_split(config: SearchR1Config) -> None:
+    chunk = config.page_chunk_tokens
+    if not chunk:
+        return
+    if chunk < MIN_PAGE_CHUNK_TOKENS:
+        raise ConfigError(
+            f"SEARCH_R1_PAGE_CHUNK_TOKENS={chunk} is out of range; accepted: 0 (off) or {MIN_PAGE_CHUNK_TOKENS} to "
+            f"{config.max_context_length - 1} (below SEARCH_R1_MAX_CONTEXT_LENGTH)"
+        )
+    context = config.max_context_length
+    if chunk >= context:
+        raise ConfigError(
+            f"SEARCH_R1_PAGE_CHUNK_TOKENS={chunk} cannot fit SEARCH_R1_MAX_CONTEXT_LENGTH={context}; accepted: "
+            f"0 (off) or {MIN_PAGE_CHUNK_TOKENS} to {context - 1}"
+        )
+    if config.page_short_tokens >= chunk:
+        raise ConfigError(
+            f"SEARCH_R1_PAGE_SHORT_TOKENS={config.page_short_tokens} would not shorten a chunk of "
+            f"SEARCH_R1_PAGE_CHUNK_TOKENS={chunk}; accepted: 0 to {chunk - 1}"
+        )
+    if "access" not in config.tools:
+        raise ConfigError(
+            f"SEARCH_R1_PAGE_CHUNK_TOKENS={chunk} reads the access tool's pages in chunks, but access is not "
+            "enabled; accepted: SEARCH_R1_TOOLS=search,access with page chunks, or SEARCH_R1_PAGE_CHUNK_TOKENS=0"
+        )
+    if not config.split_trajectories:
+        raise ConfigError(
+            f"SEARCH_R1_PAGE_CHUNK_TOKENS={chunk} cuts each chunk read to its short form in later contexts, so "
+            "those contexts are no longer a prefix of what was trained; accepted: SEARCH_R1_SPLIT_TRAJECTORIES=true "
+            "with page chunks, or SEARCH_R1_PAGE_CHUNK_TOKENS=0"
+        )
+
+
+@register_rule
+def _judge_settings_work(config: SearchR1Config) -> None:
+    judge = config.judge
+    if judge.url and not judge.model:
+        raise ConfigError(
+            "SEARCH_R1_JUDGE_URL names a judge but SEARCH_R1_JUDGE_MODEL is not set; accepted: the model name that "
+            "endpoint serves (SEARCH_R1_JUDGE_MODEL, or SEARCH_R1_CONFIGS['judge']['model'])"
+        )
+    if config.reward == "judge" and not judge.url:
+        raise ConfigError(
+            "SEARCH_R1_REWARD=judge needs a judge endpoint; accepted: SEARCH_R1_JUDGE_URL (an OpenAI-compatible "
+            "http(s) URL) with SEARCH_R1_JUDGE_MODEL, or another reward: " + " | ".join(REWARDS)
+        )
+    if judge.url:
+        # here, not at the top: the judge's client needs aiohttp, which nothing else in this module does
+        from slime_search_r1.scoring.judge import JudgePrompt, JudgeSetupError, chat_completions_url
+
+        try:
+            chat_completions_url(judge.url)
+        except JudgeSetupError as exc:
+            raise ConfigError(f"SEARCH_R1_JUDGE_URL {exc}") from None
+        try:
+            JudgePrompt.load(judge.prompt)
+        except JudgeSetupError as exc:
+            raise ConfigError(f"SEARCH_R1_JUDGE_PROMPT: {exc}") from None
 
 
 def resolve_config(configs: Mapping[str, Any]) -> SearchR1Config:

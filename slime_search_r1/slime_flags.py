@@ -6,12 +6,14 @@ launch check (launch_check.py) runs the same function on train.py's command line
 
 slime's fully-async rollout (train_async.py with FULLY_ASYNC_ROLLOUT) has refusals of its own. They stop a launch;
 at a sample they are logged as warnings instead, because slime's fully-async worker catches an exception raised by
-generate(), logs it and drops the group, so raising there would stall the rollout rather than stop it.
+generate(), logs it and drops the group, so raising there would stall the rollout rather than stop it. Split
+trajectories with it raise at a sample too (check_long_horizon): going on would be worse, since the worker's abort
+check does not look into a list, so an aborted episode would be trained as if it had finished.
 """
 
 import argparse
 
-from slime_search_r1.settings import ConfigError, SearchR1Config
+from slime_search_r1.settings import PAGE_CHUNK_FRAME_TOKENS, ConfigError, SearchR1Config
 from slime_search_r1.training.advantages import GROUP_NORMALIZED_ESTIMATORS
 
 # The reward post-process that keeps removed samples out of their group's advantages (training/advantages.py).
@@ -60,6 +62,7 @@ def check_slime_args(args, config: SearchR1Config, at_launch: bool = False) -> l
             "cache at the end of the episode, which a resumed episode cannot extend exactly; use "
             "TOKEN_TRACKING_MODE=manual with --partial-rollout"
         )
+    check_long_horizon(args, config)
     warnings += refusals  # at a sample: see the module's docstring
     if config.llm_api_mode == "chat" and config.token_tracking_mode == "router_radix":
         warnings.append(
@@ -69,21 +72,74 @@ def check_slime_args(args, config: SearchR1Config, at_launch: bool = False) -> l
     normalized = getattr(args, "advantage_estimator", "grpo") in GROUP_NORMALIZED_ESTIMATORS and getattr(
         args, "rewards_normalization", True
     )
-    if config.drop_failed_samples and normalized:
+    # samples that get remove_sample: FAILED ones (a tool still failing) unless kept, and those the judge left unscored
+    removed = [
+        *(["FAILED samples (a tool still failing after its retries)"] if config.drop_failed_samples else []),
+        *(["samples the judge could not score"] if config.reward == "judge" else []),
+    ]
+    if removed and normalized:
         if getattr(args, "custom_convert_samples_to_train_data_path", None):
             warnings.append(
                 "--custom-convert-samples-to-train-data-path replaces slime's reward post-processing, so "
-                f"{REWARD_POST_PROCESS_PATH} does not run: make sure your converter keeps removed (FAILED) samples "
-                "out of their group's advantages"
+                f"{REWARD_POST_PROCESS_PATH} does not run: make sure your converter keeps removed samples ("
+                + " and ".join(removed)
+                + ") out of their group's advantages"
             )
         elif getattr(args, "custom_reward_post_process_path", None) != REWARD_POST_PROCESS_PATH:
+            which = " and ".join(removed)
             warnings.append(
-                "FAILED samples (a tool still failing after its retries) get remove_sample, but slime's reward "
-                "post-processing still counts their reward in their group's mean and std, which shifts their "
-                f"siblings' advantages: pass --custom-reward-post-process-path {REWARD_POST_PROCESS_PATH} "
-                "(run_qwen2.5_3B.sh does)"
+                which[:1].upper() + which[1:] + " get remove_sample, but slime's reward post-processing still "
+                "counts their reward in their group's mean and std, which shifts their siblings' advantages: pass "
+                f"--custom-reward-post-process-path {REWARD_POST_PROCESS_PATH} (run_qwen2.5_3B.sh does)"
             )
     return warnings
+
+
+def check_long_horizon(args, config: SearchR1Config) -> None:
+    """Split trajectories where slime cannot take a list of samples for one episode (slime @624b824), and page chunks
+    the response budget cannot hold."""
+    if config.split_trajectories:
+        split = "SEARCH_R1_SPLIT_TRAJECTORIES=true returns an episode as several samples (a list) to slime, but"
+        accepted = "accepted: SEARCH_R1_SPLIT_TRAJECTORIES=false"
+        if getattr(args, "partial_rollout", False):
+            raise ConfigError(
+                f"{split} --partial-rollout puts aborted groups back in its data buffer and hands them to generate() "
+                "again, and abort() reads sample.response and generate_and_rm sample.response_length of each entry, "
+                f"which a list has not; {accepted} with --partial-rollout, or split without --partial-rollout"
+            )
+        if getattr(args, "rollout_function_path", None) == FULLY_ASYNC_ROLLOUT:
+            raise ConfigError(
+                f"{split} the fully-async rollout's abort check reads each group entry's status, which a list has "
+                f"not, and a requeued group with a list in it fails in generate_and_rm; {accepted} with "
+                f"--rollout-function-path {FULLY_ASYNC_ROLLOUT}"
+            )
+        if getattr(args, "group_rm", False):
+            raise ConfigError(
+                f"{split} --group-rm sets the reward on each group entry, which a list has not; {accepted} with "
+                "--group-rm, or split without --group-rm"
+            )
+        normalized = getattr(args, "advantage_estimator", "grpo") in GROUP_NORMALIZED_ESTIMATORS and getattr(
+            args, "rewards_normalization", True
+        )
+        hook = getattr(args, "custom_reward_post_process_path", None)
+        if (
+            normalized
+            and hook != REWARD_POST_PROCESS_PATH
+            and not getattr(args, "custom_convert_samples_to_train_data_path", None)
+        ):
+            raise ConfigError(
+                f"{split} slime's own group normalisation counts each sample, so a split episode would weigh as many "
+                f"times as it has samples in its group (and the groups no longer line up); accepted: "
+                f"--custom-reward-post-process-path {REWARD_POST_PROCESS_PATH} with split trajectories"
+            )
+    budget = getattr(args, "rollout_max_response_len", None)
+    shown = config.page_chunk_tokens + PAGE_CHUNK_FRAME_TOKENS
+    if config.page_chunk_tokens and budget and shown >= int(budget):
+        raise ConfigError(
+            f"SEARCH_R1_PAGE_CHUNK_TOKENS={config.page_chunk_tokens} cannot fit --rollout-max-response-len {budget}: "
+            f"a chunk is shown in up to {shown} tokens and the model must still write; accepted: 0 (off) or up to "
+            f"{int(budget) - PAGE_CHUNK_FRAME_TOKENS - 1}"
+        )
 
 
 def fully_async_problems(args) -> tuple[list[str], list[str]]:
@@ -143,6 +199,7 @@ def parse_slime_flags(train_args: list[str]) -> argparse.Namespace:
         "--partial-rollout",
         "--mask-offpolicy-in-partial-rollout",
         "--colocate",
+        "--group-rm",
     ):
         parser.add_argument(flag, action="store_true", default=False)
     parser.add_argument("--disable-rollout-global-dataset", action="store_false", dest="rollout_global_dataset")
@@ -150,6 +207,7 @@ def parse_slime_flags(train_args: list[str]) -> argparse.Namespace:
     parser.add_argument("--eval-function-path", default=None)
     parser.add_argument("--eval-interval", type=int, default=None)
     parser.add_argument("--rollout-top-p", type=float, default=1.0)
+    parser.add_argument("--rollout-max-response-len", type=int, default=None)
     parser.add_argument("--advantage-estimator", default="grpo")
     parser.add_argument("--disable-rewards-normalization", action="store_false", dest="rewards_normalization")
     parser.add_argument("--custom-reward-post-process-path", default=None)

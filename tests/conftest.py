@@ -11,6 +11,7 @@ from support import slime_compat  # first: SLIME_SRC=/path/to/slime puts real sl
 
 import generate_with_search
 from slime_search_r1.http_client import close_loop_sessions
+from support.fake_judge import FakeJudge
 from support.fake_retriever import FakeRetriever
 from support.fake_router import FakeSlimeRouter
 from support.fake_sglang import FakeSGLangEngine, ScriptedPolicy
@@ -71,6 +72,18 @@ def retriever():
     with serve_in_thread(retriever.app) as url:
         retriever.url = url
         yield retriever
+
+
+@pytest.fixture
+def judge_server():
+    """The loopback stand-in of an OpenAI-compatible judge endpoint; `url` is its /v1 base."""
+    judge = FakeJudge()
+    with serve_in_thread(judge.app) as url:
+        judge.url = url + "/v1"
+        try:
+            yield judge
+        finally:
+            judge.release.set()  # a held request returns before the server stops
 
 
 @pytest.fixture

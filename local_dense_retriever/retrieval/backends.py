@@ -167,6 +167,10 @@ class BM25Searcher:
         found = min(k, self.size)
         tokens = bm25_tokenize(queries, self.stopwords)
         rows, scores = self.retriever.retrieve(tokens, k=found, show_progress=False, n_threads=0)
+        # bm25s fills up with documents that match no term (score 0); Lucene, behind Search-R1's BM25 server, returns
+        # only documents that match: a blank or stopwords-only query gets no hits.
+        rows = np.where(scores > 0, rows, -1)
+        scores = np.where(scores > 0, scores, -np.inf)
         if found < k:
             rows = np.pad(rows, ((0, 0), (0, k - found)), constant_values=-1)
             scores = np.pad(scores, ((0, 0), (0, k - found)), constant_values=-np.inf)

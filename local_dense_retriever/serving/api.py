@@ -3,34 +3,28 @@
 The OpenAPI document (/openapi.json, /docs) is generated from these; every response the server sends is one of them.
 """
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import orjson
 from fastapi.responses import Response
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
 
 
-def _non_blank(query: str) -> str:
-    if not query.strip():
-        raise ValueError("a query must contain at least one non-whitespace character")
-    return query
+def build_request_model(max_queries: int, max_topk: int) -> type[BaseModel]:
+    """Search-R1's request, strictly typed: no "3" or 3.0 for topk, no 1 for true, no unknown fields.
 
-
-def build_request_model(max_queries: int, max_query_chars: int, max_topk: int) -> type[BaseModel]:
-    """Search-R1's request, strictly typed: no "3" or 3.0 for topk, no 1 for true, no unknown fields."""
-    Query = Annotated[
-        StrictStr,
-        Field(max_length=max_query_chars, json_schema_extra={"pattern": r"\S"}),
-        AfterValidator(_non_blank),
-    ]
+    Every list of strings is answered, as Search-R1's reference server answers it: `[]` (a step in which no sample
+    searched), blank strings (a model that wrote `<search></search>`) and strings of any length (the encoder keeps
+    --max_length tokens). The body's size and the queries in flight are what is limited.
+    """
 
     class RetrieveRequest(BaseModel):
         model_config = ConfigDict(strict=True, extra="forbid")
 
-        queries: list[Query] = Field(
-            min_length=1,
+        queries: list[StrictStr] = Field(
             max_length=max_queries,
-            description=f"1 to {max_queries} search queries, each at most {max_query_chars} characters",
+            description=f"search queries, any strings (blank ones too), at most {max_queries} "
+            "(--max_queries_in_flight); answered in order, one hit list each",
         )
         topk: int | None = Field(
             default=None,
@@ -85,11 +79,15 @@ class HealthReady(BaseModel):
     documents: int
     max_batch_size: int
     max_wait_ms: float
-    batches: dict[str, float]
+    batches: dict[str, Any] = Field(description="batch counts, what is queued and running, relative worker speeds")
     load_seconds: dict[str, float]
     cpu_threads: dict[str, Any] = Field(
         description="usable CPUs and where that came from, the OpenMP wait policy, and per batch size the thread "
         "count in use with its measured batch times"
+    )
+    in_flight: dict[str, int] = Field(
+        description="queries (and /access URLs) being answered now, the --max_queries_in_flight limit, how many "
+        "requests it turned away, and how many request bodies are still arriving"
     )
     pages: dict[str, Any] = Field(
         description='{"loaded": false} without --pages_path, else {"loaded": true, "pages": count, "path": file}'
@@ -102,20 +100,16 @@ class HealthNotReady(BaseModel):
     detail: str = Field(description="the stage being loaded, or why loading failed")
 
 
-def build_access_model(max_urls: int, max_url_chars: int) -> type[BaseModel]:
-    """ASearcher's access request, strictly typed: `{"urls": [...]}`, nothing else."""
-    Url = Annotated[
-        StrictStr, Field(max_length=max_url_chars, json_schema_extra={"pattern": r"\S"}), AfterValidator(_non_blank)
-    ]
+def build_access_model(max_urls: int) -> type[BaseModel]:
+    """ASearcher's access request, strictly typed: `{"urls": [...]}`, nothing else; any strings, `[]` included."""
 
     class AccessRequest(BaseModel):
         model_config = ConfigDict(strict=True, extra="forbid")
 
-        urls: list[Url] = Field(
-            min_length=1,
+        urls: list[StrictStr] = Field(
             max_length=max_urls,
-            description=f"1 to {max_urls} page URLs, each at most {max_url_chars} characters (ASearcher's rewrite: "
-            "index.php/ becomes index.php?title=)",
+            description=f"page URLs, any strings, at most {max_urls} (--max_queries_in_flight); ASearcher's rewrite "
+            "applies (index.php/ becomes index.php?title=)",
         )
 
     return AccessRequest
@@ -136,14 +130,18 @@ RETRIEVE_RESPONSES: dict[int | str, dict[str, Any]] = {
     200: {"model": RetrieveResponse, "description": "the hits of every query"},
     400: {"model": ErrorResponse, "description": "the body is not UTF-8 JSON, or the client left while sending it"},
     408: {"model": ErrorResponse, "description": "the body did not arrive within --timeout_request seconds"},
-    413: {"model": ErrorResponse, "description": "the body is larger than any valid request"},
+    413: {"model": ErrorResponse, "description": "the body is larger than --max_request_mb"},
     415: {"model": ErrorResponse, "description": "the Content-Type is not application/json"},
     422: {
         "model": ValidationErrorResponse,
         "description": "the JSON is not a valid request, or its response would exceed --max_response_mb",
     },
     500: {"model": ErrorResponse, "description": "retrieval or the corpus lookup failed (the message says where)"},
-    503: {"model": ErrorResponse, "description": "the retriever is still loading, failed to load, or is stopping"},
+    503: {
+        "model": ErrorResponse,
+        "description": "the retriever is still loading, failed to load, or is stopping; or the queries in flight "
+        "would exceed --max_queries_in_flight (retry after the Retry-After seconds)",
+    },
 }
 ACCESS_RESPONSES: dict[int | str, dict[str, Any]] = {
     **RETRIEVE_RESPONSES,
@@ -161,9 +159,12 @@ def json_response(payload, status_code: int = 200, headers: dict[str, str] | Non
     return Response(orjson.dumps(payload), status_code=status_code, media_type="application/json", headers=headers)
 
 
-def error_response(status_code: int, detail: str, close: bool = False) -> Response:
+def error_response(
+    status_code: int, detail: str, close: bool = False, headers: dict[str, str] | None = None
+) -> Response:
     # close: the rest of the body may still be on the wire, so this connection cannot carry another request
-    return json_response({"detail": detail}, status_code, headers={"connection": "close"} if close else None)
+    headers = {**(headers or {}), **({"connection": "close"} if close else {})}
+    return json_response({"detail": detail}, status_code, headers=headers or None)
 
 
 def validation_response(err: ValidationError, accepted: dict[str, str], example: str) -> Response:

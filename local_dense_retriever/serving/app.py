@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict
 
 import numpy as np
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
@@ -29,21 +30,29 @@ from local_dense_retriever.serving.api import (
 from local_dense_retriever.serving.batcher import BatcherClosed
 from local_dense_retriever.serving.bodies import BodyRules, client_left, read_request
 from local_dense_retriever.serving.config import ServerConfig
+from local_dense_retriever.serving.limits import (
+    RETRY_AFTER_SECONDS,
+    InFlight,
+    ResponseTooLarge,
+    check_response_size,
+    clip_queries,
+)
 from local_dense_retriever.serving.loading import Resources, Runtime, load_resources
 
-
-class ResponseTooLarge(Exception):
-    pass
+RETRY_LATER = {"retry-after": str(RETRY_AFTER_SECONDS)}
+# Answers to requests of up to this many queries are rendered on the event loop (a thread hop costs more than
+# they do); larger ones in a thread.
+INLINE_QUERIES = 64
 
 
 def retrieve_rules(config: ServerConfig) -> BodyRules:
+    queries = config.max_queries_in_flight
     return BodyRules(
-        model=build_request_model(config.max_queries_per_request, config.max_query_chars, config.max_topk),
+        model=build_request_model(queries, config.max_topk),
         max_bytes=config.max_request_bytes,
-        largest=f"{config.max_queries_per_request} queries of {config.max_query_chars} characters",
+        limit=f"--max_request_mb {config.max_request_mb:g}",
         accepted={
-            "queries": f"a list of 1 to {config.max_queries_per_request} non-blank strings of at most "
-            f"{config.max_query_chars} characters",
+            "queries": f"a list of at most {queries} strings (--max_queries_in_flight), blank or long ones too",
             "topk": f"a JSON integer from 1 to {config.max_topk} (not a string, 3.0 or true), or omitted for the "
             f"server default {config.topk}",
             "return_scores": "true or false (JSON booleans, not strings or numbers)",
@@ -53,53 +62,41 @@ def retrieve_rules(config: ServerConfig) -> BodyRules:
 
 
 def access_rules(config: ServerConfig) -> BodyRules:
+    urls = config.max_queries_in_flight
     return BodyRules(
-        model=build_access_model(config.max_urls_per_request, config.max_url_chars),
-        max_bytes=config.max_access_request_bytes,
-        largest=f"{config.max_urls_per_request} URLs of {config.max_url_chars} characters",
-        accepted={
-            "urls": f"a list of 1 to {config.max_urls_per_request} non-blank strings of at most "
-            f"{config.max_url_chars} characters"
-        },
+        model=build_access_model(urls),
+        max_bytes=config.max_request_bytes,
+        limit=f"--max_request_mb {config.max_request_mb:g}",
+        accepted={"urls": f"a list of at most {urls} strings (--max_queries_in_flight)"},
         example='{"urls": ["https://en.wikipedia.org/wiki/Paris"]}',
     )
 
 
-def check_response_size(
-    config: ServerConfig,
-    hits: int,
-    size: float,
-    return_scores: bool,
-    estimated: bool,
-    what: str = "documents",
-    remedy: str = "ask for fewer queries per request or a smaller topk",
-) -> None:
-    """Raises ResponseTooLarge when `hits` documents (or pages) of `size` bytes would exceed --max_response_mb."""
-    size += hits * (32 if return_scores else 2)  # {"document":...,"score":...} or the comma and brackets
-    if size > config.max_response_mb * 2**20:
-        about = "about " if estimated else ""
-        raise ResponseTooLarge(
-            f"the response would hold {hits} {what}, {about}{size / 2**20:.1f} MB, over the server's "
-            f"--max_response_mb {config.max_response_mb:g}; {remedy}"
-        )
-
-
-def read_pages(config: ServerConfig, pages: Pages, urls: list[str]) -> list[dict | None]:
-    """The page of every URL, or None; refused before any page is parsed when the lines found would be too large."""
+def read_pages(config: ServerConfig, pages: Pages, urls: list[str]) -> bytes:
+    """The answer to /access: the page of every URL, or null; refused before any page is parsed when the lines
+    found would be too large."""
     candidates = [pages.candidates(url) for url in urls]
     likeliest = [rows[0] for rows in candidates if rows]
     check_response_size(
-        config, len(likeliest), pages.lines_bytes(likeliest), False, False, "pages", "ask for fewer URLs per request"
+        config,
+        len(likeliest),
+        pages.lines_bytes(likeliest),
+        False,
+        False,
+        "pages",
+        "ask for fewer URLs per request",
+        entries=len(urls),
     )
     found = [
         next((p for row in rows if (p := pages.page_at(row, url)) is not None), None)
         for url, rows in zip(urls, candidates, strict=True)
     ]
-    return found
+    return orjson.dumps({"result": found})
 
 
-def render_hits(corpus: Corpus, scores: np.ndarray, rows: np.ndarray, found: np.ndarray, with_scores: bool) -> list:
-    """Every hit as its whole corpus record (every field of the line), with its score when asked."""
+def render_hits(corpus: Corpus, scores: np.ndarray, rows: np.ndarray, found: np.ndarray, with_scores: bool) -> bytes:
+    """The answer to /retrieve: every hit as its whole corpus record (every field of the line), with its score when
+    asked."""
     result = []
     for query_scores, query_rows, query_found in zip(scores.tolist(), rows.tolist(), found, strict=True):
         kept = np.flatnonzero(query_found).tolist()
@@ -109,13 +106,14 @@ def render_hits(corpus: Corpus, scores: np.ndarray, rows: np.ndarray, found: np.
             result.append([{"document": doc, "score": score} for doc, score in scored])
         else:
             result.append(documents)
-    return result
+    return orjson.dumps({"result": result})
 
 
 def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Resources] | None = None) -> FastAPI:
     """The FastAPI app; `load` (default: the real model, index and corpus) runs in a background thread."""
     runtime = Runtime(load or (lambda report: load_resources(config, report)))
     rules, page_rules = retrieve_rules(config), access_rules(config)
+    in_flight = InFlight(config.max_queries_in_flight)
 
     def body_schema(body: BodyRules) -> dict:
         return {
@@ -150,6 +148,7 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
                 "max_wait_ms": resources.batcher.max_wait * 1000.0,
                 "batches": resources.batcher.report(),
                 "load_seconds": runtime.load_seconds,
+                "in_flight": in_flight.report(),
                 "cpu_threads": {
                     **resources.thread_settings,
                     **(resources.thread_tuner.report() if resources.thread_tuner else {}),
@@ -163,7 +162,11 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
 
     async def read_when_ready(request: Request, body: BodyRules):
         """The request's checked body, or the error response: a bad body first, then a server still loading."""
-        payload = await read_request(request, body, config.timeout_request)
+        in_flight.reading += 1
+        try:
+            payload = await read_request(request, body, config.timeout_request)
+        finally:
+            in_flight.reading -= 1
         if not isinstance(payload, Response) and runtime.status != "ok":
             return error_response(503, f"the retriever is not ready ({runtime.status}: {runtime.stage})")
         return payload
@@ -174,14 +177,28 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
         payload = await read_when_ready(request, rules)
         if isinstance(payload, Response):
             return payload
+        if not payload.queries:  # Search-R1 sends the step's searches even when no sample searched
+            return json_response({"result": []})
         resources = runtime.resources
         topk = payload.topk or config.topk
-        hits = len(payload.queries) * min(topk, len(resources.corpus))
+        count = len(payload.queries)
+        hits = count * min(topk, len(resources.corpus))
         try:  # before any work, from the corpus's mean line size; exactly once the rows are known
             check_response_size(config, hits, hits * resources.corpus.mean_line_bytes, payload.return_scores, True)
         except ResponseTooLarge as err:
             return too_large_response(str(err))
-        work = asyncio.ensure_future(resources.batcher.submit(payload.queries, topk))
+        if not in_flight.admit(count):
+            return error_response(503, in_flight.refusal(count), headers=RETRY_LATER)
+        try:
+            queries = clip_queries(config, payload.queries)
+            return await answer_queries(request, resources, queries, topk, payload.return_scores)
+        finally:
+            in_flight.release(count)
+
+    async def answer_queries(
+        request: Request, resources: Resources, queries: list[str], topk: int, return_scores: bool
+    ) -> Response:
+        work = asyncio.ensure_future(resources.batcher.submit(queries, topk))
         left = asyncio.ensure_future(client_left(request))
         try:
             await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)
@@ -200,13 +217,19 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
         found = rows >= 0  # -1: fewer than topk candidates
         try:
             size = resources.corpus.lines_bytes(rows[found])
-            check_response_size(config, int(found.sum()), size, payload.return_scores, False)
-            result = render_hits(resources.corpus, scores, rows, found, payload.return_scores)
+            check_response_size(config, int(found.sum()), size, return_scores, False)
+            render = (resources.corpus, scores, rows, found, return_scores)
+            # A large answer is read and serialised off the event loop, so requests beside it keep being accepted.
+            body = (
+                render_hits(*render)
+                if len(queries) <= INLINE_QUERIES
+                else await asyncio.to_thread(render_hits, *render)
+            )
         except ResponseTooLarge as err:
             return too_large_response(str(err))
         except (ValueError, IndexError) as err:  # a malformed corpus line: the message names file and line
             return error_response(500, f"corpus lookup failed: {err}")
-        return json_response({"result": result})
+        return Response(body, media_type="application/json")
 
     @app.post("/access", responses=ACCESS_RESPONSES, openapi_extra=body_schema(page_rules))
     async def access(request: Request) -> Response:
@@ -219,12 +242,17 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
             return error_response(
                 404, "this server has no pages: start it with --pages_path <wiki_webpages.jsonl> to serve /access"
             )
+        count = len(payload.urls)
+        if not in_flight.admit(count):
+            return error_response(503, in_flight.refusal(count), headers=RETRY_LATER)
         try:  # page lines can be large and cold on disk: read them off the event loop
-            result = await asyncio.to_thread(read_pages, config, pages, payload.urls)
+            body = await asyncio.to_thread(read_pages, config, pages, payload.urls)
         except ResponseTooLarge as err:
             return too_large_response(str(err))
         except (ValueError, IndexError) as err:  # a malformed pages line: the message names file and line
             return error_response(500, f"page lookup failed: {err}")
-        return json_response({"result": result})
+        finally:
+            in_flight.release(count)
+        return Response(body, media_type="application/json")
 
     return app

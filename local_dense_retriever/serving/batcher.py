@@ -12,9 +12,11 @@ to return at once); it never waits when idle.
 How many batches run at once, and on how many threads each, is the tuner's call (retrieval/cpu_threads.py): one
 batch on every CPU while that is fastest, or one single-threaded batch per worker, so no OpenMP barrier waits on a
 core another process holds. A worker asks it before each batch; when more batches may run at once, the waiting
-queries are shared out so the idle workers all get some. Each worker has its own search function (its own
-tokenizer: a fast tokenizer shared across threads has returned wrong ids here). GPU searchers keep one worker.
-The event loop only enqueues and awaits, so it stays free to accept requests.
+queries are shared out in proportion to each worker's measured speed, so that their batches end together: beside a
+busy process the worker that shares its core runs at about half speed, and an equal share made its queries the
+slowest ones (p99 1.6-1.8x p50 at 256 clients). Each worker has its own search function (its own tokenizer: a fast
+tokenizer shared across threads has returned wrong ids here). GPU searchers keep one worker. The event loop only
+enqueues and awaits, so it stays free to accept requests.
 """
 
 import asyncio
@@ -72,6 +74,7 @@ class BatcherStats:
     slowest_batch_seconds: float = 0.0
     errors: int = 0
     abandoned_requests: int = 0  # their caller stopped waiting (client gone, shutdown) before the answer
+    refill_waits: int = 0  # batches that waited (up to max_wait_ms) for the clients just answered to come back
 
     def as_dict(self) -> dict:
         return {
@@ -83,7 +86,13 @@ class BatcherStats:
             "slowest_batch_seconds": round(self.slowest_batch_seconds, 3),
             "errors": self.errors,
             "abandoned_requests": self.abandoned_requests,
+            "refill_waits": self.refill_waits,
         }
+
+
+# How fast a worker's latest single-threaded batches ran weighs this much against the ones before (an exponential
+# average of seconds per query): a neighbour that comes or goes shows within a few batches, one odd batch does not.
+SPEED_WEIGHT = 0.3
 
 
 def _deliver(future: asyncio.Future, result=None, error: BaseException | None = None) -> None:
@@ -108,7 +117,9 @@ def _leave(threads: int) -> None:
 
 class DynamicBatcher:
     """`search`: one search function per worker thread (or one function: one worker). `tuner`: when batches may
-    start and on how many threads (default: as many batches at once as workers, pools left alone)."""
+    start and on how many threads (default: as many batches at once as workers, pools left alone). `clock`: what
+    max_wait_ms and the workers' speeds are measured on. `speed_shares`: share the queries between workers by
+    their measured speed (False: equal shares, as before, for the benchmark's comparison)."""
 
     def __init__(
         self,
@@ -116,6 +127,8 @@ class DynamicBatcher:
         max_batch_size: int = 64,
         max_wait_ms: float = 0.0,
         tuner: ThreadTuner | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        speed_shares: bool = True,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -125,15 +138,21 @@ class DynamicBatcher:
             raise ValueError(f"the tuner runs {self.tuner.workers} batches at once; got {len(searches)} searches")
         self.max_batch_size = max_batch_size
         self.max_wait = max_wait_ms / 1000.0
+        self.speed_shares = speed_shares
         self.stats = BatcherStats()
+        self._clock = clock
         self._lock = threading.Condition()
         self._waiting: deque[_Pending] = deque()  # requests with queries not yet in a batch, in serving order
         self._running = 0  # batches being computed
         self._last_batch_size = 0
         self._closing = False
+        self.stopping = threading.Event()  # set once close() began: requests still waiting will fail
+        workers = range(self.tuner.workers)
+        self._idle = set(workers)  # workers not computing a batch
+        self._seconds_per_query: list[float | None] = [None for _ in workers]  # measured in single-threaded batches
         self._threads = [
-            threading.Thread(target=self._run, args=(fn,), name=f"retrieval-worker-{i}", daemon=True)
-            for i, fn in enumerate(searches[: self.tuner.workers])
+            threading.Thread(target=self._run, args=(fn, i), name=f"retrieval-worker-{i}", daemon=True)
+            for i, fn in zip(workers, searches, strict=False)
         ]
         if len(self._threads) == 1:
             self._threads[0].name = "retrieval-worker"
@@ -146,6 +165,8 @@ class DynamicBatcher:
 
     async def submit(self, queries: list[str], topk: int) -> tuple[np.ndarray, np.ndarray]:
         """Scores and rows, (len(queries), topk) each, for one request's queries."""
+        if not queries:  # no batch would ever hold it
+            return np.empty((0, topk), dtype=np.float32), np.empty((0, topk), dtype=np.int64)
         loop = asyncio.get_running_loop()
         pending = _Pending(queries, topk, loop.create_future(), loop)
         with self._lock:
@@ -162,15 +183,21 @@ class DynamicBatcher:
             raise
 
     def report(self) -> dict:
-        """The counters, plus what is queued and running now."""
+        """The counters, plus what is queued and running now, and each worker's speed relative to the fastest."""
         with self._lock:
             waiting = sum(item.unbatched for item in self._waiting if not item.abandoned)
-            return {**self.stats.as_dict(), "waiting_queries": waiting, "running_batches": self._running}
+            return {
+                **self.stats.as_dict(),
+                "waiting_queries": waiting,
+                "running_batches": self._running,
+                "worker_speeds": [round(speed, 2) for speed in self._relative_speeds()],
+            }
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop after the batches in progress; requests still waiting fail with BatcherClosed instead of running."""
         with self._lock:
             self._closing = True
+            self.stopping.set()
             self._lock.notify_all()
         deadline = time.monotonic() + timeout
         for thread in self._threads:
@@ -178,16 +205,16 @@ class DynamicBatcher:
         with self._lock:  # anything submitted while the workers were stopping (a busy one fails them itself later)
             self._fail_waiting()
 
-    def _run(self, search: SearchFn) -> None:
+    def _run(self, search: SearchFn, worker: int) -> None:
         while True:
             with self._lock:
-                taken = self._take()
+                taken = self._take(worker)
                 if taken is None:
                     self._fail_waiting()
                     return
-            self._run_batch(search, *taken)
+            self._run_batch(search, worker, *taken)
 
-    def _take(self):
+    def _take(self, worker: int):
         """(ticket, batch) once there are queries and the tuner lets a batch start; None once closing. Holds the lock
         (its waits release it)."""
         deadline = None
@@ -198,16 +225,17 @@ class DynamicBatcher:
                 # straight back, so wait (at most max_wait) until that many queries are here, and never when idle.
                 expected = min(self.max_batch_size, max(1, self._last_batch_size))
                 if available < expected and self.max_wait > 0:
-                    deadline = deadline or time.monotonic() + self.max_wait
-                    if deadline > time.monotonic():
-                        self._lock.wait(deadline - time.monotonic())
+                    if deadline is None:
+                        deadline = self._clock() + self.max_wait
+                        self.stats.refill_waits += 1
+                    if deadline > self._clock():
+                        self._lock.wait(deadline - self._clock())
                         continue
                 ticket = self.tuner.begin()
                 if ticket is not None:
-                    # Workers free for this layout share the waiting queries, so each gets some at once.
-                    free = max(1, ticket.layout.batches - self._running)
-                    room = min(self.max_batch_size, math.ceil(available / free))
+                    room = self._room(worker, ticket.layout.batches, available)
                     self._running += 1
+                    self._idle.discard(worker)
                     batch = self._next_batch(room)
                     self._last_batch_size = sum(part.end - part.start for part in batch)
                     if any(item.unbatched for item in self._waiting):
@@ -215,6 +243,24 @@ class DynamicBatcher:
                     return ticket, batch
             self._lock.wait()  # for requests, or for a batch to end and free its CPUs
         return None
+
+    def _room(self, worker: int, batches_at_once: int, available: int) -> int:
+        """How many of the `available` queries this worker takes: with several batches at once, the workers free to
+        start now share them in proportion to their speed (equally while unmeasured), and a slower worker's batch
+        is capped below max_batch_size by as much, so that batches started together end together."""
+        free = max(1, batches_at_once - self._running)
+        if free == 1 and batches_at_once == 1 or not self.speed_shares:
+            return min(self.max_batch_size, math.ceil(available / free))
+        speeds = self._relative_speeds()
+        others = sorted((speeds[other] for other in self._idle if other != worker), reverse=True)[: free - 1]
+        share = speeds[worker] / (speeds[worker] + sum(others))
+        return max(1, min(math.ceil(self.max_batch_size * speeds[worker]), math.ceil(available * share)))
+
+    def _relative_speeds(self) -> list[float]:
+        """Each worker's queries per second over the fastest one's (1.0 while unmeasured)."""
+        rates = [1 / seconds if seconds else None for seconds in self._seconds_per_query]
+        fastest = max((rate for rate in rates if rate), default=None)
+        return [rate / fastest if rate and fastest else 1.0 for rate in rates]
 
     def _next_batch(self, room: int) -> list[_Slice]:
         """Fair share of `room` queries over the waiting requests: each gets an equal part, capped by what it has.
@@ -242,26 +288,31 @@ class DynamicBatcher:
         self._waiting = deque(unserved + [item for item in waiting if takes[item] and item.unbatched])
         return batch
 
-    def _run_batch(self, search: SearchFn, ticket, batch: list[_Slice]) -> None:
+    def _run_batch(self, search: SearchFn, worker: int, ticket, batch: list[_Slice]) -> None:
         queries = [query for part in batch for query in part.request.queries[part.start : part.end]]
         self.tuner.enter(ticket)
-        started = time.perf_counter()
+        started = self._clock()
         try:
             scores, rows = search(queries, max(part.request.topk for part in batch))
         except Exception as err:  # one bad batch must not stop the worker
             logger.exception("retrieval batch of %d queries failed", len(queries))
             with self._lock:
-                self._finish(ticket, len(queries))
+                self._finish(ticket, worker, len(queries))
                 self.stats.errors += 1
                 for part in batch:
                     part.request.abandoned = True  # its other slices would be wasted work
                     _send(part.request, error=err)
                 self._waiting = deque(item for item in self._waiting if not item.abandoned)
             return
-        seconds = time.perf_counter() - started
+        seconds = self._clock() - started
         with self._lock:
-            self._finish(ticket, len(queries))
+            self._finish(ticket, worker, len(queries))
             self._record(len(queries), seconds)
+            if ticket.layout.batches > 1:  # single-threaded batches side by side: how fast is this worker's core
+                per_query, before = seconds / len(queries), self._seconds_per_query[worker]
+                self._seconds_per_query[worker] = (
+                    per_query if before is None else SPEED_WEIGHT * per_query + (1 - SPEED_WEIGHT) * before
+                )
             offset = 0
             for part in batch:
                 request, size = part.request, part.end - part.start
@@ -279,8 +330,9 @@ class DynamicBatcher:
                 if request.answered == len(request.queries):
                     _send(request, (request.scores, request.rows))
 
-    def _finish(self, ticket, queries: int) -> None:
+    def _finish(self, ticket, worker: int, queries: int) -> None:
         self._running -= 1
+        self._idle.add(worker)
         self.tuner.end(ticket, queries)
         self._lock.notify_all()  # its CPUs are free: a waiting worker may start
 

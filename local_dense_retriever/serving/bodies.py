@@ -22,7 +22,7 @@ class BodyRules:
 
     model: type[BaseModel]
     max_bytes: int  # no valid request is larger
-    largest: str  # what the largest valid request holds, for the 413's message
+    limit: str  # the flag that sets max_bytes and its value, for the 413's message
     accepted: dict[str, str]  # field -> what it accepts, for the 422's message
     example: str  # a valid body, for the 422's message
 
@@ -59,7 +59,7 @@ async def read_request(request: Request, rules: BodyRules, timeout: float) -> Ba
     try:
         body = await asyncio.wait_for(_read_body(request, rules.max_bytes), timeout)
     except RequestTooLarge as err:
-        detail = f"{err}: no valid request is larger than {rules.max_bytes} bytes ({rules.largest})"
+        detail = f"{err}, over the server's {rules.limit} ({rules.max_bytes} bytes): send fewer or shorter queries"
         return error_response(413, detail, close=True)
     except asyncio.TimeoutError:
         return error_response(408, f"the body did not arrive within {timeout:g} s", close=True)

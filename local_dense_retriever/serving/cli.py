@@ -63,11 +63,14 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     class Server(uvicorn.Server):
+        address_file: Path | None = None
+
         async def startup(self, sockets=None) -> None:
             await super().startup(sockets)
             if self.started and args.save_address_to:  # listening now: the port is the bound one (--port 0 too)
                 port = self.servers[0].sockets[0].getsockname()[1]
-                logger.info("address written to %s", write_address(args.save_address_to, args.host, port))
+                self.address_file = write_address(args.save_address_to, args.host, port)
+                logger.info("address written to %s", self.address_file)
 
     config, args = parse_config(argv)
     # Before torch and faiss load (in the loader thread): OpenMP reads it only then.
@@ -78,5 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     server = Server(uvicorn_config(app, args))
     app.state.runtime.on_failure = lambda: setattr(server, "should_exit", True)
     logger.info("listening on http://%s:%d (GET /health says when the retriever is ready)", args.host, args.port)
-    server.run()
+    try:
+        server.run()
+    finally:  # ASearcher's clients pick any address file they find: one left by a stopped server sends them nowhere
+        if server.address_file is not None:
+            server.address_file.unlink(missing_ok=True)
     return 1 if app.state.runtime.status == "failed" else 0

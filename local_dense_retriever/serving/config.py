@@ -35,24 +35,18 @@ class ServerConfig:
     num_threads: int | None = None
     max_batch_size: int | None = None  # None: 64 on CPU, 512 on GPU
     max_wait_ms: float = 5.0  # measured on CPU: 16 clients 216 -> 292 QPS, 64 clients 281 -> 320 QPS vs 0
-    max_queries_per_request: int = 512
-    max_query_chars: int = 4096
     max_topk: int = 100
-    # A maximum-size request (512 queries x topk 100) answered 32 MB of wiki-18 passages; 16 MB is ~25k hits.
-    max_response_mb: float = 16.0
+    # The limits are on bytes and work, set above the peers' largest default training traffic: Search-R1 sends
+    # every searching sample of a step in one request (train_batch_size 512 x n_agent 5 = 2,560 queries, ~0.3 MB).
+    max_request_mb: float = 32.0  # a /retrieve or /access body; 2,560 queries of 12,000 characters fit
+    max_queries_in_flight: int = 32768  # queries (and /access URLs) being answered at once, over all requests
+    # 2,560 queries x top-3 of wiki-18 is ~6 MB; top-10 of 2,560 ~21 MB.
+    max_response_mb: float = 32.0
     timeout_request: float = 30.0  # seconds for the request headers, and again for the body
-    max_urls_per_request: int = 32  # POST /access
-    max_url_chars: int = 4096
 
     @property
     def max_request_bytes(self) -> int:
-        """The largest valid body: every character written as \\uXXXX escapes (12 bytes above U+FFFF)."""
-        return self.max_queries_per_request * (12 * self.max_query_chars + 8) + 4096
-
-    @property
-    def max_access_request_bytes(self) -> int:
-        """The largest valid /access body, every character escaped as for /retrieve."""
-        return self.max_urls_per_request * (12 * self.max_url_chars + 8) + 4096
+        return int(self.max_request_mb * 2**20)
 
     @property
     def is_bm25(self) -> bool:
@@ -141,13 +135,20 @@ def build_parser() -> argparse.ArgumentParser:
     serving.add_argument(
         "--max_wait_ms", type=float, default=5.0, help="wait for returning clients to refill a batch (0: never)"
     )
-    serving.add_argument("--max_queries_per_request", type=int, default=512)
-    serving.add_argument("--max_query_chars", type=int, default=4096)
-    serving.add_argument("--max_urls_per_request", type=int, default=32, help="URLs one POST /access may ask for")
-    serving.add_argument("--max_url_chars", type=int, default=4096)
-    serving.add_argument("--max_topk", type=int, default=100)
-    serving.add_argument(
-        "--max_response_mb", type=float, default=16.0, help="larger answers are refused with a 422 (ask fewer hits)"
+    limits = parser.add_argument_group("limits (on bytes and work; a request past one gets a 4xx naming it)")
+    limits.add_argument(
+        "--max_request_mb", type=float, default=32.0, help="a /retrieve or /access body; larger ones get a 413"
+    )
+    limits.add_argument(
+        "--max_queries_in_flight",
+        type=int,
+        default=32768,
+        help="queries and /access URLs being answered at once, over all requests: a request holding more gets a "
+        "422, one arriving while the others hold the rest gets a 503 with Retry-After",
+    )
+    limits.add_argument("--max_topk", type=int, default=100, help="the largest topk a request may ask for (422)")
+    limits.add_argument(
+        "--max_response_mb", type=float, default=32.0, help="larger answers are refused with a 422 (ask fewer hits)"
     )
     connections = parser.add_argument_group("connections")
     connections.add_argument(
@@ -209,20 +210,18 @@ def parse_config(argv: list[str] | None = None) -> tuple[ServerConfig, argparse.
             parser.error(f"--save-address-to {args.save_address_to}: cannot create the directory ({err.strerror})")
     for flag, value, low in [
         ("--max_topk", args.max_topk, 1),
-        ("--max_queries_per_request", args.max_queries_per_request, 1),
-        ("--max_query_chars", args.max_query_chars, 1),
+        ("--max_queries_in_flight", args.max_queries_in_flight, 1),
         ("--max_length", args.max_length, 1),
         ("--max_batch_size", args.max_batch_size, 1),
         ("--num_threads", args.num_threads, 1),
         ("--max_wait_ms", args.max_wait_ms, 0),
         ("--max_connections", args.max_connections, 1),
-        ("--max_urls_per_request", args.max_urls_per_request, 1),
         ("--search_workspace_mb", args.search_workspace_mb, 1),
-        ("--max_url_chars", args.max_url_chars, 1),
     ]:
         if value is not None and value < low:
             parser.error(f"{flag} must be at least {low}, got {value}")
     for flag, value in [
+        ("--max_request_mb", args.max_request_mb),
         ("--max_response_mb", args.max_response_mb),
         ("--timeout_request", args.timeout_request),
         ("--timeout_keep_alive", args.timeout_keep_alive),
@@ -266,12 +265,10 @@ def parse_config(argv: list[str] | None = None) -> tuple[ServerConfig, argparse.
         num_threads=args.num_threads,
         max_batch_size=args.max_batch_size,
         max_wait_ms=args.max_wait_ms,
-        max_queries_per_request=args.max_queries_per_request,
-        max_query_chars=args.max_query_chars,
         max_topk=args.max_topk,
+        max_request_mb=args.max_request_mb,
+        max_queries_in_flight=args.max_queries_in_flight,
         max_response_mb=args.max_response_mb,
         timeout_request=args.timeout_request,
-        max_urls_per_request=args.max_urls_per_request,
-        max_url_chars=args.max_url_chars,
     )
     return config, args

@@ -22,6 +22,12 @@ TOOL_CALL_PATTERN = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 # The model's own text after its first tool call (e.g. an invented <tool_response>), kept in the recorded
 # assistant message under this key: chat templates ignore it, the chat reward does not.
 TEXT_AFTER_TOOL_CALLS = "text_after_tool_calls"
+# SEARCH_R1_FORCE_ANSWER=inject: the user message after the replies before the forced turn. The recorded message
+# carries FORCED_ANSWER_KEY (chat templates ignore it), so the chat reward does not take it for a retry hint.
+FORCE_ANSWER_MESSAGE = (
+    "No more tool calls will be answered. Give your final answer now, inside <answer> and </answer>."
+)
+FORCED_ANSWER_KEY = "forced_answer"
 
 
 def no_action_hint(tools: Mapping[str, Tool]) -> str:
@@ -189,8 +195,12 @@ class ChatProtocol:
             message=message.to_openai(),
         )
 
-    def reply(self, action: Action, results: dict[str, str], turn: Turn, state) -> Reply:
+    def reply(self, action: Action, results: dict[str, str], turn: Turn, state, force_answer: bool = False) -> Reply:
+        """Each call's tool message (or the hint after a turn without one); with `force_answer`, then the user message
+        that tells the model to answer now."""
         messages, truncated = self.tool_messages(action.calls, results, state.config)
+        if force_answer:
+            messages.append({"role": "user", "content": FORCE_ANSWER_MESSAGE, FORCED_ANSWER_KEY: True})
         history = self.messages + state.history_before_turn()
         return Reply(self.renderer.followup_ids(history, messages, turn.ids), messages, truncated)
 

@@ -11,7 +11,7 @@ with Search-R1's table, as it scores XML responses.
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from slime_search_r1.protocols.chat import answers_in, parse_openai_message
+from slime_search_r1.protocols.chat import FORCED_ANSWER_KEY, answers_in, parse_openai_message
 from slime_search_r1.tools.contract import Tool
 
 
@@ -20,8 +20,8 @@ def conversation_format_problem(conversation: list[dict], tools: Mapping[str, To
     assistants = [i for i, m in enumerate(conversation) if m.get("role") == "assistant"]
     if not assistants:
         return "no assistant turn"
-    if any(message.get("role") == "user" for message in conversation):
-        return "a retry hint was needed"
+    if any(message.get("role") == "user" and not message.get(FORCED_ANSWER_KEY) for message in conversation):
+        return "a retry hint was needed"  # the forced-answer instruction is the environment's, not a retry
     for position, message in enumerate(conversation):
         if message.get("role") != "assistant":
             continue

@@ -24,6 +24,10 @@ INFORMATION_CLOSE = "</information>\n\n"
 # Search-R1's instruction says how search results come back; another tool's sentence follows this one.
 TOOL_LINES_AFTER = "it will return the top searched results between <information> and </information>."
 _ANSWER_USAGE = "If I want to give the final answer, I should put the answer between <answer> and </answer>."
+# SEARCH_R1_FORCE_ANSWER=inject: the instruction, at the end of the reply before the forced turn. Inside an
+# <information> block when the reply is one, so Search-R1's format rule (think, call, information, think, answer)
+# still holds; no tags, which would break that rule there.
+FORCE_ANSWER_NOTE = "\n\n(No more tool calls will be answered: give the final answer now.)"
 
 
 def invalid_action_message(tools: Iterable[Tool]) -> str:
@@ -66,16 +70,26 @@ def with_stop_strings(stop: str | list[str] | tuple[str, ...] | None, tools: Ite
     return list(dict.fromkeys([*existing, *stop_strings(tools)]))
 
 
-def information_ids(tokenizer, documents: str, max_tokens: int) -> tuple[list[int], bool]:
+def information_ids(tokenizer, documents: str, max_tokens: int, note: str = "") -> tuple[list[int], bool]:
     """`\\n\\n<information>{documents}</information>\\n\\n` in at most `max_tokens` ids; True if documents were cut.
 
     The block is always tokenized whole, as one string (what Search-R1 feeds, and what tokenizing the
     rendered text gives): when it does not fit, the documents are cut at a token boundary, the tags kept,
-    and the cut block tokenized whole again.
+    and the cut block tokenized whole again. A `note` (the forced-answer instruction) follows the documents inside
+    the block, outside their budget: they are cut as they are without it.
     """
+    block, kept, cut = _block_within(tokenizer, documents, max_tokens)
+    if note:
+        block = encode_text(tokenizer, f"{INFORMATION_OPEN}{kept}{note}{INFORMATION_CLOSE}")
+    return block, cut
+
+
+def _block_within(tokenizer, documents: str, max_tokens: int) -> tuple[list[int], str, bool]:
+    """The information block of `documents` in at most `max_tokens` ids, the documents' text it holds, and whether
+    they were cut."""
     whole = encode_text(tokenizer, f"{INFORMATION_OPEN}{documents}{INFORMATION_CLOSE}")
     if len(whole) <= max_tokens:
-        return whole, False
+        return whole, documents, False
     doc_ids = encode_text(tokenizer, documents)
     tags = len(fixed_text_ids(tokenizer, INFORMATION_OPEN)) + len(fixed_text_ids(tokenizer, INFORMATION_CLOSE))
     keep = max(0, max_tokens - tags)
@@ -83,7 +97,7 @@ def information_ids(tokenizer, documents: str, max_tokens: int) -> tuple[list[in
         kept = tokenizer.decode(doc_ids[:keep], skip_special_tokens=False)
         block = encode_text(tokenizer, f"{INFORMATION_OPEN}{kept}{INFORMATION_CLOSE}")
         if len(block) <= max_tokens or keep == 0:
-            return block, True
+            return block, kept, True
         keep = max(0, keep - (len(block) - max_tokens))  # the cut text merged into more tokens than counted
 
 
@@ -132,10 +146,15 @@ class XmlProtocol:
     def read(self, turn: Turn, state) -> Action:
         return read_action(turn.text, self.tools, state.turn_index)
 
-    def reply(self, action: Action, results: dict[str, str], turn: Turn, state) -> Reply:
+    def reply(self, action: Action, results: dict[str, str], turn: Turn, state, force_answer: bool = False) -> Reply:
+        """The result of the turn's call in an <information> block, or the invalid-action message; with
+        `force_answer`, the instruction to answer now at its end (FORCE_ANSWER_NOTE)."""
+        note = FORCE_ANSWER_NOTE if force_answer else ""
         if not action.calls:
+            if note:  # the turn broke the format already: the note follows the message
+                return Reply(list(fixed_text_ids(self.tokenizer, invalid_action_message(self.tools.values()) + note)))
             return Reply(list(self.invalid_action_ids))
         call = action.calls[0]
         budget = self.tools[call.name].observation_budget(state.config)
-        ids, truncated = information_ids(self.tokenizer, results[call.call_id], budget)
+        ids, truncated = information_ids(self.tokenizer, results[call.call_id], budget, note)
         return Reply(ids, truncated=int(truncated))

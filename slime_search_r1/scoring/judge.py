@@ -165,11 +165,13 @@ class UnreadableReply(RetryableRequestFailed):
 class JudgeClient:
     """judge(question, golds, prediction) -> Verdict, for evaluate.py and for a judge-based reward alike."""
 
-    def __init__(self, config: JudgeConfig, prompt: JudgePrompt | None = None):
+    def __init__(self, config: JudgeConfig, prompt: JudgePrompt | None = None, api_key: str | None = None):
+        """`api_key`: the key itself when the caller read it already (the training settings); else the environment
+        variable config.api_key_env is read."""
         self.config = config
         self.prompt = prompt or JudgePrompt.load()
         self.endpoint = chat_completions_url(config.url)
-        self._api_key = os.environ.get(config.api_key_env) or None
+        self._api_key = api_key or os.environ.get(config.api_key_env) or None
         self._wait = wait_random_exponential(multiplier=config.backoff, max=max(config.backoff * 16, 0.0))
 
     @property

@@ -2,25 +2,30 @@
 back, and the trajectory on the sample grows by them, turn by turn.
 
   ManualDriver         the token driver: one engine call per turn, an engine that ran past a stop string cut after it
-  Trajectory           the sample's tokens, loss mask and log probs, kept aligned: the only writer of those fields
+  Trajectory           the sample's tokens, loss mask and log probs, kept aligned: the only writer of those fields;
+                       and which weight version sampled which tokens (one span per engine call); with
+                       split_trajectories, the segments an episode is trained as (one sample each)
   generate_turn        one /generate call (aiohttp, or slime's post()), retried like slime's, its answer checked
 
-Nothing is re-tokenized, so every id the engine conditioned on is a prefix of `sample.tokens`. With slime's
---partial-rollout a turn the engine aborted keeps what it had sampled, and the resumed episode continues that turn
-from its last token (the engine's context is still the trajectory).
+Nothing is re-tokenized, so every id the engine conditioned on is a prefix of `sample.tokens` (of its segment's
+tokens, once an episode is split). With slime's --partial-rollout a turn the engine aborted keeps what it had
+sampled, and the resumed episode continues that turn from its last token (the engine's context is still the
+trajectory).
 """
 
 import base64
+import copy
 import logging
+import random
 from array import array
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from tenacity import before_sleep_log, wait_fixed
 
 from slime.rollout.sglang_rollout import get_model_url
 from slime.utils.http_utils import post as slime_post
 from slime.utils.types import Sample
-from slime_search_r1.episode import Turn, forget_episode
+from slime_search_r1.episode import Turn, episode_record, forget_episode, lagging_spans, version_spans
 from slime_search_r1.http_client import RequestFailed, RetryableRequestFailed, post_json, retrying, unbounded_session
 
 logger = logging.getLogger(__name__)
@@ -77,7 +82,7 @@ class ManualDriver:
         written = self.written_turn().ids
         turn = await generate_turn(
             self.url,
-            list(trajectory.sample.tokens),
+            trajectory.context(),
             sampling_params,
             trajectory.track_log_probs,
             use_slime_post=self.use_slime_post,
@@ -96,8 +101,8 @@ class ManualDriver:
         trajectory.add_generated(turn.ids, turn.log_probs, turn.meta_info)
         return Turn(ids, turn.finish_type, text=text, log_probs=turn.log_probs, meta_info=turn.meta_info)
 
-    def add_observation(self, ids: list[int]) -> None:
-        self.trajectory.add_observation(ids)
+    def add_observation(self, ids: list[int], short_ids: list[int] | None = None) -> None:
+        self.trajectory.add_observation(ids, short_ids)
 
     async def finish(self, status) -> None:
         """Nothing to fetch: the trajectory was written turn by turn."""
@@ -133,7 +138,37 @@ def cut_after_first_stop(ids: list[int], tokenizer, text: str, stops: tuple[str,
 # Model tokens always get loss mask 1 and the engine's log probs. Observation tokens get mask 0, or 1 when
 # `train_observations` (LOSS_MASK_MODE=simple); their log probs are 0.0 placeholders because the engine never
 # sampled them. With log probs tracked, slime's append_response_tokens does the bookkeeping; without,
-# rollout_log_probs stays None and slime recomputes them.
+# rollout_log_probs stays None and slime recomputes them. Either way each engine call's tokens are recorded with
+# the weight version that sampled them (`versions`, positions in the whole episode's response); max_version_lag may
+# take the oldest out of the loss at the end, before the episode is split.
+#
+# The sample always holds the episode as it happened: the prompt, then every turn and every observation in full.
+# An observation may have a short form (a page chunk, tools/access.py); once a later turn has read it, the next
+# context shows the short form instead (with split_trajectories), so that context is no longer a prefix of the
+# sample. A new segment starts there: what the engine is sent from then on is the segment's prefix (the prompt and
+# the response so far with the short forms in place) plus the response written since. At the end each segment
+# becomes one sample for slime (segment_samples): its prefix and its part of the response, with that part's loss
+# mask, log probs and engine calls, so every token is trained in exactly one sample, in the context it was sampled in.
+
+
+@dataclass
+class Segment:
+    """One training sample's worth of an episode."""
+
+    prefix: list[int]  # what the engine conditioned on before the segment's part of the response
+    start: int  # the response position the segment's part begins at
+    calls_before: int  # len(sample.weight_versions) when it began (slime adds one per engine call)
+
+
+@dataclass
+class ShortForm:
+    """An observation that later contexts show shorter: its span in the response and the ids that replace it."""
+
+    start: int
+    end: int
+    ids: list[int]
+    read: bool = False  # a turn was generated after it
+    replaced: bool = False  # the current segment's prefix holds `ids` in its place
 
 
 class Trajectory:
@@ -155,37 +190,73 @@ class Trajectory:
         self.prompt_ids = list(prompt_ids)
         self.track_log_probs = track_log_probs
         self.train_observations = train_observations
+        # [start, end, weight version] per engine call that sampled tokens, in response-token positions
+        self.versions: list[list] = []
         if continued:
+            self.versions = [list(span) for span in version_spans(episode_record(sample) or {})]
             sample.reward, sample.remove_sample, sample.status = None, False, Sample.Status.PENDING
         else:
             reset_response_fields(sample, prompt_ids, track_log_probs)
+        self.segments = [Segment(self.prompt_ids, 0, len(sample.weight_versions))]
+        self.short_forms: list[ShortForm] = []
 
     @property
     def response_length(self) -> int:
+        """Response tokens of the whole episode, every segment's (what the response budget counts)."""
         return self.sample.response_length
 
     @property
     def context_length(self) -> int:
-        return len(self.sample.tokens)
+        """Tokens the engine conditions on next."""
+        segment = self.segments[-1]
+        return len(segment.prefix) + self.sample.response_length - segment.start
+
+    def context(self) -> list[int]:
+        """The ids the engine conditions on next: the sample's tokens, or the current segment's."""
+        if len(self.segments) == 1:
+            return list(self.sample.tokens)
+        segment = self.segments[-1]
+        return segment.prefix + self.sample.tokens[len(self.prompt_ids) + segment.start :]
 
     def response_ids(self) -> list[int]:
         return self.sample.tokens[len(self.prompt_ids) :]
 
     def add_generated(self, ids: list[int], log_probs: list[float] | None, meta_info: dict | None) -> None:
+        start = self.response_length
+        for form in self.short_forms:
+            form.read = True
         if self.track_log_probs:
             self.sample.append_response_tokens(
                 self.args, tokens=ids, log_probs=log_probs, trainable=True, meta_info=meta_info
             )
         else:
             self._extend_untracked(ids, 1)
+            if meta_info and "weight_version" in meta_info:  # what slime's append_response_tokens keeps
+                self.sample.weight_versions.append(meta_info["weight_version"])
+        if ids:
+            self.versions.append([start, start + len(ids), weight_version_of(meta_info)])
 
-    def add_observation(self, ids: list[int]) -> None:
+    def mask_lagging_spans(self, max_lag: int) -> int:
+        """Loss mask 0 on the generated spans sampled more than `max_lag` weight versions before the episode's
+        newest (log probs unchanged); returns how many trained tokens that took out of the loss."""
+        mask = self.sample.loss_mask
+        masked = 0
+        for start, end, _ in lagging_spans(self.versions, max_lag):
+            masked += sum(mask[start:end])
+            mask[start:end] = [0] * (end - start)
+        return masked
+
+    def add_observation(self, ids: list[int], short_ids: list[int] | None = None) -> None:
+        """The environment's reply; `short_ids`: what later contexts show instead, once a turn has read it."""
+        start = self.sample.response_length
         if not self.track_log_probs:
             self._extend_untracked(ids, 1 if self.train_observations else 0)
         elif self.train_observations:
             self.sample.append_response_tokens(self.args, tokens=ids, log_probs=[0.0] * len(ids), trainable=True)
         else:
             self.sample.append_response_tokens(self.args, tokens=ids, trainable=False)
+        if short_ids is not None and len(short_ids) < len(ids):
+            self.short_forms.append(ShortForm(start, start + len(ids), list(short_ids)))
 
     def _extend_untracked(self, ids: list[int], mask: int) -> None:
         # append_response_tokens insists on log probs for trainable tokens, so do its bookkeeping here.
@@ -193,9 +264,67 @@ class Trajectory:
         self.sample.response_length += len(ids)
         self.sample.loss_mask += [mask] * len(ids)
 
+    def shorten_read_observations(self) -> int:
+        """Before a turn: when the context shows in full an observation a turn has read since, start a new segment
+        whose prefix shows its short form. Returns the tokens that saves (0: the context stays as it is)."""
+        read = [form for form in self.short_forms if form.read and not form.replaced]
+        if not read:
+            return 0
+        for form in read:
+            form.replaced = True
+        response = self.response_ids()
+        prefix, position = list(self.prompt_ids), 0
+        for form in self.short_forms:
+            if form.replaced:
+                prefix += response[position : form.start] + form.ids
+                position = form.end
+        prefix += response[position:]
+        self.segments.append(Segment(prefix, len(response), len(self.sample.weight_versions)))
+        return sum(form.end - form.start - len(form.ids) for form in read)
+
+    def segment_samples(self, tokenizer) -> list[Sample]:
+        """The episode as slime trains it: one sample per segment that holds response tokens, each its segment's
+        prefix plus its part of the response (loss mask, log probs, top-p replay and engine calls sliced alike),
+        sharing one rollout_id so slime's loss counts the episode once; status, reward, remove_sample and
+        metadata are the episode's. The first is the sample slime handed over."""
+        whole = self.sample
+        ends = [segment.start for segment in self.segments[1:]] + [whole.response_length]
+        calls_ends = [segment.calls_before for segment in self.segments[1:]] + [len(whole.weight_versions)]
+        rollout_id = shared_rollout_id(whole)
+        response = self.response_ids()
+        parts = []
+        for segment, end, calls_end in zip(self.segments, ends, calls_ends, strict=True):
+            if end == segment.start:
+                continue  # nothing was written after it began (the episode ended first)
+            ids = response[segment.start : end]
+            log_probs = whole.rollout_log_probs
+            fields = dict(
+                rollout_id=rollout_id,
+                tokens=segment.prefix + ids,
+                response=tokenizer.decode(ids, skip_special_tokens=False),
+                response_length=len(ids),
+                loss_mask=whole.loss_mask[segment.start : end],
+                rollout_log_probs=None if log_probs is None else log_probs[segment.start : end],
+                weight_versions=list(whole.weight_versions[segment.calls_before : calls_end]),
+                metadata=copy.deepcopy(whole.metadata),
+            )
+            fields.update(_top_p_part(whole, segment.start, end))
+            parts.append(fields)
+        samples = []
+        for index, fields in enumerate(parts):
+            if index == 0:
+                for name, value in fields.items():
+                    setattr(whole, name, value)
+                samples.append(whole)
+            else:  # the counters of the engine calls stay on the first, as one episode's
+                fields.update(prefix_cache_info=type(whole.prefix_cache_info)(), spec_info=type(whole.spec_info)())
+                samples.append(replace(whole, **fields))
+        return samples
+
     def replace_response(self, ids: list[int], loss_mask: list[int], log_probs: list[float] | None) -> None:
         """The whole response at once, as a router's cache recorded it (the router token-tracking modes)."""
         reset_response_fields(self.sample, self.prompt_ids + list(ids), self.track_log_probs)
+        self.versions = []  # a router's cache keeps no weight versions
         self.sample.response_length = len(ids)
         self.sample.loss_mask = [1] * len(ids) if self.train_observations else [int(m) for m in loss_mask]
         if self.track_log_probs:
@@ -203,6 +332,35 @@ class Trajectory:
 
     def decode_response(self, tokenizer) -> None:
         self.sample.response = tokenizer.decode(self.sample.tokens[len(self.prompt_ids) :], skip_special_tokens=False)
+
+
+def shared_rollout_id(sample: Sample) -> int:
+    """The rollout_id the segments of one episode share: the sample's own, else its index (unique in slime's data
+    buffer), else a random one (slime numbers samples without one from 0 up, skipping ids already taken)."""
+    if sample.rollout_id is not None:
+        return sample.rollout_id
+    if sample.index is not None:
+        return sample.index
+    return random.getrandbits(62)
+
+
+def _top_p_part(sample: Sample, start: int, end: int) -> dict:
+    """The top-p replay arrays of response positions [start, end) (token i's nucleus is ids[offsets[i]:offsets[i+1]]),
+    in the type slime keeps them in; nothing when there are none."""
+    ids, offsets = sample.rollout_top_p_token_ids, sample.rollout_top_p_token_offsets
+    if ids is None or offsets is None:
+        return {}
+    offsets_part = offsets[start : end + 1]
+    first, last = int(offsets_part[0]), int(offsets_part[-1])
+    if hasattr(offsets_part, "clone"):  # torch int32 tensors
+        return {
+            "rollout_top_p_token_ids": ids[first:last].clone(),
+            "rollout_top_p_token_offsets": offsets_part - first,
+        }
+    return {
+        "rollout_top_p_token_ids": list(ids[first:last]),
+        "rollout_top_p_token_offsets": [int(o) - first for o in offsets_part],
+    }
 
 
 def why_not_continued(sample: Sample, prompt_ids: list[int], track_log_probs: bool) -> str | None:
@@ -218,6 +376,9 @@ def why_not_continued(sample: Sample, prompt_ids: list[int], track_log_probs: bo
     log_probs = sample.rollout_log_probs
     if track_log_probs and (log_probs is None or len(log_probs) != response_length):
         return f"{'no' if log_probs is None else len(log_probs)} rollout log probs for {response_length} tokens"
+    spans = version_spans(episode_record(sample) or {})
+    if spans and spans[-1][1] > response_length:
+        return f"weight-version spans up to token {spans[-1][1]} for {response_length} response tokens"
     return None
 
 
@@ -339,6 +500,12 @@ def parse_engine_output(output: object, return_logprob: bool) -> Turn:
             "log probs, so set TRACK_LOG_PROBS=true (re-tokenizing the text would not be token-exact)"
         )
     return Turn([int(i) for i in ids], finish_type, meta_info=meta_info)
+
+
+def weight_version_of(meta_info: dict | None) -> str | None:
+    """The weight version SGLang reports for an answer (meta_info["weight_version"], a string), or None."""
+    version = (meta_info or {}).get("weight_version")
+    return None if version is None else str(version)
 
 
 def int32_values(value) -> list[int]:

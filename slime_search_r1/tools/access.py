@@ -3,11 +3,20 @@ or calls access(url) (chat) with a URL from the search results, and is shown tha
 the local retriever's POST /access (started with --pages_path), cut to max_page_tokens; a URL no page has gets an
 observation that says so. Off by default: SEARCH_R1_TOOLS=search,access turns it on, and search results then show
 each passage's URL. Pages are read from the servers the search tool's local backend spreads its searches over.
+
+Reading chunks (page_chunk_tokens > 0, as ASearcher trains them): a page is cut into at most max_page_chunks chunks of
+page_chunk_tokens tokens and shown one chunk per call, `[part i of n]` first: accessing the same URL again shows
+the next one. Each chunk result carries a short form (its first page_short_tokens tokens), which the contexts after
+the turn that read it show instead (loop.py, with split_trajectories), so a long page costs the context one chunk
+at a time.
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from slime_search_r1.episode import encode_text
 from slime_search_r1.http_client import RequestFailed
+from slime_search_r1.settings import PAGE_CHUNK_FRAME_TOKENS
 from slime_search_r1.tools.contract import Tool, ToolAborted, ToolError
 from slime_search_r1.tools.search import SearchAborted, SearchError, client_for, guarded
 
@@ -31,8 +40,11 @@ def read_access_arguments(arguments: dict) -> dict:
 
 async def run_access(arguments: dict, state) -> str:
     url = arguments["url"]
+    config = state.config
+    if config.page_chunk_tokens and url in state.pages:
+        return next_chunk(url, state)
     try:
-        page = await access_page(state.config, url, lambda: state.aborted)
+        page = await access_page(config, url, lambda: state.aborted)
     except SearchAborted as exc:
         raise ToolAborted(str(exc)) from exc
     except SearchError as exc:
@@ -42,7 +54,81 @@ async def run_access(arguments: dict, state) -> str:
     text = page.get("contents")
     if not isinstance(text, str) or not text.strip():
         return f"The page at {url} has no text."
-    return text[: state.config.max_page_tokens * CHARACTERS_PER_TOKEN_AT_MOST]
+    if config.page_chunk_tokens:
+        state.pages[url] = PageReading(page_chunks(state.tokenizer, text, config))
+        return next_chunk(url, state)
+    return text[: config.max_page_tokens * CHARACTERS_PER_TOKEN_AT_MOST]
+
+
+# ---- reading chunks ------------------------------------------------------------------------------------------------
+
+
+class ChunkResult(str):
+    """A tool result that contexts show shorter once a turn has read it: the text shown, and `short_form`."""
+
+    short_form: str
+
+    def __new__(cls, text: str, short_form: str):
+        result = super().__new__(cls, text)
+        result.short_form = short_form
+        return result
+
+
+@dataclass
+class PageReading:
+    """A page being read in chunks (EpisodeState.pages, by URL): its chunks' texts and how many were shown."""
+
+    chunks: list[str]
+    shown: int = 0
+
+
+def page_chunks(tokenizer, text: str, config) -> list[str]:
+    """The page's first max_page_chunks * page_chunk_tokens tokens in chunks of page_chunk_tokens, as text; a chunk
+    ends a token or two early rather than in the middle of a character."""
+    size = config.page_chunk_tokens
+    limit = size * config.max_page_chunks
+    ids = encode_text(tokenizer, text[: limit * CHARACTERS_PER_TOKEN_AT_MOST])[:limit]
+    chunks, start = [], 0
+    while start < len(ids):
+        end = min(start + size, len(ids))
+        text, start = _whole_characters(tokenizer, ids, start, end)
+        chunks.append(text)
+    return chunks
+
+
+def _whole_characters(tokenizer, ids: list[int], start: int, end: int) -> tuple[str, int]:
+    """ids[start:end] as text, ending up to 3 tokens early when the last ones hold part of a character (byte-level
+    tokens decode a cut character as U+FFFD)."""
+    for cut in range(end, max(start + 1, end - 3) - 1, -1):
+        text = tokenizer.decode(ids[start:cut], skip_special_tokens=False)
+        if not text.endswith("\ufffd") or cut == len(ids):
+            return text, cut
+    return tokenizer.decode(ids[start:end], skip_special_tokens=False), end
+
+
+def next_chunk(url: str, state) -> str:
+    """The next chunk of the page at `url` with its short form, or that nothing of it is left."""
+    reading: PageReading = state.pages[url]
+    total = len(reading.chunks)
+    if reading.shown >= total:
+        return f"The page at {url} has no more text: all {total} parts of it were shown."
+    index = reading.shown
+    reading.shown += 1
+    state.stats.page_chunks += 1
+    chunk = reading.chunks[index]
+    more = f"\n[access the same URL again to read part {index + 2}]" if index + 1 < total else ""
+    chunk_ids = encode_text(state.tokenizer, chunk)
+    keep = min(state.config.page_short_tokens, len(chunk_ids))
+    short = _whole_characters(state.tokenizer, chunk_ids, 0, keep)[0] if keep else ""
+    return ChunkResult(
+        f"[part {index + 1} of {total}]\n{chunk}{more}",
+        f"[part {index + 1} of {total}, read]\n{short} ...",
+    )
+
+
+def observation_budget(config) -> int:
+    """Tokens one access result may take: a page cut to max_page_tokens, or a chunk with its frame."""
+    return config.page_chunk_tokens + PAGE_CHUNK_FRAME_TOKENS if config.page_chunk_tokens else config.max_page_tokens
 
 
 ACCESS = Tool(
@@ -58,7 +144,7 @@ ACCESS = Tool(
     usage='Call access with {"url": "..."}.',
     xml_argument="url",
     xml_usage="If I want to read a page, I should put its URL between <access> and </access>.",
-    observation_budget=lambda config: config.max_page_tokens,
+    observation_budget=observation_budget,
     prompt_line=(
         "You can read a page of the search results in full by <access> URL </access>, and it will be returned "
         "between <information> and </information>."

@@ -6,17 +6,32 @@
 Both hooks log through slime's own tracking call (slime.observability.logging_utils.log) at slime's rollout
 step, so the metrics go wherever --use-wandb / --use-tensorboard send slime's, and both return False so slime's
 default logging still runs. Names sit under rollout/search_r1/ and eval/search_r1/<dataset>/: slime's wandb setup
-plots rollout/* against rollout/step and eval/* against eval/step. One pass over the samples' counters; token
-lists are never read.
+plots rollout/* against rollout/step and eval/* against eval/step. search_metrics reads the samples' counters, and
+the loss mask over each engine call's span only when the batch's tokens come from several weight versions
+(fully-async training: how many trained tokens an older policy sampled); the early warnings of a collapse
+(health_metrics, training/collapse.py) make one pass over each response's generated tokens, log probs and text.
 """
 
 import logging
 from collections import Counter, defaultdict
 from statistics import fmean
+from types import SimpleNamespace
 
 import numpy as np
 
-from slime_search_r1.episode import FinishReason, episode_record, reward_of, tool_counters
+from slime_search_r1.episode import (
+    FinishReason,
+    episode_record,
+    newest_version,
+    part_spans,
+    reward_of,
+    segment_of,
+    tool_counters,
+    unscored,
+    version_number,
+    version_spans,
+)
+from slime_search_r1.training.collapse import CollapseWatch, health_signals
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +45,10 @@ FINISH_SHARES = {reason: reason.value for reason in FinishReason} | {
 # Where evaluation reads a sample's data source: slime copies the data file's --metadata-key column
 # (default "metadata") into sample.metadata, so rows carry {"data_source": "nq"} there.
 DATA_SOURCE_KEY = "data_source"
+# The answer scores a reward may be built on besides EM (the reward's record holds the one it used).
+ANSWER_SCORES = ("f1", "cover_em", "judge")
+# The early warnings compare each rollout with the ones before it (in this process: slime's rollout manager).
+COLLAPSE_WATCH = CollapseWatch()
 
 
 def _status(sample) -> str:
@@ -52,17 +71,109 @@ def _tool_metrics(records: list[dict]) -> dict[str, float]:
     return metrics
 
 
+def abort_metrics(records: list[dict]) -> dict[str, float]:
+    """Aborts as the engine answered them (finish_reason abort): in fully-async training a weight update pauses the
+    engines and aborts what is in flight, while slime's abort flag never turns true."""
+    aborts = [record.get("engine_aborts", 0) for record in records]
+    count = len(records)
+    return {
+        "engine_aborts/mean": fmean(aborts),
+        "engine_aborted_share": sum(a > 0 for a in aborts) / count,
+        "restarted_share": sum(record.get("restarts", 0) > 0 for record in records) / count,
+    }
+
+
+def staleness_metrics(samples: list[tuple]) -> dict[str, float]:
+    """How far behind the newest policy the batch's generated tokens are ({} when no sample recorded an ordered
+    weight version). The newest version is the newest any sample of the batch was sampled with; an episode's lag is
+    the newest minus the oldest version of its tokens. `samples`: (sample, record) of every sample, each part of a
+    split episode included (its record holds the whole episode's spans; its loss mask only its own part)."""
+    spans_of = [(sample, record, version_spans(record)) for sample, record in samples]
+    newest = newest_version([span for _, _, spans in spans_of for span in spans])
+    if newest is None:
+        return {}
+    lags, mixed, generated, masked = [], 0, 0, 0
+    for _, record, spans in spans_of:
+        if not _first_of_its_episode(record):
+            continue
+        ordered = [number for _, _, version in spans if (number := version_number(version)) is not None]
+        if ordered:
+            lags.append(newest - min(ordered))
+            mixed += len({version for _, _, version in spans}) > 1
+            generated += record.get("generated_tokens", 0)
+            masked += record.get("lag_masked_tokens", 0)
+    if not lags:  # only later parts of split episodes (their first part carries the episode's figures)
+        return {}
+    trained = stale_trained = 0
+    if max(lags):  # some tokens are older than the newest: count the trained ones (the loss mask as slime trains it)
+        for sample, record, _ in spans_of:
+            if sample.remove_sample:  # out of the loss whatever its mask says
+                continue
+            mask = sample.loss_mask or []
+            for start, end, version in part_spans(record, sample.response_length):  # a split one's part: its own
+                kept = sum(mask[start:end])
+                trained += kept
+                number = version_number(version)
+                stale_trained += kept if number is not None and number < newest else 0
+    return {
+        "versions/newest": newest,
+        "versions/lag/mean": fmean(lags),
+        "versions/lag/max": max(lags),
+        "versions/mixed_share": mixed / len(lags),
+        "versions/stale_trained_token_share": stale_trained / trained if trained else 0.0,
+        "versions/lag_masked_share": masked / generated if generated else 0.0,
+    }
+
+
+def _first_of_its_episode(record: dict) -> bool:
+    """An episode split into several samples carries its record on each: count it once, on its first."""
+    segment = segment_of(record)
+    return segment is None or segment.get("index") == 0
+
+
+def _episode_response_length(sample, record: dict) -> int:
+    """The episode's response tokens; a split one's first sample holds only its own part of them."""
+    if segment_of(record) is None:
+        return sample.response_length
+    return record.get("generated_tokens", 0) + record.get("observation_tokens", 0)
+
+
+def _long_horizon_metrics(records: list[dict]) -> dict[str, float]:
+    """Forced answers, split episodes and page chunks (only what happened: nothing when the features are off)."""
+    metrics: dict[str, float] = {}
+    count = len(records)
+    forced = [record for record in records if record.get("forced_answer")]
+    if forced:
+        metrics["forced_answer_share"] = len(forced) / count
+        # of the episodes told (or given a last turn) to answer, those that did
+        metrics["forced_answer/answered_share"] = fmean(r["finish_reason"] == FinishReason.ANSWER for r in forced)
+        metrics["forced_answer/instruction_tokens/mean"] = fmean(r["forced_answer"].get("tokens", 0) for r in forced)
+    segments = [record.get("segments", 1) for record in records]
+    if max(segments) > 1:
+        metrics["split_share"] = sum(n > 1 for n in segments) / count
+        metrics["segments/mean"] = fmean(segments)
+        metrics["segments/max"] = max(segments)
+    chunks = [record.get("page_chunks", 0) for record in records]
+    if any(chunks):
+        metrics["page_chunks/mean"] = fmean(chunks)
+        metrics["page_chunks/max"] = max(chunks)
+        metrics["short_form_tokens_saved/mean"] = fmean(record.get("short_form_tokens_saved", 0) for record in records)
+    return metrics
+
+
 def search_metrics(samples) -> dict[str, float]:
-    """Search behaviour of a batch of finished samples; {} when none was generated by this plugin."""
-    episodes = [(sample, record) for sample in samples if (record := episode_record(sample)) is not None]
+    """Search behaviour of a batch of finished samples, one count per episode; {} when none was generated by this
+    plugin."""
+    all_samples = [(sample, record) for sample in samples if (record := episode_record(sample)) is not None]
+    episodes = [(sample, record) for sample, record in all_samples if _first_of_its_episode(record)]
     if not episodes:
         return {}
     records = [record for _, record in episodes]
     searches = [tool_counters(record).get("search", {}) for record in records]
     finishes = Counter(FINISH_SHARES.get(FinishReason(r["finish_reason"]), "other") for r in records)
     lengths_by_status: dict[str, list[int]] = defaultdict(list)
-    for sample, _ in episodes:
-        lengths_by_status[_status(sample)].append(sample.response_length)
+    for sample, record in episodes:
+        lengths_by_status[_status(sample)].append(_episode_response_length(sample, record))
     turns = [record.get("turns", 0) for record in records]
     invalid = [record.get("invalid_actions", 0) for record in records]
     observation_tokens = [record.get("observation_tokens", 0) for record in records]
@@ -82,6 +193,9 @@ def search_metrics(samples) -> dict[str, float]:
         "observation_tokens/mean": fmean(observation_tokens),
         "observation_tokens/max": max(observation_tokens),
         **_tool_metrics(records),
+        **abort_metrics(records),
+        **staleness_metrics(all_samples),
+        **_long_horizon_metrics(records),
     }
     for share in sorted(set(FINISH_SHARES.values())):
         metrics[f"finish/{share}"] = finishes[share] / count
@@ -92,9 +206,7 @@ def search_metrics(samples) -> dict[str, float]:
         metrics["em"] = fmean(float(r.get("em", 0.0)) for r in scored)
         metrics["format_valid"] = fmean(float(r.get("format_valid", 0.0)) for r in scored)
         metrics["retrieval_hit"] = fmean(float(r.get("retrieval_hit", 0.0)) for r in scored)
-        metrics["reward"] = fmean(float(r.get("score", 0.0)) for r in scored)  # the shaped reward trained on
-        # Well-formed but wrong: the format bonus without the answer (what a policy farming the bonus raises).
-        metrics["well_formed_wrong_share"] = fmean(bool(r.get("format_valid")) and not r.get("em") for r in scored)
+        metrics |= reward_metrics(scored)
     for status, lengths in sorted(lengths_by_status.items()):
         metrics[f"response_length/{status}"] = fmean(lengths)
     resumed = [record for record in records if record.get("resumes")]
@@ -104,6 +216,70 @@ def search_metrics(samples) -> dict[str, float]:
         earlier = sum(record.get("earlier_policy_tokens", 0) for record in resumed)
         metrics["resumed_earlier_policy_share"] = earlier / generated if generated else 0.0
     return metrics
+
+
+def reward_metrics(rewards: list[dict]) -> dict[str, float]:
+    """The shaped reward and the answer score it was built on, over the samples the judge did not leave unscored
+    (their score is a placeholder: they are not trained on); with the judge, how many it left unscored and why."""
+    judged = [r for r in rewards if "judge_verdict" in r]
+    trained = [r for r in rewards if not unscored(r)]
+    metrics: dict[str, float] = {}
+    if trained:
+        metrics["reward"] = fmean(float(r.get("score", 0.0)) for r in trained)  # the shaped reward trained on
+        # Well-formed but wrong: the format bonus without the answer (what a policy farming the bonus raises).
+        metrics["well_formed_wrong_share"] = fmean(bool(r.get("format_valid")) and not r.get("em") for r in trained)
+        for name in ANSWER_SCORES:
+            values = [float(r[name]) for r in trained if isinstance(r.get(name), int | float)]
+            if values:
+                metrics[name] = fmean(values)
+    if judged:
+        statuses = Counter(r["judge_verdict"].get("status") for r in judged)
+        left = statuses["error"] + statuses["invalid"]
+        metrics |= {"judge/unscored": left, "judge/unscored_share": left / len(judged)}
+        metrics |= {"judge/error": statuses["error"], "judge/invalid": statuses["invalid"]}
+    return metrics
+
+
+def health_metrics(samples) -> dict[str, float]:
+    """The early warnings' signals of a batch (training/collapse.py): the one pass over each response's generated
+    tokens, log probs and text; {} when no sample was generated by this plugin."""
+    return health_signals(whole_episodes(samples))
+
+
+def whole_episodes(samples) -> list[tuple[object, dict]]:
+    """(sample, record) per episode, the parts of a split episode (split_trajectories) joined back in order: a signal
+    about what the model wrote (an answer at the end, a loop across parts) reads the whole episode once."""
+    episodes: list[tuple[object, dict]] = []
+    parts: list = []
+    for sample in samples:
+        record = episode_record(sample)
+        if record is None:
+            continue
+        segment = segment_of(record)
+        if segment is None:
+            episodes.append((sample, record))
+            continue
+        parts = [sample] if segment.get("index") == 0 else [*parts, sample]
+        if len(parts) == segment.get("count"):
+            episodes.append((_joined(parts), record))
+    return episodes
+
+
+def _joined(parts: list):
+    """The parts' responses as one, with what the signals read of a sample (collapse.generated, texts, status)."""
+    first = parts[0]
+    log_probs = [part.rollout_log_probs for part in parts]
+    return SimpleNamespace(
+        prompt=first.prompt,
+        response="".join(part.response for part in parts),
+        response_ids=[t for part in parts for t in part.tokens[len(part.tokens) - part.response_length :]],
+        response_length=sum(part.response_length for part in parts),
+        loss_mask=[m for part in parts for m in (part.loss_mask or [1] * part.response_length)],
+        rollout_log_probs=None if None in log_probs else [v for values in log_probs for v in values],
+        status=first.status,
+        group_index=first.group_index,
+        remove_sample=first.remove_sample,
+    )
 
 
 def em_by_data_source(samples) -> dict[str, float]:
@@ -130,7 +306,7 @@ def eval_search_metrics(data: dict) -> dict[str, float]:
     for dataset, result in data.items():
         samples = result.get("samples") or []
         prefix = f"{EVAL_PREFIX}{dataset}/"
-        found = search_metrics(samples) | em_by_data_source(samples)
+        found = search_metrics(samples) | em_by_data_source(samples) | health_metrics(samples)
         metrics |= {prefix + name: value for name, value in found.items()}
     return metrics
 
@@ -145,9 +321,32 @@ def _log(args, rollout_id: int, metrics: dict, step_key: str) -> None:
     logging_utils.log(args, metrics, step_key=step_key)
 
 
+def watch_for_collapse(rollout_id, found: dict[str, float], watch: CollapseWatch | None = None) -> dict:
+    """The early warnings' changes against the previous rollouts (COLLAPSE_WATCH's unless `watch` is given), and a
+    warning line for each signal out of its band (training/collapse.py); judge verdicts that left samples unscored are
+    one line too."""
+    changes, alarms = (watch or COLLAPSE_WATCH).observe(found)
+    for alarm in alarms:
+        logger.warning("search_r1 collapse warning at rollout %s: %s", rollout_id, alarm.message)
+    if found.get("judge/unscored"):
+        logger.warning(
+            "search_r1 rollout %s: the judge left %d samples unscored (%d errors, %d replies without a verdict); they "
+            "are kept out of training, and each one's verdict is in its record",
+            rollout_id,
+            found["judge/unscored"],
+            found.get("judge/error", 0),
+            found.get("judge/invalid", 0),
+        )
+    return {**changes, "health/alarms": len(alarms)}
+
+
 def log_rollout_metrics(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool:
     """slime's custom rollout log function: logs rollout/search_r1/* and lets slime's own logging run."""
-    metrics = {TRAIN_PREFIX + name: value for name, value in search_metrics(samples).items()}
+    found = search_metrics(samples)
+    if found:
+        found |= health_metrics(samples)
+        found |= watch_for_collapse(rollout_id, found)
+    metrics = {TRAIN_PREFIX + name: value for name, value in found.items()}
     if metrics:
         _log(args, rollout_id, metrics, "rollout/step")
     return False

@@ -22,10 +22,18 @@ from pathlib import Path
 import numpy as np
 
 from slime_search_r1.data import golden_answers
-from slime_search_r1.episode import conversation_of, reward_of, tool_counters
+from slime_search_r1.episode import (
+    conversation_of,
+    newest_version,
+    part_spans,
+    reward_of,
+    tool_counters,
+    version_number,
+    version_spans,
+)
 from slime_search_r1.viewer.samples import Run, ViewSample
 from slime_search_r1.viewer.steps import steps_of, tool_calls
-from slime_search_r1.viewer.summary import hook_metrics, hook_prefix, log_prob_gaps, viewer_metrics
+from slime_search_r1.viewer.summary import collapse_warnings, hook_metrics, hook_prefix, log_prob_gaps, viewer_metrics
 from slime_search_r1.viewer.vocabulary import TokenTexts
 
 ASSETS = Path(__file__).with_name("assets")
@@ -47,6 +55,15 @@ DRAWN_RECORD_KEYS = {
     "earlier_policy_tokens",
     "resumed_at",
     "resume",
+    "versions",
+    "engine_aborts",
+    "restarts",
+    "lag_masked_tokens",
+    "forced_answer",
+    "segments",
+    "segment",
+    "page_chunks",
+    "short_form_tokens_saved",
 }
 _MARKER = re.compile(r"<!--VIEWER:(\w+)-->|/\*VIEWER:(\w+)\*/")
 _SMALL_TENSOR = 64  # elements; bigger tensors are shown by shape
@@ -118,6 +135,28 @@ def _number(value) -> float | None:
     return None
 
 
+def versions_view(record: dict | None, response_length: int) -> dict | None:
+    """The weight versions that sampled the response: each distinct one (oldest first; unordered ones last) with
+    how far it lags the episode's newest, and the spans as [start, end, its index] in the sample's response (a part
+    of a split episode shows its own). None: none recorded."""
+    spans = part_spans(record, response_length) if record else []
+    if not spans:
+        return None
+
+    def order(version) -> tuple:
+        number = version_number(version)
+        return (number is None, number or 0, str(version))
+
+    names = sorted({version for _, _, version in spans}, key=order)
+    newest = newest_version(version_spans(record))
+    lags = [None if (n := version_number(v)) is None or newest is None else newest - n for v in names]
+    return {
+        "names": names,
+        "lags": lags,
+        "spans": [[start, end, names.index(version)] for start, end, version in spans],
+    }
+
+
 def sample_row(sample: ViewSample) -> dict:
     """What the sample list shows and filters on."""
     record = sample.record or {}
@@ -181,6 +220,7 @@ def sample_detail(sample: ViewSample, texts: TokenTexts | None) -> dict:
         "train_fields": sample.train_fields,
         # --partial-rollout: the response tokens before this position were sampled in earlier rollouts
         "earlier_before": (record.get("resumed_at") or [0])[-1] if record else 0,
+        "versions": versions_view(record, sample.response_length),
     }
     if sample.response_ids is not None:
         detail["prompt_ids"] = typed(sample.prompt_ids or [], "<i4")
@@ -226,6 +266,8 @@ def render_page(
     texts = TokenTexts(tokenizer) if tokenizer is not None else None
     blocks: list[str] = []
     page_runs = []
+    hooks = [hook_metrics(run) for run in runs]
+    alarms = collapse_warnings(runs, hooks)
     for run_index, run in enumerate(runs):
         shown = shown_samples(run.samples, per_source)
         for sample in shown:
@@ -243,7 +285,8 @@ def render_page(
                 "notes": run.notes,
                 "total": len(run.samples),
                 "prefix": hook_prefix(run),
-                "hooks": hook_metrics(run),
+                "hooks": hooks[run_index],
+                "alarms": alarms[run_index],  # the early warnings of a collapse the log hook gave this rollout
                 "viewer": viewer_metrics(run, threshold),
                 "rows": [sample_row(sample) for sample in shown],
             }

@@ -6,7 +6,14 @@ from collections import Counter, defaultdict
 from statistics import fmean, pstdev
 
 from slime_search_r1.episode import reward_of
-from slime_search_r1.training.metrics import EVAL_PREFIX, TRAIN_PREFIX, em_by_data_source, search_metrics
+from slime_search_r1.training.collapse import CollapseWatch
+from slime_search_r1.training.metrics import (
+    EVAL_PREFIX,
+    TRAIN_PREFIX,
+    em_by_data_source,
+    health_metrics,
+    search_metrics,
+)
 from slime_search_r1.viewer.samples import Run, ViewSample
 
 TRAIN_LOG_PROBS = "log_probs"  # the train dump's name for the policy's recomputed log probs
@@ -21,7 +28,20 @@ def hook_metrics(run: Run) -> dict[str, float]:
     metrics = search_metrics(run.samples)
     if run.kind != "rollout":
         metrics |= em_by_data_source(run.samples)
-    return metrics
+    return metrics | health_metrics(run.samples)
+
+
+def collapse_warnings(runs: list[Run], hooks: list[dict[str, float]]) -> list[list[str]]:
+    """The training rollouts' early warnings, as the log hook gives them: each rollout on the page against the ones
+    before it (by rollout id); their changes are added to `hooks`. One list of warnings per run."""
+    warnings: list[list[str]] = [[] for _ in runs]
+    watch = CollapseWatch()
+    training = [(r.rollout_id, i) for i, r in enumerate(runs) if r.kind == "rollout" and r.rollout_id is not None]
+    for _, index in sorted(training):
+        changes, alarms = watch.observe(hooks[index])
+        hooks[index] |= {**changes, "health/alarms": len(alarms)}
+        warnings[index] = [alarm.message for alarm in alarms]
+    return warnings
 
 
 def log_prob_gaps(sample: ViewSample) -> list[float]:

@@ -151,7 +151,7 @@ def test_plugin_variables_are_forwarded_and_secrets_never_shown(dry_run):
         ({"START_RAY": "yes"}, "environment variable START_RAY='yes' is invalid; accepted: auto | 1 | 0"),
         ({"ASYNC_MODE": "partly"}, "environment variable ASYNC_MODE='partly' is invalid; accepted: off | fully"),
         ({"NUM_GPUS": "0"}, "environment variable NUM_GPUS='0' is out of range; accepted: >= 1"),
-        ({"SEARCH_R1_MAX_TURNS": "two"}, "SEARCH_R1_MAX_TURNS='two' is invalid; accepted: an integer, 1 to 64"),
+        ({"SEARCH_R1_MAX_TURNS": "two"}, "SEARCH_R1_MAX_TURNS='two' is invalid; accepted: an integer, 1 to 128"),
     ],
 )
 def test_bad_values_stop_even_a_dry_run(refused, env, message):

@@ -128,7 +128,7 @@ def test_the_dict_a_user_edits_reaches_the_flags_and_the_job(edited_copy, key, v
 def test_a_bad_value_in_the_edited_dict_stops_the_launch(edited_copy):
     result = run_script("--dry-run", script=edited_copy('        "max_turns": 0,\n'))
     assert result.returncode == 1
-    assert "error: SEARCH_R1_CONFIGS['max_turns']=0 is out of range; accepted: 1 to 64" in result.stderr
+    assert "error: SEARCH_R1_CONFIGS['max_turns']=0 is out of range; accepted: 1 to 128" in result.stderr
     result = run_script("--dry-run", script=edited_copy('        "max_turns": compute_turns(),\n'))
     assert result.returncode == 1
     assert "is not search_r1_configs({...}) of a literal dict" in result.stderr

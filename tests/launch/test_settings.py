@@ -101,7 +101,7 @@ def test_the_view_is_read_only_and_names_its_settings():
     [
         ({"LLM_API_MODE": "xml"}, r"^environment variable LLM_API_MODE='xml' is invalid; accepted: generate \| chat$"),
         ({"TRACK_LOG_PROBS": "maybe"}, r"TRACK_LOG_PROBS='maybe' is invalid; accepted: one of 1, true"),
-        ({"SEARCH_R1_MAX_TURNS": "two"}, r"SEARCH_R1_MAX_TURNS='two' is invalid; accepted: an integer, 1 to 64"),
+        ({"SEARCH_R1_MAX_TURNS": "two"}, r"SEARCH_R1_MAX_TURNS='two' is invalid; accepted: an integer, 1 to 128"),
         ({"LOSS_MASK_MODE": "loose"}, r"accepted: strict \| simple"),
         ({"TOKEN_TRACKING_MODE": "radix"}, r"accepted: manual \| router_radix \| router_handler"),
         ({"SEARCH_R1_TOOLS": "search,browse"}, r"SEARCH_R1_TOOLS='search,browse' is invalid; .*'browse' unknown"),
@@ -116,7 +116,7 @@ def test_a_bad_value_from_a_variable_names_the_variable_not_the_dict():
     """The user set SEARCH_R1_MAX_TURNS=0 and never wrote the dict: the message says so."""
     with pytest.raises(ConfigError) as info:
         resolved(SEARCH_R1_MAX_TURNS="0")
-    assert str(info.value) == "environment variable SEARCH_R1_MAX_TURNS='0' is out of range; accepted: 1 to 64"
+    assert str(info.value) == "environment variable SEARCH_R1_MAX_TURNS='0' is out of range; accepted: 1 to 128"
 
 
 @pytest.mark.parametrize(
@@ -135,7 +135,7 @@ def test_range_and_shape_errors_of_variables_name_the_variable(env, message):
 
 
 def test_a_bad_value_in_the_dict_names_the_key():
-    with pytest.raises(ConfigError, match=r"^SEARCH_R1_CONFIGS\['max_turns'\]=0 is out of range; accepted: 1 to 64$"):
+    with pytest.raises(ConfigError, match=r"^SEARCH_R1_CONFIGS\['max_turns'\]=0 is out of range; accepted: 1 to 128$"):
         resolved({"max_turns": 0})
     with pytest.raises(ConfigError, match=r"SEARCH_R1_CONFIGS\['return_logprob'\]='yes' is invalid; .*True or False"):
         resolved({"return_logprob": "yes"})

@@ -1,8 +1,10 @@
-"""Dynamic batching on one or several worker threads, with stand-in search functions that record their calls."""
+"""Dynamic batching on one or several worker threads, with stand-in search functions that record their calls.
+
+Nothing here waits on time: a Gate holds a batch until the test opens it, the batcher's report says what is
+queued, and where a duration is the thing under test (max_wait_ms) the batcher runs on a clock the test moves."""
 
 import asyncio
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -12,17 +14,18 @@ from local_dense_retriever.serving.batcher import BatcherClosed, DynamicBatcher
 
 
 class RecordingSearch:
-    """Scores a query by its length; rows are the query's length plus the rank. Records batch sizes and threads."""
+    """Scores a query by its length; rows are the query's length plus the rank. Records batches and threads."""
 
-    def __init__(self, delay: float = 0.02, fail_on: str | None = None):
-        self.delay, self.fail_on = delay, fail_on
+    def __init__(self, fail_on: str | None = None):
+        self.fail_on = fail_on
         self.calls: list[list[str]] = []
         self.threads: set[str] = set()
+        self.sizes: list[tuple[str, int]] = []  # (worker thread, queries) of every call
 
     def __call__(self, queries: list[str], k: int):
         self.calls.append(list(queries))
         self.threads.add(threading.current_thread().name)
-        time.sleep(self.delay)
+        self.sizes.append((threading.current_thread().name, len(queries)))
         if self.fail_on in queries:
             raise RuntimeError(f"cannot search {self.fail_on!r}")
         lengths = np.array([len(q) for q in queries], dtype=np.int64)
@@ -30,25 +33,99 @@ class RecordingSearch:
         return -rows.astype(np.float32), rows
 
 
+class Gate:
+    """A search that blocks each call until the test opens it (by the call's first query, or all of them), so which
+    calls overlap, and what is queued meanwhile, is up to the test."""
+
+    def __init__(self, open_queries: tuple[str, ...] = (), work=lambda queries: None):
+        self.search = RecordingSearch()
+        self.work = work  # what a call costs, once released
+        self.holders: dict[str, str] = {}  # first query -> the worker thread that runs its batch
+        self.entered = threading.Semaphore(0)
+        self.inside = 0
+        self.most_inside = 0
+        self._opened = set(open_queries)
+        self._open_prefixes: tuple[str, ...] = ()
+        self._everything = False
+        self._changed = threading.Condition()
+
+    def __call__(self, queries, k):
+        with self._changed:
+            self.holders[queries[0]] = threading.current_thread().name
+            self.inside += 1
+            self.most_inside = max(self.most_inside, self.inside)
+            self.entered.release()
+            released = self._changed.wait_for(lambda: self._is_open(queries[0]), timeout=30)
+            assert released, "never released"
+            self.inside -= 1
+        self.work(queries)
+        return self.search(queries, k)
+
+    def _is_open(self, first_query: str) -> bool:
+        return self._everything or first_query in self._opened or first_query.startswith(self._open_prefixes)
+
+    def open(self, first_query: str) -> None:
+        with self._changed:
+            self._opened.add(first_query)
+            self._changed.notify_all()
+
+    def open_prefix(self, prefix: str) -> None:
+        with self._changed:
+            self._open_prefixes += (prefix,)
+            self._changed.notify_all()
+
+    def open_all(self) -> None:
+        with self._changed:
+            self._everything = True
+            self._changed.notify_all()
+
+    def wait_entered(self, calls: int = 1) -> None:
+        for _ in range(calls):
+            assert self.entered.acquire(timeout=30), "a worker never started"
+
+
+async def entered(gate: Gate, calls: int = 1) -> None:
+    await asyncio.get_running_loop().run_in_executor(None, gate.wait_entered, calls)
+
+
+def queued(batcher: DynamicBatcher) -> int:
+    return batcher.report()["waiting_queries"]
+
+
+def run_behind_a_running_batch(batcher: DynamicBatcher, gate: "Gate", requests: list[tuple[list[str], int]]):
+    """Submits a blocker, then `requests` while the blocker's batch runs (so all of them queue), then lets every
+    batch through; the requests' results, in order. Closes the batcher."""
+
+    async def scenario():
+        blocker = asyncio.ensure_future(batcher.submit(["blocker"], 1))
+        await entered(gate)
+        tasks = [asyncio.ensure_future(batcher.submit(queries, topk)) for queries, topk in requests]
+        await asyncio.sleep(0)  # one turn of the event loop: every task has queued its request
+        assert queued(batcher) == sum(len(queries) for queries, _ in requests)
+        gate.open_all()
+        await blocker
+        return await asyncio.gather(*tasks)
+
+    try:
+        return asyncio.run(scenario())
+    finally:
+        batcher.close()
+
+
 async def submit_all(batcher, requests):
     return await asyncio.gather(*(batcher.submit(queries, topk) for queries, topk in requests), return_exceptions=True)
 
 
 def test_concurrent_requests_share_batches_and_each_gets_its_own_slice():
-    search = RecordingSearch()
-    batcher = DynamicBatcher(search, max_batch_size=64)
+    gate = Gate()
+    batcher = DynamicBatcher(gate, max_batch_size=64)
     requests = [(["q" * (i % 9 + 1)], 1 + i % 4) for i in range(100)]
-    try:
-        results = asyncio.run(submit_all(batcher, requests))
-    finally:
-        batcher.close()
+    results = run_behind_a_running_batch(batcher, gate, requests)
     for (queries, topk), (scores, rows) in zip(requests, results, strict=True):
         assert rows.shape == (1, topk) and scores.shape == (1, topk)
         assert rows[0].tolist() == [len(queries[0]) * 100 + r for r in range(topk)]
-    assert sum(len(call) for call in search.calls) == 100
-    assert len(search.calls) < 10  # merged, not one call per request
-    assert max(len(call) for call in search.calls) <= 64
-    assert search.threads == {"retrieval-worker"}
+    assert [len(call) for call in gate.search.calls] == [1, 64, 36]  # merged, at most max_batch_size each
+    assert gate.search.threads == {"retrieval-worker"}
 
 
 def test_multi_query_requests_keep_their_order_and_batches_never_exceed_max_batch_size():
@@ -66,10 +143,9 @@ def test_multi_query_requests_keep_their_order_and_batches_never_exceed_max_batc
     assert sum(len(call) for call in search.calls) == 5 + 2 + 29
 
 
-def test_a_single_query_sent_during_a_large_request_waits_about_one_batch():
-    search = RecordingSearch(delay=0.01)
-    batcher = DynamicBatcher(search, max_batch_size=16)
-    large = [f"large {i}" for i in range(512)]
+def test_a_single_query_sent_during_a_large_request_joins_the_next_batch():
+    gate = Gate(open_queries=("large 0", "large 16"))  # the first two batches pass; the third is held
+    batcher = DynamicBatcher(gate, max_batch_size=16)
     finished: list[str] = []
 
     async def scenario():
@@ -77,51 +153,43 @@ def test_a_single_query_sent_during_a_large_request_waits_about_one_batch():
             await batcher.submit(queries, 3)
             finished.append(name)
 
-        big = asyncio.ensure_future(send("large", large))
-        await asyncio.sleep(0.03)  # the large request is being served: a few of its 32 batches have run
-        await send("single", ["single"])
-        await big
+        big = asyncio.ensure_future(send("large", [f"large {i}" for i in range(512)]))
+        await entered(gate, 3)  # its 3rd batch (of 32) is running
+        single = asyncio.ensure_future(send("single", ["single"]))
+        await asyncio.sleep(0)
+        assert queued(batcher) == 512 - 3 * 16 + 1
+        gate.open_all()
+        await asyncio.gather(big, single)
 
     try:
         asyncio.run(scenario())
     finally:
         batcher.close()
     assert finished == ["single", "large"]
-    batch_of_single = next(i for i, call in enumerate(search.calls) if "single" in call)
-    batches_before_single_arrived = sum(1 for call in search.calls[:batch_of_single] if "single" not in call)
-    # It joined the batch after the one running when it arrived, not the end of the queue (32 batches).
-    assert batches_before_single_arrived <= 6, [len(call) for call in search.calls]
-    assert all(len(call) <= 16 for call in search.calls)
+    assert "single" in gate.search.calls[3]  # the batch after the one running when it came, not the 33rd
+    assert all(len(call) <= 16 for call in gate.search.calls)
 
 
 def test_waiting_requests_share_each_batch_in_equal_parts():
-    search = RecordingSearch(delay=0.0)
-    release = threading.Event()
-
-    def gated(queries, k):
-        if queries == ["blocker"]:
-            release.wait(10)  # hold the worker until the three requests below are all queued
-        return search(queries, k)
-
-    batcher = DynamicBatcher(gated, max_batch_size=12)
-
-    async def scenario():
-        blocker = asyncio.ensure_future(batcher.submit(["blocker"], 1))
-        await asyncio.sleep(0.05)
-        requests = [[f"a{i}" for i in range(30)], [f"b{i}" for i in range(30)], [f"c{i}" for i in range(3)]]
-        tasks = [asyncio.ensure_future(batcher.submit(queries, 1)) for queries in requests]
-        await asyncio.sleep(0.05)
-        release.set()
-        await asyncio.gather(blocker, *tasks)
-
-    try:
-        asyncio.run(scenario())
-    finally:
-        batcher.close()
-    first_shared = search.calls[1]
+    gate = Gate()
+    batcher = DynamicBatcher(gate, max_batch_size=12)
+    requests = [[f"a{i}" for i in range(30)], [f"b{i}" for i in range(30)], [f"c{i}" for i in range(3)]]
+    run_behind_a_running_batch(batcher, gate, [(queries, 1) for queries in requests])
+    first_shared = gate.search.calls[1]
     # 12 places over three requests: 4 each, the small one has only 3, the spare place goes to the first.
     assert [sum(q.startswith(p) for q in first_shared) for p in "abc"] == [5, 4, 3]
-    assert [len(call) for call in search.calls[2:]] == [12, 12, 12, 12, 3]
+    assert [len(call) for call in gate.search.calls[2:]] == [12, 12, 12, 12, 3]
+
+
+def test_requests_left_out_of_a_batch_go_first_in_the_next_one():
+    """Three 4-query requests queued behind a running batch, batches of 2: the first batch has room for only two of
+    them; the third request's first query must be in the second batch, not wait until the first two are done."""
+    gate = Gate()
+    batcher = DynamicBatcher(gate, max_batch_size=2)
+    run_behind_a_running_batch(batcher, gate, [([f"{name}{i}" for i in range(4)], 1) for name in "abc"])
+    after_blocker = gate.search.calls[1:]
+    assert after_blocker[0] == ["a0", "b0"]
+    assert after_blocker[1][0] == "c0", after_blocker
 
 
 def test_a_failing_batch_fails_its_requests_and_the_worker_keeps_going():
@@ -139,7 +207,7 @@ def test_a_failing_batch_fails_its_requests_and_the_worker_keeps_going():
 
 
 def test_batch_size_one_means_one_search_per_request():
-    search = RecordingSearch(delay=0.001)
+    search = RecordingSearch()
     batcher = DynamicBatcher(search, max_batch_size=1)
     try:
         asyncio.run(submit_all(batcher, [(["x"], 1)] * 20))
@@ -148,54 +216,85 @@ def test_batch_size_one_means_one_search_per_request():
     assert [len(call) for call in search.calls] == [1] * 20
 
 
-def test_an_idle_server_does_not_wait_and_a_busy_one_waits_a_bounded_time():
-    search = RecordingSearch(delay=0.0)
-    batcher = DynamicBatcher(search, max_batch_size=64, max_wait_ms=200)
+class StoppedClock:
+    """A clock that moves only when the test says; each reading is counted, so the test knows when the batcher has
+    looked at it again."""
 
-    async def timed(queries):
-        started = time.perf_counter()
-        await batcher.submit(queries, 1)
-        return time.perf_counter() - started
+    def __init__(self):
+        self.now = 1000.0
+        self.readings = 0
+        self._read = threading.Condition()
+
+    def __call__(self) -> float:
+        with self._read:
+            self.readings += 1
+            self._read.notify_all()
+            return self.now
+
+    def wait_readings(self, count: int) -> None:
+        with self._read:
+            assert self._read.wait_for(lambda: self.readings >= count, timeout=30), "the batcher never looked"
+
+
+def test_an_idle_batcher_never_waits_and_a_busy_one_waits_until_the_expected_queries_are_here():
+    """After a batch of 10, the next one waits (up to max_wait) for 10 queries: the clients just answered come
+    back. The clock never moves here: the 10th query, not a timeout, starts the batch."""
+    clock = StoppedClock()
+    search = RecordingSearch()
+    batcher = DynamicBatcher(search, max_batch_size=64, max_wait_ms=60_000, clock=clock)
+
+    async def scenario():
+        await asyncio.wait_for(batcher.submit(["first"], 1), 30)  # no history: answered at once, the clock stopped
+        waits_when_idle = batcher.stats.refill_waits
+        await batcher.submit([f"q{i}" for i in range(10)], 1)
+        one = asyncio.ensure_future(batcher.submit(["back 0"], 1))
+        readings = clock.readings
+        await asyncio.get_running_loop().run_in_executor(None, clock.wait_readings, readings + 2)
+        assert batcher.stats.refill_waits == 1 and not one.done()
+        rest = [asyncio.ensure_future(batcher.submit([f"back {i}"], 1)) for i in range(1, 10)]
+        await asyncio.gather(one, *rest)
+        return waits_when_idle
 
     try:
-        first = asyncio.run(timed(["first"]))  # no history: answered at once
-        asyncio.run(timed([f"q{i}" for i in range(10)]))  # a batch of 10: the next batch expects 10 again
-        waited = asyncio.run(timed(["alone"]))  # only one comes: it waits, but no longer than max_wait
+        waits_when_idle = asyncio.run(scenario())
     finally:
         batcher.close()
-    assert first < 0.1
-    assert 0.19 <= waited < 1.0
+    assert waits_when_idle == 0
+    assert [len(call) for call in search.calls] == [1, 10, 10]
 
 
-def test_waiting_merges_clients_that_return_just_after_their_answer():
-    search = RecordingSearch(delay=0.03)
-    batcher = DynamicBatcher(search, max_batch_size=64, max_wait_ms=100)
+def test_a_busy_batcher_waits_no_longer_than_max_wait():
+    clock = StoppedClock()
+    search = RecordingSearch()
+    batcher = DynamicBatcher(search, max_batch_size=64, max_wait_ms=200, clock=clock)
 
-    async def client(i: int):
-        for _ in range(4):
-            await batcher.submit([f"client {i}"], 1)
-            await asyncio.sleep(0.002 * i)  # each client takes a little longer to come back
-
-    async def all_clients():
-        await asyncio.gather(*(client(i) for i in range(8)))
+    async def scenario():
+        await batcher.submit([f"q{i}" for i in range(10)], 1)
+        started = clock.now
+        alone = asyncio.ensure_future(batcher.submit(["alone"], 1))
+        await asyncio.get_running_loop().run_in_executor(None, clock.wait_readings, clock.readings + 2)
+        clock.now = started + 0.199  # the worker looks again within 0.2 s of real time: still waiting
+        await asyncio.get_running_loop().run_in_executor(None, clock.wait_readings, clock.readings + 2)
+        assert queued(batcher) == 1  # not taken yet
+        clock.now = started + 0.2
+        await asyncio.wait_for(alone, 30)
 
     try:
-        asyncio.run(all_clients())
+        asyncio.run(scenario())
     finally:
         batcher.close()
-    sizes = [len(call) for call in search.calls]
-    assert sum(sizes) == 32
-    assert sizes[-3:] == [8, 8, 8], sizes  # after the first rounds every batch holds all eight clients
+    assert [len(call) for call in search.calls] == [10, 1] and batcher.stats.refill_waits == 1
 
 
 def test_a_cancelled_request_does_not_break_the_worker():
-    search = RecordingSearch(delay=0.2)
-    batcher = DynamicBatcher(search, max_batch_size=4)
+    gate = Gate()
+    batcher = DynamicBatcher(gate, max_batch_size=4)
 
     async def scenario():
         doomed = asyncio.ensure_future(batcher.submit(["gone"], 1))
-        await asyncio.sleep(0.05)
+        await entered(gate)
         doomed.cancel()
+        gate.open_all()
         return await batcher.submit(["kept"], 1)
 
     try:
@@ -203,47 +302,57 @@ def test_a_cancelled_request_does_not_break_the_worker():
     finally:
         batcher.close()
     assert rows.tolist() == [[400]]
+    assert batcher.stats.abandoned_requests == 1
 
 
 def test_a_cancelled_large_request_runs_none_of_its_remaining_batches():
-    search = RecordingSearch(delay=0.05)
-    batcher = DynamicBatcher(search, max_batch_size=4)
+    gate = Gate(open_queries=("q0",))
+    batcher = DynamicBatcher(gate, max_batch_size=4)
 
     async def scenario():
         doomed = asyncio.ensure_future(batcher.submit([f"q{i}" for i in range(40)], 1))
-        for _ in range(400):  # until two of its batches (of 4) have started
-            if len(search.calls) >= 2:
-                break
-            await asyncio.sleep(0.005)
+        await entered(gate, 2)  # its second batch (of 10) is running
         doomed.cancel()
-        await asyncio.sleep(0.3)
+        with pytest.raises(asyncio.CancelledError):
+            await doomed
+        gate.open_all()
+        await batcher.submit(["after"], 1)  # one worker, in order: anything of the large request ran before this
 
     try:
         asyncio.run(scenario())
     finally:
         batcher.close()
-    assert [len(call) for call in search.calls] in ([4, 4], [4, 4, 4]), "the rest of its 10 batches ran"
+    assert gate.search.calls == [["q0", "q1", "q2", "q3"], ["q4", "q5", "q6", "q7"], ["after"]]
 
 
-def test_closing_fails_queued_work_at_once_instead_of_running_it():
-    search = RecordingSearch(delay=0.2)
-    batcher = DynamicBatcher(search, max_batch_size=4)
+def test_closing_fails_queued_work_instead_of_running_it():
+    gate = Gate()
+    batcher = DynamicBatcher(gate, max_batch_size=4)
 
     async def scenario():
-        queued = asyncio.ensure_future(batcher.submit([f"q{i}" for i in range(40)], 1))  # 10 batches, 2 s
-        await asyncio.sleep(0.1)
-        started = time.perf_counter()
-        await asyncio.get_running_loop().run_in_executor(None, batcher.close)
-        closing_seconds = time.perf_counter() - started
+        queued_request = asyncio.ensure_future(batcher.submit([f"q{i}" for i in range(40)], 1))  # 10 batches
+        await entered(gate)
+        closing = asyncio.get_running_loop().run_in_executor(None, batcher.close)
+        assert await asyncio.get_running_loop().run_in_executor(None, batcher.stopping.wait, 30)
+        gate.open_all()  # the batch in progress ends; the worker must stop there
+        await closing
         with pytest.raises(BatcherClosed, match="shutting down"):
-            await queued
+            await queued_request
         with pytest.raises(BatcherClosed):
             await batcher.submit(["after close"], 1)
-        return closing_seconds
 
-    closing_seconds = asyncio.run(scenario())
-    assert len(search.calls) == 1  # the batch in progress finished; the other nine never ran
-    assert closing_seconds < 1.0
+    asyncio.run(scenario())
+    assert len(gate.search.calls) == 1  # the batch in progress finished; the other nine never ran
+
+
+def test_a_request_without_queries_is_answered_at_once_with_no_rows():
+    search = RecordingSearch()
+    batcher = DynamicBatcher(search, max_batch_size=4)
+    try:
+        scores, rows = asyncio.run(asyncio.wait_for(batcher.submit([], 3), 30))
+    finally:
+        batcher.close()
+    assert scores.shape == rows.shape == (0, 3) and search.calls == []
 
 
 def test_batch_size_must_be_positive():
@@ -258,44 +367,13 @@ def two_single_threaded_workers(**options) -> ThreadTuner:
     return ThreadTuner(1, fixed=Layout(threads=1, batches=2), set_threads=lambda threads: None, **options)
 
 
-class Gate:
-    """A search that blocks each call until the test releases it, so which calls overlap is up to the test."""
-
-    def __init__(self):
-        self.search = RecordingSearch(delay=0.0)
-        self.entered = threading.Semaphore(0)
-        self.release: dict[str, threading.Event] = {}
-        self.lock = threading.Lock()
-        self.inside = 0
-        self.most_inside = 0
-
-    def __call__(self, queries, k):
-        with self.lock:
-            self.inside += 1
-            self.most_inside = max(self.most_inside, self.inside)
-            event = self.release.setdefault(queries[0], threading.Event())
-        self.entered.release()
-        assert event.wait(10), "never released"
-        with self.lock:
-            self.inside -= 1
-        return self.search(queries, k)
-
-    def open(self, first_query: str) -> None:
-        with self.lock:
-            self.release.setdefault(first_query, threading.Event()).set()
-
-    def wait_entered(self, calls: int) -> None:
-        for _ in range(calls):
-            assert self.entered.acquire(timeout=10), "a worker never started"
-
-
 def test_free_workers_share_the_waiting_queries_and_run_side_by_side():
     gate = Gate()
     batcher = DynamicBatcher([gate, gate], max_batch_size=64, tuner=two_single_threaded_workers())
 
     async def scenario():
         request = asyncio.ensure_future(batcher.submit([f"q{i}" for i in range(10)], 2))
-        await asyncio.get_running_loop().run_in_executor(None, gate.wait_entered, 2)  # both inside at once
+        await entered(gate, 2)  # both inside at once
         gate.open("q5")  # the second half finishes first
         gate.open("q0")
         return await request
@@ -310,25 +388,40 @@ def test_free_workers_share_the_waiting_queries_and_run_side_by_side():
     assert gate.most_inside == 2
 
 
+class WatchedTuner(ThreadTuner):
+    """Says when a worker asked to start a batch and was told to wait."""
+
+    def __init__(self, *args, **options):
+        super().__init__(*args, **options)
+        self.refused = threading.Event()
+
+    def begin(self):
+        ticket = super().begin()
+        if ticket is None:
+            self.refused.set()
+        return ticket
+
+
 def test_a_batch_on_every_cpu_keeps_the_other_workers_waiting():
     gate = Gate()
-    tuner = ThreadTuner(2, adaptive=False, set_threads=lambda threads: None)  # one batch at a time on 2 threads
+    tuner = WatchedTuner(2, set_threads=lambda threads: None)  # starts with one batch on both CPUs; 2 workers
     batcher = DynamicBatcher([gate, gate], max_batch_size=4, tuner=tuner)
 
     async def scenario():
         first = asyncio.ensure_future(batcher.submit(["a1", "a2", "a3", "a4"], 1))
-        await asyncio.get_running_loop().run_in_executor(None, gate.wait_entered, 1)
+        await entered(gate)
         second = asyncio.ensure_future(batcher.submit(["b1"], 1))
-        await asyncio.sleep(0.2)  # room for a wrong second batch to start
-        gate.open("a1")
-        gate.open("b1")
+        assert await asyncio.get_running_loop().run_in_executor(None, tuner.refused.wait, 30)  # the idle worker
+        inside_while_refused = gate.inside
+        gate.open_all()
         await asyncio.gather(first, second)
+        return inside_while_refused
 
     try:
-        asyncio.run(scenario())
+        inside_while_refused = asyncio.run(scenario())
     finally:
         batcher.close()
-    assert gate.most_inside == 1
+    assert inside_while_refused == 1 and gate.most_inside == 1
     assert [len(call) for call in gate.search.calls] == [4, 1]
 
 
@@ -344,7 +437,7 @@ def test_each_worker_sizes_its_own_thread_pools_before_its_first_batch():
 
     async def scenario():
         requests = [asyncio.ensure_future(batcher.submit([name], 1)) for name in ("x", "y")]
-        await asyncio.get_running_loop().run_in_executor(None, gate.wait_entered, 2)
+        await entered(gate, 2)
         gate.open("x")
         gate.open("y")
         await asyncio.gather(*requests)
@@ -355,6 +448,75 @@ def test_each_worker_sizes_its_own_thread_pools_before_its_first_batch():
         batcher.close()
     # FAISS's OpenMP thread count is per calling thread: set where the batches run, not where the pools were made.
     assert sorted(resized) == [("retrieval-worker-0", 1), ("retrieval-worker-1", 1)]
+
+
+class WorkerTime:
+    """Each worker thread's own clock, moved by its searches: queries x that worker's seconds per query."""
+
+    def __init__(self, seconds_per_query: dict[str, float]):
+        self.seconds_per_query = seconds_per_query
+        self._local = threading.local()
+
+    def __call__(self) -> float:
+        return getattr(self._local, "now", 0.0)
+
+    def spend(self, queries: list[str]) -> None:
+        self._local.now = self() + len(queries) * self.seconds_per_query[threading.current_thread().name]
+
+
+def sizes_by_worker(search: RecordingSearch, since: int) -> dict[str, list[int]]:
+    sizes: dict[str, list[int]] = {}
+    for worker, size in search.sizes[since:]:
+        sizes.setdefault(worker, []).append(size)
+    return sizes
+
+
+def test_workers_side_by_side_share_the_queries_by_their_measured_speed():
+    """Beside a busy process the worker that shares its core runs at half speed: it gets half as many queries, so
+    that batches started together end together (an equal share made its queries the slowest ones)."""
+    fast, slow = "retrieval-worker-0", "retrieval-worker-1"
+    clock = WorkerTime({fast: 0.001, slow: 0.002})
+    gate = Gate(work=clock.spend)
+    batcher = DynamicBatcher([gate, gate], max_batch_size=64, tuner=two_single_threaded_workers(), clock=clock)
+
+    async def scenario():
+        first = asyncio.ensure_future(batcher.submit(["w0", "w1"], 1))
+        await entered(gate, 2)  # one query in each worker
+        gate.open("w0")
+        gate.open("w1")
+        await first  # both speeds measured
+        measured = batcher.report()["worker_speeds"]
+        both_idle = len(gate.search.sizes)
+        shared = asyncio.ensure_future(batcher.submit([f"r{i}" for i in range(60)], 1))  # both idle: shared 2:1
+        await entered(gate, 2)  # both took their part
+        gate.open_prefix("r")
+        await shared
+        shared = sizes_by_worker(gate.search, both_idle)
+        blockers = []
+        for name in ("b0", "b1"):  # one blocker held in each worker
+            blockers.append(asyncio.ensure_future(batcher.submit([name], 1)))
+            await entered(gate)
+        backlog = asyncio.ensure_future(batcher.submit([f"s{i}" for i in range(60)], 1))
+        await asyncio.sleep(0)
+        assert queued(batcher) == 60
+        holder = {worker: query for query, worker in gate.holders.items() if query[0] == "b"}
+        gate.open(holder[slow])  # the slow worker is free first, the fast one still busy: it takes its capped part
+        await entered(gate)
+        gate.open(holder[fast])  # now the fast one: the rest
+        await entered(gate)
+        taken = {worker: query for query, worker in gate.holders.items() if query[0] == "s"}
+        gate.open_all()
+        await asyncio.gather(*blockers, backlog)
+        return measured, shared, taken, [size for _, size in gate.search.sizes if size > 1][-2:]
+
+    try:
+        measured, shared, taken, backlog_sizes = asyncio.run(scenario())
+    finally:
+        batcher.close()
+    assert measured == [1.0, 0.5]
+    assert shared == {fast: [40], slow: [20]}
+    assert taken == {slow: "s0", fast: "s32"}  # the slow one's batch capped at half of max_batch_size
+    assert sorted(backlog_sizes) == [28, 32]
 
 
 def test_a_tuner_with_more_batches_than_searches_is_refused():

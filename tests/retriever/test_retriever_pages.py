@@ -1,11 +1,10 @@
 """ASearcher's page access: the pages file read by URL without loading it, POST /access in ASearcher's exact shape,
-the command line of RLinf's Search-R1 guide run unchanged, and the download of ASearcher's files."""
+and the download of ASearcher's files (RLinf's guide command line and ASearcher's clients: test_retriever_peers.py)."""
 
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -17,9 +16,8 @@ from local_dense_retriever.retrieval import pages as pages_module
 from local_dense_retriever.retrieval.corpus import CorpusFormatError
 from local_dense_retriever.retrieval.pages import Pages, url_index_path_for
 from local_dense_retriever.serving.app import create_app
-from local_dense_retriever.serving.launcher import health_status
 from local_dense_retriever.serving.loading import load_resources
-from support.loopback import free_port, serve_in_thread
+from support.loopback import serve_in_thread
 from support.retriever_fixtures import dense_config, serve_ready, small_wiki_fixture, wait_ready  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,7 +94,7 @@ def test_a_line_without_a_url_is_named_with_its_file_and_line(tmp_path):
 def access_server_fixture(small_wiki, tmp_path_factory):
     """The real server over the small wiki, with the test's pages file as --pages_path."""
     pages_path = write_pages(tmp_path_factory.mktemp("pages") / "wiki_webpages.jsonl")
-    with serve_ready(dense_config(small_wiki, pages_path=str(pages_path), max_urls_per_request=4)) as url:
+    with serve_ready(dense_config(small_wiki, pages_path=str(pages_path), max_queries_in_flight=4)) as url:
         yield url
 
 
@@ -123,13 +121,11 @@ def test_access_serves_a_2_mb_page_whole_and_rewrites_index_php(access_server):
     ("body", "problem"),
     [
         ({"urls": [f"https://a/{i}" for i in range(5)]}, "urls: List should have at most 4 items"),
-        ({"urls": []}, "urls: List should have at least 1 item"),
         ({"urls": "https://a/"}, "urls: Input should be a valid array"),
         ({"urls": [7]}, "urls.0: Input should be a valid string"),
-        ({"urls": ["  "]}, "urls.0: Value error, a query must contain at least one non-whitespace character"),
         ({"urls": ["https://a/"], "topk": 3}, "topk: unknown field (accepted fields: urls)"),
     ],
-    ids=["too-many", "none", "not-a-list", "not-a-string", "blank", "unknown-field"],
+    ids=["too-many", "not-a-list", "not-a-string", "unknown-field"],
 )
 def test_bad_access_requests_get_a_422_saying_what_is_accepted(access_server, body, problem):
     response = access(access_server, body)
@@ -187,77 +183,6 @@ def test_retrieve_returns_every_field_of_a_corpus_line(small_wiki, tmp_path):
     for hit in hits:
         assert set(hit) == {"id", "contents", "url", "title", "rank", "tags"}
         assert hit["tags"] == ["a", {"b": None}]
-
-
-# ---- RLinf's command lines, unchanged -----------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module", name="rlinf_files")
-def rlinf_files_fixture(small_wiki, tmp_path_factory) -> Path:
-    """$WIKI2018_WORK_DIR as RLinf's guide lays it out, made with RLinf's own build_index.sh command."""
-    work = tmp_path_factory.mktemp("wiki2018")
-    lines = small_wiki.corpus_path.read_text().splitlines()[:60]
-    (work / "wiki_corpus.jsonl").write_text("\n".join(lines) + "\n")
-    write_pages(
-        work / "wiki_webpages.jsonl",
-        [json.loads(line) | {"contents": "page of " + json.loads(line)["url"]} for line in lines],
-    )
-    build = [
-        sys.executable, str(REPO / "local_dense_retriever" / "index_builder.py"),
-        "--retrieval_method", "e5", "--model_path", str(small_wiki.model_dir),
-        "--corpus_path", str(work / "wiki_corpus.jsonl"), "--save_dir", str(work / "e5.index"),
-        "--use_fp16", "--max_length", "256", "--batch_size", "512", "--pooling_method", "mean",
-        "--faiss_type", "Flat", "--save_embedding",
-    ]  # fmt: skip
-    result = subprocess.run(build, capture_output=True, text=True, timeout=300, cwd=work)
-    assert result.returncode == 0, result.stderr
-    assert (work / "e5.index" / "e5_Flat.index").is_file()
-    assert (work / "e5.index" / "emb_e5.npy").is_file()  # FlashRAG's --save_embedding
-    return work
-
-
-def rlinf_server_command(work: Path, model_dir: Path, port: int, *, gpu: bool) -> list[str]:
-    """launch_local_server.sh of RLinf's guide, with our server's path."""
-    return [
-        sys.executable, str(REPO / "local_dense_retriever" / "retrieval_server.py"),
-        "--index_path", str(work / "e5.index" / "e5_Flat.index"),
-        "--corpus_path", str(work / "wiki_corpus.jsonl"),
-        "--pages_path", str(work / "wiki_webpages.jsonl"),
-        "--topk", "3", "--retriever_name", "e5", "--retriever_model", str(model_dir),
-        *(["--faiss_gpu"] if gpu else []),
-        "--port", str(port), "--save-address-to", str(work / "address"),
-    ]  # fmt: skip
-
-
-def test_rlinfs_command_with_faiss_gpu_is_refused_clearly_without_a_gpu(rlinf_files, small_wiki):
-    command = rlinf_server_command(rlinf_files, small_wiki.model_dir, free_port(), gpu=True)
-    result = subprocess.run(command, capture_output=True, text=True, timeout=180)
-    assert result.returncode != 0
-    assert "--faiss_gpu needs the faiss-gpu package and a visible GPU; this faiss sees none" in result.stderr
-
-
-def test_rlinfs_command_serves_retrieve_and_access_and_writes_its_address(rlinf_files, small_wiki, tmp_path):
-    port = free_port()
-    command = rlinf_server_command(rlinf_files, small_wiki.model_dir, port, gpu=False)
-    log = open(tmp_path / "server.log", "wb")
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 180  # it listens at once and loads in the background: /health says when
-        while health_status(url) != 200:
-            assert server.poll() is None, (tmp_path / "server.log").read_text()
-            assert time.monotonic() < deadline, (tmp_path / "server.log").read_text()
-            time.sleep(0.2)
-        hits = httpx.post(f"{url}/retrieve", json={"queries": ["Paris"], "topk": 3}, timeout=60).json()["result"][0]
-        assert len(hits) == 3
-        page = httpx.post(f"{url}/access", json={"urls": [hits[0]["url"]]}, timeout=60).json()["result"][0]
-        assert page["contents"] == "page of " + hits[0]["url"]  # ASearcher's client reads result["contents"]
-        address = rlinf_files / "address" / f"Host127.0.0.1_IP{port}.txt"
-        assert address.read_text() == f"127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
-        log.close()
 
 
 # ---- ASearcher's files from the hub -------------------------------------------------------------------------------

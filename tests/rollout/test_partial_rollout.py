@@ -23,23 +23,21 @@ from slime.utils.http_utils import init_http_client
 from slime.utils.types import Sample
 from slime_search_r1.episode import resume_point
 from slime_search_r1.training.metrics import search_metrics
-from support.episodes import CHAT_LABEL, QUESTION, chat_messages, chat_prompt_ids, info, label, searches
+from support.episodes import (
+    CHAT_LABEL,
+    QUESTION,
+    TWO_SEARCHES_THEN_ANSWER,
+    chat_messages,
+    chat_prompt_ids,
+    info,
+    label,
+)
 from support import slime_compat
-from support.fidelity import assert_faithful
+from support.fidelity import assert_faithful, assert_resumed_exactly
 from support.slime_rollout import chat_prompt
 
-XML_SCRIPT = [
-    "<think>I need to look this up first.</think>\n<search> capital of France </search>",
-    "<think>Paris is the capital, but let me check once more.</think>\n<search> Paris France capital city </search>",
-    "<think>The documents agree: Paris.</think>\n<answer> Paris </answer>",
-]
-CHAT_SCRIPT = [
-    '<think>Look it up.</think>\n<tool_call>\n{"name": "search", "arguments": {"query": "capital of France"}}\n'
-    "</tool_call>",
-    '<tool_call>\n{"name": "search", "arguments": {"query": "Paris France capital city"}}\n</tool_call>',
-    "<think>The documents agree: Paris.</think>\n<answer> Paris </answer>",
-]
-SCRIPTS = {"generate": XML_SCRIPT, "chat": CHAT_SCRIPT}
+SCRIPTS = TWO_SEARCHES_THEN_ANSWER
+XML_SCRIPT = SCRIPTS["generate"]
 MODES = ["generate", "chat"]
 
 
@@ -124,23 +122,6 @@ async def rollout_aborted_during_a_search(retriever, args, groups, rollout_id: i
     buffered = await aborting
     state.reset()
     return buffered
-
-
-def assert_resumed_exactly(resumed: Sample, baseline: Sample, masked_before: int | None = None) -> None:
-    """The resumed episode is the uninterrupted one; `masked_before`: slime masked the first that many response
-    tokens out of the loss when the sample came back (--mask-offpolicy-in-partial-rollout)."""
-    assert resumed.status == baseline.status
-    assert resumed.tokens == baseline.tokens
-    assert resumed.response == baseline.response
-    assert resumed.rollout_log_probs == baseline.rollout_log_probs
-    expected_mask = list(baseline.loss_mask)
-    if masked_before is not None:
-        expected_mask[:masked_before] = [0] * masked_before
-    assert resumed.loss_mask == expected_mask
-    assert resumed.reward == baseline.reward
-    assert info(resumed)["turns"] == info(baseline)["turns"]
-    assert searches(resumed) == searches(baseline)
-    assert info(resumed)["finish_reason"] == info(baseline)["finish_reason"]
 
 
 def unmasked(resumed: Sample, baseline: Sample) -> Sample:

@@ -45,6 +45,22 @@ MALFORMED = '<tool_call>\n{"name": "search", "arguments": {"query": \n</tool_cal
 WRONG_TOOL = '<tool_call>\n{"name": "lookup", "arguments": {"query": "France"}}\n</tool_call>'
 INVENTED_RESPONSE = CALL + "\n<tool_response>\nParis is the capital of France.\n</tool_response>"
 
+# Two searches, then the answer: the episode the partial-rollout and fully-async tests interrupt anywhere.
+TWO_SEARCHES_THEN_ANSWER = {
+    "generate": [
+        "<think>I need to look this up first.</think>\n<search> capital of France </search>",
+        "<think>Paris is the capital, but let me check once more.</think>\n"
+        "<search> Paris France capital city </search>",
+        "<think>The documents agree: Paris.</think>\n<answer> Paris </answer>",
+    ],
+    "chat": [
+        '<think>Look it up.</think>\n<tool_call>\n{"name": "search", "arguments": {"query": "capital of France"}}\n'
+        "</tool_call>",
+        '<tool_call>\n{"name": "search", "arguments": {"query": "Paris France capital city"}}\n</tool_call>',
+        "<think>The documents agree: Paris.</think>\n<answer> Paris </answer>",
+    ],
+}
+
 # The two protocols side by side, for tests that hold in both: LLM_API_MODE -> what the model writes.
 MODES = ["generate", "chat"]
 MODE_IDS = ["xml", "chat"]

@@ -2,10 +2,15 @@
 
 It speaks the protocol the plugin relies on: `input_ids` (or `text`) in; `output_ids`, `text` and
 `meta_info` (finish_reason stop/length/abort with `matched`, prompt/completion token counts,
-`output_token_logprobs` as [logprob, id, text]) out; stop strings checked on the detokenized tail
-with the matching token kept (slime sends no_stop_trim), stop_token_ids and EOS, max_new_tokens,
-`/abort_request`, and SGLang's 400 for a context that does not fit. Every call is recorded so tests
+`output_token_logprobs` as [logprob, id, text], the `weight_version` that sampled it) out; stop strings checked on
+the detokenized tail with the matching token kept (slime sends no_stop_trim), stop_token_ids and EOS,
+max_new_tokens, `/abort_request`, and SGLang's 400 for a context that does not fit. Every call is recorded so tests
 can check what the engine conditioned on and what it sampled.
+
+Weight updates as slime makes them: `push_weights()` moves the version on (what a request answers from then on);
+`pause_at(call, tokens)` is slime's update in fully-async training, at a chosen request: /pause_generation in
+SGLang's default "abort" mode answers every request in flight with finish_reason abort and what it had sampled
+(with the version that sampled it), then the new weights come with the next version.
 """
 
 import asyncio
@@ -73,6 +78,7 @@ class EngineCall:
     log_probs: list[float] = field(default_factory=list)
     finish: dict = field(default_factory=dict)
     headers: dict = field(default_factory=dict)
+    weight_version: str = ""  # the version of the weights that sampled it
 
 
 class Gate:
@@ -109,6 +115,24 @@ class Hold:
         self._released.set()
 
 
+class Pause:
+    """A weight update at a chosen request: it samples `tokens` tokens, then the engines pause (that request and
+    every held one answer abort) and the weight version moves on. `reached` is set once the update happened;
+    `aborted` says whether the request was cut (a turn of `tokens` tokens or fewer finishes first)."""
+
+    def __init__(self, tokens: int):
+        self.tokens = tokens
+        self.reached = threading.Event()
+        self.aborted = False
+        self.version_before: str | None = None
+        self.version_after: str | None = None
+
+
+def next_version(version: str) -> str:
+    """The version after `version`, as slime counts its updates (SGLang's "default" comes before slime's "1")."""
+    return str(int(version) + 1) if version.isdigit() else "1"
+
+
 class FakeSGLangEngine:
     def __init__(
         self,
@@ -121,6 +145,7 @@ class FakeSGLangEngine:
         record: bool = True,
         split_every: int = 0,
         top_p_replay: str | None = None,
+        weight_version: str = "1",
     ):
         """`top_p_replay`: None, "list" or "base64" (with slime's top-p patch, the nucleus of each sampled token)."""
         self.tokenizer = tokenizer
@@ -131,6 +156,9 @@ class FakeSGLangEngine:
         self.record = record
         self.split_every = split_every
         self.top_p_replay = top_p_replay
+        # slime pushes the trained weights before the first rollout (train.py, train_async.py): its first version
+        self.weight_version = weight_version
+        self.pauses: dict[int, Pause] = {}  # call number -> the weight update it brings
         self.calls: list[EngineCall] = []
         self.failures_left = 0
         self.failure_status = 500
@@ -141,6 +169,8 @@ class FakeSGLangEngine:
         self.held: set[Hold] = set()  # requests waiting now (what /v1/loads counts)
         self.continuations: dict[tuple[int, ...], tuple[list[int], int]] = {}
         self._arrivals: list[tuple[int, threading.Event]] = []  # (call count, set once that many have arrived)
+        # (context ids, sampled ids) -> the sampled ids' log probs; None: fake_log_prob by position and token
+        self.log_probs_of: Callable[[list[int], list[int]], list[float]] | None = None
         self.app = self._build_app()
 
     # ---- test controls -------------------------------------------------------------------------
@@ -167,6 +197,18 @@ class FakeSGLangEngine:
         for count, arrived in self._arrivals:
             if len(self.calls) >= count:
                 arrived.set()
+
+    def push_weights(self) -> str:
+        """A weight update with nothing in flight to abort (it landed while the episodes ran their tools): the
+        next answers carry the next version, which is returned."""
+        self.weight_version = next_version(self.weight_version)
+        return self.weight_version
+
+    def pause_at(self, call: int, tokens: int) -> Pause:
+        """The `call`-th /generate request (counting from 1 over the engine's life) brings a weight update after
+        sampling `tokens` tokens (see Pause)."""
+        pause = self.pauses[call] = Pause(tokens)
+        return pause
 
     def fail_next(self, count: int, status: int = 500) -> None:
         self.failures_left, self.failure_status = count, status
@@ -305,22 +347,35 @@ class FakeSGLangEngine:
                 call.finish = {"type": "abort", "message": "Abort before prefill"}
                 # older SGLang reports 0 prompt tokens for a request aborted in the waiting queue
                 meta = {"id": uuid.uuid4().hex, "finish_reason": call.finish, "prompt_tokens": 0}
-                meta["completion_tokens"] = 0
+                meta.update(completion_tokens=0, weight_version=self.weight_version)
                 return {"text": "", "output_ids": [], "meta_info": meta}
+            version = call.weight_version = self.weight_version  # the weights that sample this request
             out, finish = self._sample(input_ids, params)
             hold = self.holds.pop(len(self.calls), None)
             if hold is not None:
                 if len(out) > hold.tokens:
                     self.held.add(hold)
                     await hold.wait()
-                    base, already = self.continuations.get(tuple(input_ids), (input_ids, 0))
-                    out, finish = out[: hold.tokens], {"type": "abort", "message": "Abort by the rollout's abort"}
-                    self.continuations[tuple(input_ids + out)] = (base, already + len(out))
+                    out, finish = self._cut(input_ids, out, hold.tokens, "Abort by the rollout's abort")
                 else:
                     hold.skipped = True
                     hold.reached.set()
+            pause = self.pauses.pop(len(self.calls), None)
+            if pause is not None:
+                if len(out) > pause.tokens:
+                    out, finish = self._cut(input_ids, out, pause.tokens, "Abort by /pause_generation")
+                    pause.aborted = True
+                for held in self.held:  # everything else in flight is aborted too
+                    held.abort()
+                self.held.clear()
+                pause.version_before, pause.version_after = version, self.push_weights()
+                pause.reached.set()
             call.output_ids, call.finish = out, finish
-            call.log_probs = [fake_log_prob(len(input_ids) + i, t) for i, t in enumerate(out)]
+            call.log_probs = (
+                self.log_probs_of(input_ids, out)
+                if self.log_probs_of
+                else [fake_log_prob(len(input_ids) + i, t) for i, t in enumerate(out)]
+            )
             skip = bool(params.get("skip_special_tokens", True))
             meta = {
                 "id": uuid.uuid4().hex,
@@ -328,6 +383,7 @@ class FakeSGLangEngine:
                 "prompt_tokens": len(input_ids),
                 "completion_tokens": len(out),
                 "cached_tokens": 0,
+                "weight_version": version,
             }
             if return_logprob:
                 meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(call.log_probs, out, strict=True)]
@@ -341,6 +397,14 @@ class FakeSGLangEngine:
             return {"text": self.tokenizer.decode(out, skip_special_tokens=skip), "output_ids": out, "meta_info": meta}
 
         return app
+
+    def _cut(self, input_ids: list[int], out: list[int], tokens: int, message: str) -> tuple[list[int], dict]:
+        """The request aborted after its first `tokens` tokens; a request that later extends it (its context plus
+        those tokens) continues the same plan."""
+        base, already = self.continuations.get(tuple(input_ids), (input_ids, 0))
+        out = out[:tokens]
+        self.continuations[tuple(input_ids + out)] = (base, already + len(out))
+        return out, {"type": "abort", "message": message}
 
 
 def render_openai_messages(tokenizer, messages: list[dict], tools, add_generation_prompt: bool) -> str:

@@ -1,5 +1,6 @@
 """The token-exactness invariants every trajectory must satisfy, checked against the engine's own record."""
 
+from support.episodes import info, searches
 from support.fake_sglang import EngineCall
 
 
@@ -96,3 +97,21 @@ def assert_canonical_observation(ids: list[int], tokenizer) -> None:
                 f"not as {tokenizer.convert_ids_to_tokens(canonical)}"
             )
         segment = []
+
+
+def assert_resumed_exactly(resumed, baseline, masked_before: int | None = None) -> None:
+    """An episode an abort interrupted (resumed, or started over) is the uninterrupted one, token for token;
+    `masked_before`: slime masked the first that many response tokens out of the loss when the sample came back
+    (--mask-offpolicy-in-partial-rollout)."""
+    assert resumed.status == baseline.status
+    assert resumed.tokens == baseline.tokens
+    assert resumed.response == baseline.response
+    assert resumed.rollout_log_probs == baseline.rollout_log_probs
+    expected_mask = list(baseline.loss_mask)
+    if masked_before is not None:
+        expected_mask[:masked_before] = [0] * masked_before
+    assert resumed.loss_mask == expected_mask
+    assert resumed.reward == baseline.reward
+    for key in ("turns", "generated_tokens", "finish_reason"):
+        assert info(resumed)[key] == info(baseline)[key]
+    assert searches(resumed) == searches(baseline)

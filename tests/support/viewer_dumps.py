@@ -84,6 +84,10 @@ TRAIN_EPISODES = [
 TRAIN_NAMES = [e.name for e in TRAIN_EPISODES]
 NEW_RECORD_KEY = {"from_turn": 1, "kept_tokens": 20}
 NEW_RECORD_NAME = "from_a_newer_plugin"
+LONG_HORIZON_KEYS = {
+    "forced_answer": {"mode": "inject", "turn": 3, "trigger": "max_turns", "tokens": 18},
+    "page_chunks": 2,
+}
 RESUMED_AFTER = 6  # tokens of the second turn sampled before the abort
 EVAL_EPISODES = [
     Episode("eval right", "generate", [SEARCH_TURN, ANSWER_TURN], "nq"),
@@ -130,7 +134,8 @@ async def _run(
 
 async def _run_resumed(episode: Episode, index: int, args, engine, run) -> Sample:
     """An episode slime aborts RESUMED_AFTER tokens into its second turn (abort(), as when a rollout has enough
-    groups) and hands back to generate() in the next rollout, with --partial-rollout."""
+    groups) and hands back to generate() in the next rollout, with --partial-rollout, after a weight update: the
+    resumed tokens come from the next weight version."""
     args = copy.copy(args)
     args.partial_rollout = True
     hold = engine.hold_call(len(engine.calls) + 2, RESUMED_AFTER)
@@ -138,6 +143,7 @@ async def _run_resumed(episode: Episode, index: int, args, engine, run) -> Sampl
     await asyncio.to_thread(hold.reached.wait)
     await abort(args, ROLLOUT_ID - 1)
     sample = await first
+    engine.push_weights()  # slime trains on the rollout and pushes the new weights before the next one
     assert sample.status == Sample.Status.ABORTED, sample.status
     sample.metadata["start_rollout_id"] = ROLLOUT_ID - 1  # what abort() writes on the groups it collects
     GenerateState(args).aborted = False
@@ -242,6 +248,8 @@ def make_dumps(folder: Path, tokenizer, tokenizer_dir: str) -> Dumps:
     train, evaluation = _run_all(tokenizer, tokenizer_dir)
     # a record key this viewer does not draw (a newer plugin's): the page must still show it
     train[TRAIN_NAMES.index("wrong")].metadata["search_r1"][NEW_RECORD_NAME] = NEW_RECORD_KEY
+    # long-horizon keys the page draws in the Episode card (this episode ran without them; only the card is tested)
+    train[TRAIN_NAMES.index("wrong")].metadata["search_r1"].update(LONG_HORIZON_KEYS)
     template = str(folder / "rollout_data" / "{rollout_id}.pt")
     save_debug_rollout_data(template, train, rollout_id=ROLLOUT_ID, evaluation=False)
     save_debug_rollout_data(

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from slime_search_r1.episode import episode_record
-from slime_search_r1.training.metrics import search_metrics
+from slime_search_r1.training.metrics import health_metrics, search_metrics
 from slime_search_r1.viewer.__main__ import main as viewer_main
 from slime_search_r1.viewer.dumps import InputError, load_torch_file
 from slime_search_r1.viewer.inputs import read_inputs
@@ -128,7 +128,7 @@ def test_the_tokens_text_put_end_to_end_is_the_response_even_where_a_token_holds
 
 
 def test_the_figures_are_the_log_hooks_own_on_the_same_samples(viewer_dumps, runs):
-    assert hook_metrics(runs["rollout"]) == search_metrics(viewer_dumps.samples)
+    assert hook_metrics(runs["rollout"]) == search_metrics(viewer_dumps.samples) | health_metrics(viewer_dumps.samples)
     figures = viewer_metrics(runs["rollout"], threshold=0.5)
     statuses = [s.status.value for s in viewer_dumps.samples]
     assert {k: v for k, v in figures.items() if k.startswith("status/")} == {
@@ -356,3 +356,21 @@ def test_rollouts_picks_which_rollouts_dumps_are_read(viewer_dumps, tmp_path, ca
     assert "expected rollout ids (10,20) or a slice" in error_of(
         [str(tmp_path), "--output", str(tmp_path / "o"), "--rollouts", "a:b"], capsys
     )
+
+
+def test_a_sample_two_weight_versions_sampled_says_which_tokens_each_sampled(viewer_dumps, runs, tokenizer):
+    """The resumed episode: slime pushed new weights between the rollout that aborted it and the one that resumed it,
+    so the second turn is two engine calls of two versions."""
+    sample = runs["rollout"].samples[viewer_dumps.names.index("resumed")]
+    detail = sample_detail(sample, TokenTexts(tokenizer))
+    cut = detail["earlier_before"]
+    model_steps = [(start, end) for kind, start, end in detail["steps"] if kind == "model"]
+    (first, first_end), (second, second_end) = model_steps
+    assert detail["versions"] == {
+        "names": ["1", "2"],
+        "lags": [1, 0],
+        "spans": [[first, first_end, 0], [second, cut, 0], [cut, second_end, 1]],
+    }
+    assert not {"versions", "engine_aborts", "restarts", "lag_masked_tokens"} & set(detail["record_more"])
+    right = sample_detail(runs["rollout"].samples[viewer_dumps.names.index("right")], None)["versions"]
+    assert right["names"] == ["1"] and [k for *_, k in right["spans"]] == [0, 0]

@@ -12,7 +12,8 @@ import json
 import numpy as np
 import pytest
 
-from slime_search_r1.training.metrics import em_by_data_source, search_metrics
+from slime_search_r1.training.collapse import CollapseWatch
+from slime_search_r1.training.metrics import em_by_data_source, health_metrics, search_metrics
 from slime_search_r1.viewer import build_page
 from support.browser import launch_or_skip
 from support.viewer_dumps import HOSTILE_TEXT, NEW_RECORD_KEY, NEW_RECORD_NAME, train_log_probs
@@ -91,14 +92,17 @@ def test_the_summary_shows_the_log_hooks_figures_of_the_dump(page, viewer_dumps)
         "Object.fromEntries([...document.querySelectorAll('td[data-kind=hook]')]"
         ".map(td => [td.dataset.metric, Number(td.dataset.value)]))"
     )
-    assert shown == search_metrics(viewer_dumps.samples)
+    expected = search_metrics(viewer_dumps.samples) | health_metrics(viewer_dumps.samples)
+    expected["health/alarms"] = len(CollapseWatch().observe(expected)[1])  # the page's first rollout: no changes yet
+    assert shown == expected
     page.tab.click("nav#runs button[data-run='1']")
     page.tab.wait_for_selector("#run-name:text('eval 3')")
     shown = page.js(
         "Object.fromEntries([...document.querySelectorAll('td[data-kind=hook]')]"
         ".map(td => [td.dataset.metric, Number(td.dataset.value)]))"
     )
-    expected = search_metrics(viewer_dumps.eval_samples) | em_by_data_source(viewer_dumps.eval_samples)
+    eval_samples = viewer_dumps.eval_samples
+    expected = search_metrics(eval_samples) | em_by_data_source(eval_samples) | health_metrics(eval_samples)
     assert shown == expected
     assert "em_by_source/bamboogle" in shown
     assert page.rows() == [0, 1]
@@ -265,6 +269,13 @@ def test_record_keys_the_viewer_does_not_know_are_shown(page, viewer_dumps):
     summary = page.js("document.querySelector('[data-block=record-more] summary').textContent")
     assert summary == f"record: {NEW_RECORD_NAME}"
     assert json.loads(page.js("document.querySelector('[data-block=record-more] pre').textContent")) == NEW_RECORD_KEY
+    assert page.js("document.querySelectorAll('[data-block=record-more]').length") == 1  # the long-horizon keys: drawn
+    cells = page.js(
+        "Object.fromEntries([...document.querySelectorAll('td[data-counter]')]"
+        ".map(c => [c.dataset.counter, c.textContent]))"
+    )
+    assert cells["forced_answer"] == "inject on turn 3 (max_turns), 18 instruction tokens"
+    assert cells["page_chunks"] == "2"
 
 
 @pytest.fixture(scope="module")
@@ -299,3 +310,33 @@ def test_an_evaluate_run_shows_its_trajectories_token_by_token(browser, evaluate
         assert page.errors == []
     finally:
         page.tab.close()
+
+
+def test_tokens_of_two_weight_versions_are_marked_by_version_and_their_spans_head_the_sample(page, viewer_dumps):
+    """The resumed sample's second turn is two engine calls, before and after a weight update: each token carries
+    the colour of the version that sampled it, observations none, and the header lists each version's spans."""
+    name = "resumed"
+    spans = viewer_dumps.sample(name).metadata["search_r1"]["versions"]
+    assert [version for *_, version in spans] == ["1", "1", "2"]
+    page.open(0, position(viewer_dumps, name))
+    badges = page.js(
+        "[...document.querySelectorAll('.badge[data-field=version]')].map(b => [b.dataset.version, b.textContent])"
+    )
+    (a, b, _), (c, d, _), (e, f, _) = spans
+    assert badges == [
+        ["1", f"version 1 (1 behind): tokens {a}–{b - 1}, {c}–{d - 1}"],
+        ["2", f"version 2: tokens {e}–{f - 1}"],
+    ]
+    for k, version in enumerate(["1", "2"]):
+        marked = page.js(f"[...document.querySelectorAll('#sample-view span.t.v{k}')].map(s => Number(s.dataset.i))")
+        assert marked == [i for start, end, v in spans if v == version for i in range(start, end)]
+    bar = page.js("getComputedStyle(document.querySelector('#sample-view span.t.v1')).boxShadow")
+    assert bar.startswith("rgb(230, 159, 0)")  # the second colour of the palette, under each token
+    for i, expected in ((a, "1"), (d - 1, "1"), (e, "2"), (b, "")):  # b: the first token of the search results
+        page.tab.hover(f"#sample-view span.t[data-i='{i}']")
+        page.tab.wait_for_selector(f".inspector td[data-field=position][data-value='{i}']", state="attached")
+        assert page.js("document.querySelector('.inspector td[data-field=version]').dataset.value") == expected
+    page.open(0, position(viewer_dumps, "right"))  # one version: its spans in the header, no marks on the tokens
+    assert page.js("document.querySelectorAll('.badge[data-field=version]').length") == 1
+    assert page.js("document.querySelectorAll('#sample-view span.t.v0').length") == 0
+    assert page.errors == []

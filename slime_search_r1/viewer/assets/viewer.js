@@ -143,6 +143,7 @@
     document.getElementById("run-source").textContent = source.join("; ");
     const summary = clear(document.getElementById("summary"));
     summary.appendChild(metricsTable(`The log hooks' metrics (logged as ${run.prefix}<name>), over ${run.total} samples`, run.hooks, "hook"));
+    for (const alarm of run.alarms || []) summary.appendChild(h("div", { class: "warning", text: `collapse warning: ${alarm}`, data: { alarm: "" } }));
     summary.appendChild(metricsTable("The viewer's own figures (not logged)", run.viewer, "viewer"));
     for (const note of run.notes) summary.appendChild(h("div", { class: "note", text: note }));
     if (run.rows.length < run.total) {
@@ -316,18 +317,36 @@
     if (row.index !== null && row.index !== undefined) badges.push(h("span", { class: "badge", text: `index ${row.index}` }));
     if (row.group !== null && row.group !== undefined) badges.push(h("span", { class: "badge", text: `group ${row.group}` }));
     if (row.removed) badges.push(h("span", { class: "badge bad", text: "remove_sample: kept out of the loss" }));
+    if (record.reward && record.reward.unscored) badges.push(h("span", { class: "badge bad", text: "the judge gave no verdict: unscored, kept out of training", data: { field: "unscored" } }));
     if (record.tool_error) badges.push(h("span", { class: "badge bad", text: `tool error: ${record.tool_error}` }));
     if (row.resumes) badges.push(h("span", { class: "badge", text: `resumed ${row.resumes}× (partial rollout): ${record.earlier_policy_tokens} of ${record.generated_tokens} sampled tokens from earlier rollouts`, data: { field: "resumes" } }));
     view.appendChild(h("div", { class: "badges" }, badges));
+    if (detail.versions) view.appendChild(versionBadges(detail.versions));
     view.appendChild(h("p", { class: "muted", text: `question: ${row.q}` }));
 
     const reward = record.reward || {};
-    const rewardRows = ["score", "em", "format_valid", "retrieval_hit"].map((k) =>
+    const scoredBy = reward.scored_by || "em";
+    const rewardKeys = ["score", "em", ...(scoredBy === "em" ? [] : [scoredBy]), "format_valid", "retrieval_hit"];
+    const rewardRows = rewardKeys.map((k) =>
       h("tr", null, [h("td", { text: k }), h("td", { class: "value", text: fmt(reward[k] === undefined ? null : reward[k]), data: { reward: k } })]));
+    if (record.reward) rewardRows.push(h("tr", null, [h("td", { text: "scored by" }), h("td", { class: "value", text: scoredBy, data: { reward: "scored_by" } })]));
+    const verdict = reward.judge_verdict;
+    if (verdict) {
+      const said = [verdict.status, `${verdict.attempts} request${verdict.attempts === 1 ? "" : "s"}`, verdict.error].filter((x) => x).join("; ");
+      rewardRows.push(h("tr", null, [h("td", { text: "judge" }), h("td", { class: "value", text: said, data: { reward: "judge_verdict" } })]));
+      if (verdict.reply) rewardRows.push(h("tr", null, [h("td", { text: "judge's reply" }), h("td", { class: "value reply", text: verdict.reply })]));
+    }
     rewardRows.push(h("tr", null, [h("td", { text: "sample.reward" }), h("td", { class: "value", text: typeof detail.reward === "object" && detail.reward !== null ? JSON.stringify(detail.reward) : fmt(detail.reward) })]));
     rewardRows.push(h("tr", null, [h("td", { text: "gold answers" }), h("td", { class: "value", text: (detail.answers || []).join(" | ") || "-" })]));
-    const counters = ["turns", "invalid_actions", "observation_tokens", "truncated_observations"].map((k) =>
-      h("tr", null, [h("td", { text: k }), h("td", { class: "value", text: fmt(record[k] === undefined ? null : record[k]) })]));
+    const counted = ["turns", "invalid_actions", "observation_tokens", "truncated_observations"];
+    for (const k of ["engine_aborts", "restarts", "lag_masked_tokens"]) if (record[k]) counted.push(k); // fully-async
+    for (const k of ["page_chunks", "short_form_tokens_saved"]) if (record[k]) counted.push(k); // long horizon
+    if (record.segments > 1) counted.push("segments");
+    const counters = counted.map((k) =>
+      h("tr", null, [h("td", { text: k }), h("td", { class: "value", text: fmt(record[k] === undefined ? null : record[k]), data: { counter: k } })]));
+    const forced = record.forced_answer, part = record.segment;
+    if (forced) counters.push(h("tr", null, [h("td", { text: "forced answer" }), h("td", { class: "value", text: `${forced.mode} on turn ${forced.turn} (${forced.trigger}), ${forced.tokens} instruction tokens`, data: { counter: "forced_answer" } })]));
+    if (part) counters.push(h("tr", null, [h("td", { text: "part" }), h("td", { class: "value", text: `${part.index + 1} of ${part.count}, from response token ${part.start}`, data: { counter: "segment" } })]));
     const toolRows = Object.entries(record.tools || {}).map(([name, c]) => {
       const seconds = (c.seconds || []).map((s) => s.toFixed(2)).join(", ");
       return h("tr", null, [h("td", { text: name }), h("td", { class: "value", text: `${c.calls || 0} calls, ${c.failures || 0} failed${seconds ? `; seconds ${seconds}` : ""}` })]);
@@ -347,6 +366,30 @@
     view.appendChild(jsonBlock("other sample fields", detail.fields, false, "fields"));
     if (Object.keys(detail.train_fields || {}).length) view.appendChild(jsonBlock("train dump: other values", detail.train_fields, false, "train-fields"));
     if (detail.label !== undefined) view.appendChild(jsonBlock("label", detail.label, false, "label"));
+  }
+
+  // ---- weight versions: which policy sampled which tokens ---------------------------------------------------------
+  const VERSION_COLOURS = 6; // .v0 ... .v5 in the style sheet, oldest first, cycled
+  function versionName(name) {
+    return name === null || name === undefined ? "unknown" : String(name);
+  }
+  function versionBadges(versions) {
+    const badges = [h("span", { class: "muted", text: `weight version of each engine call (${versions.spans.length}):` })];
+    versions.names.forEach((name, k) => {
+      const spans = versions.spans.filter((span) => span[2] === k).map(([start, end]) => `${start}–${end - 1}`);
+      const lag = versions.lags[k] ? ` (${versions.lags[k]} behind)` : "";
+      badges.push(h("span", { class: "badge", data: { field: "version", version: versionName(name) } }, [
+        h("span", { class: `swatch v${k % VERSION_COLOURS}` }),
+        `version ${versionName(name)}${lag}: tokens ${spans.join(", ")}`,
+      ]));
+    });
+    return h("div", { class: "badges versions", data: { block: "versions" } }, badges);
+  }
+  function versionIndex(versions, n) {
+    // per response token: the index of the version that sampled it in versions.names, -1 for the tokens none did
+    const index = new Int16Array(n).fill(-1);
+    for (const [start, end, k] of versions ? versions.spans : []) index.fill(k, start, Math.min(end, n));
+    return index;
   }
 
   function jsonBlock(title, value, open, name) {
@@ -415,6 +458,9 @@
     for (const [name, value] of Object.entries(detail.series || {})) series[name] = typedArray(value, Float32Array, n);
     const texts = HAS_VOCAB ? tokenTexts(ids) : null;
     const tokens = { ids, mask, series, texts, promptIds, promptTexts: null, earlierBefore: detail.earlier_before || 0 };
+    tokens.versions = detail.versions;
+    tokens.version = versionIndex(detail.versions, n);
+    tokens.colourVersions = Boolean(detail.versions && detail.versions.names.length > 1); // one version: no marks
 
     const thresholdInput = h("input", { type: "number", step: "any", min: "0", value: String(state.threshold), name: "threshold" });
     const hasGap = series.log_probs && series.rollout_log_probs;
@@ -426,6 +472,9 @@
       thresholdInput,
       hasGap ? null : h("span", { class: "muted", text: "(needs a train dump)" }),
       tokens.earlierBefore ? h("span", null, [h("span", { class: "swatch earlier" }), "sampled in an earlier rollout (partial rollout)"]) : null,
+      ...(tokens.colourVersions
+        ? detail.versions.names.map((name, k) => h("span", null, [h("span", { class: `swatch v${k % VERSION_COLOURS}` }), `weight version ${versionName(name)}`]))
+        : []),
     ]));
     if (!HAS_VOCAB) view.appendChild(h("div", { class: "note", text: "No tokenizer was given (--tokenizer): tokens are shown by id." }));
 
@@ -492,6 +541,7 @@
       let cls = isPrompt ? "t pr" : tokens.mask && tokens.mask[i] === 0 ? "t m0" : "t m1";
       if (SPECIAL.has(ids[i])) cls += " sp";
       if (!isPrompt && i < tokens.earlierBefore) cls += " earlier";
+      if (!isPrompt && tokens.colourVersions && tokens.version[i] >= 0) cls += ` v${tokens.version[i] % VERSION_COLOURS}`;
       if (text === null) {
         cls += " noid";
         span.textContent = `[${ids[i]}]`;
@@ -525,6 +575,12 @@
     if (!isPrompt) {
       const m = tokens.mask ? tokens.mask[i] : null;
       add("loss mask", "loss_mask", m, m === 1 ? "1: trained" : m === 0 ? "0: shown to the model, not trained" : "-");
+      if (tokens.versions) {
+        const k = tokens.version[i];
+        const name = k >= 0 ? versionName(tokens.versions.names[k]) : "";
+        const lag = k >= 0 && tokens.versions.lags[k] ? ` (${tokens.versions.lags[k]} behind this sample's newest)` : "";
+        add("weight version", "version", name, k >= 0 ? name + lag : "- (not sampled: shown to the model)");
+      }
       if (tokens.earlierBefore) {
         const earlier = i < tokens.earlierBefore;
         add("rollout", "earlier", earlier ? 1 : 0, earlier ? "an earlier one (before the last resume)" : "this one");

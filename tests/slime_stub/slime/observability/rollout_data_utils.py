@@ -1,8 +1,28 @@
-"""Stand-in for slime.observability.rollout_data_utils: the file --save-debug-rollout-data writes per rollout."""
+"""Stand-in for slime.observability.rollout_data_utils: the file --save-debug-rollout-data writes per rollout, and
+the rollout_id contract slime checks on a rollout's nested output before flattening it."""
 
 from pathlib import Path
 
 import torch
+
+from slime.utils.types import Sample
+
+
+def validate_rollout_id_annotated(node, depth=0):
+    """slime's shape is prompt x sample (a list of lists); a generate function that returns one episode as several
+    samples adds a level, and those siblings (a list of Samples at depth 2 or more) must all carry one rollout_id."""
+    if isinstance(node, Sample):
+        return
+    assert isinstance(node, list), f"unexpected rollout output node type: {type(node).__name__}"
+    if node and isinstance(node[0], Sample):
+        if depth >= 2 and len(node) > 1:
+            ids = [sample.rollout_id for sample in node]
+            missing = [i for i, rollout_id in enumerate(ids) if rollout_id is None]
+            assert not missing, f"Compact rollout returned {len(node)} samples but rollout_id is unset on {missing}."
+            assert len(set(ids)) == 1, f"Sibling samples from one compact rollout must share rollout_id; got {ids}."
+        return
+    for item in node:
+        validate_rollout_id_annotated(item, depth + 1)
 
 
 def save_debug_rollout_data(path_template, data, *, rollout_id: int, evaluation: bool) -> None:

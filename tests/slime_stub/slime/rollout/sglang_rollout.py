@@ -2,7 +2,8 @@
 through slime's rollout (generate_and_rm, generate_and_rm_group, abort), partial rollout included: on abort, every
 group of an unfinished task comes back, its samples with a response tagged with start_rollout_id; the next rollout
 masks their earlier tokens (--mask-offpolicy-in-partial-rollout), returns finished ones as they are and hands the
-others to the custom generate function as they were. Written from slime's source, behaviour for behaviour; slime's
+others to the custom generate function as they were; a generate function may return an episode as several samples
+(a list), scored as slime scores them. Written from slime's source, behaviour for behaviour; slime's
 tracing decorators are left out (they only record spans)."""
 
 import asyncio
@@ -94,7 +95,9 @@ class GenerateState(metaclass=SingletonMeta):
         self.remaining_batch_size += len(samples)
 
 
-async def generate_and_rm(args, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample:
+async def generate_and_rm(
+    args, sample: Sample, sampling_params: dict, evaluation: bool = False
+) -> Sample | list[Sample]:
     # partial rollout: the tokens an earlier policy wrote leave the loss
     if args.partial_rollout and args.mask_offpolicy_in_partial_rollout and sample.response_length > 0:
         sample.loss_mask = [0] * sample.response_length
@@ -124,6 +127,15 @@ async def generate_and_rm(args, sample: Sample, sampling_params: dict, evaluatio
     sample = await apply_rollout_sample_hooks(args, sample, evaluation=evaluation)
     if args.group_rm:
         return sample
+    if isinstance(sample, list):  # a generate function that returns one episode as several samples
+        samples = sample
+        if any(sample.status == Sample.Status.ABORTED for sample in samples):
+            return samples
+        need_reward = [sample for sample in samples if sample.reward is None]
+        rewards = await batched_async_rm(args, need_reward)
+        for sample, reward in zip(need_reward, rewards, strict=False):
+            sample.reward = reward
+        return samples
     if sample.status == Sample.Status.ABORTED:
         return sample
     if sample.reward is None:
