@@ -58,18 +58,20 @@ class Target:
 TARGETS = (
     Target(
         "reward",
-        "EM with Search-R1's format rules, chat conversations, the normalisation, reward_func",
+        "EM with Search-R1's format rules, chat conversations, the normalisation, the answer score, reward_func",
         (
             "qa_em_format.py",
             "slime_search_r1/protocols/chat_reward.py",
             "slime_search_r1/scoring/answers.py",
+            "slime_search_r1/scoring/rewards.py",
             "generate_with_search.py",
         ),
-        ("tests/training/test_reward_table.py", "tests/evaluation/test_scores.py"),
+        ("tests/training/test_reward_table.py", "tests/training/test_rewards.py", "tests/evaluation/test_scores.py"),
         only=(
             "qa_em_format.*",
             "slime_search_r1.protocols.chat_reward.*",
             "slime_search_r1.scoring.answers.*",
+            "slime_search_r1.scoring.rewards.*",
             "generate_with_search.x_reward_func__mutmut_*",
         ),
     ),
@@ -77,13 +79,23 @@ TARGETS = (
         "loop",
         "the episode loop and its budget: when an episode ends and how long its response is",
         ("slime_search_r1/loop.py",),
-        ("tests/rollout/test_reading_path.py", "tests/rollout/test_status_table.py", "tests/rollout/test_fidelity.py"),
+        (
+            "tests/rollout/test_reading_path.py",
+            "tests/rollout/test_status_table.py",
+            "tests/rollout/test_long_horizon.py",
+        ),
     ),
     Target(
         "tokens",
-        "token tracking: the trajectory, loss mask and log probs written turn by turn, the legacy router's cache",
-        ("slime_search_r1/tokens/manual.py", "slime_search_r1/tokens/legacy_router.py"),
-        ("tests/rollout/test_fidelity.py", "tests/rollout/test_seams.py", "tests/rollout/test_modes.py"),
+        "token tracking: the trajectory, loss mask and log probs written turn by turn, stop cuts, resumed turns",
+        ("slime_search_r1/tokens/manual.py",),
+        ("tests/rollout/test_fidelity.py", "tests/rollout/test_seams.py", "tests/rollout/test_partial_rollout.py"),
+    ),
+    Target(
+        "router-tokens",
+        "the old slime router's token cache (TOKEN_TRACKING_MODE=router_radix, router_handler)",
+        ("slime_search_r1/tokens/legacy_router.py",),
+        ("tests/rollout/test_modes.py", "-k", "router"),
     ),
     Target(
         "advantages",
@@ -107,7 +119,7 @@ TARGETS = (
         "bodies",
         "the /retrieve and /access request bodies: content type, size, deadline, validation and their answers",
         ("local_dense_retriever/serving/bodies.py", "local_dense_retriever/serving/api.py"),
-        ("tests/retriever/test_retriever_server.py",),
+        ("tests/retriever/test_retriever_server.py", "tests/retriever/test_retriever_pages.py", "-k", "not rlinf"),
     ),
 )
 
