@@ -19,6 +19,7 @@ import argparse
 import fnmatch
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -375,6 +376,7 @@ def main() -> int:
     if unknown:
         parser.error(f"--targets: unknown {unknown}; accepted: {', '.join(by_name)}")
     equivalents = load_equivalents()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: still remove the temporary copy
     load_start = os.getloadavg()[0]
     started = time.monotonic()
     outcomes = []
