@@ -108,7 +108,7 @@ TARGETS = (
         "settings",
         "SEARCH_R1_CONFIGS, its environment variables, their precedence and checks",
         ("slime_search_r1/settings.py",),
-        ("tests/launch/test_settings.py",),
+        ("tests/launch/test_settings.py", "tests/launch/test_setting_kinds.py"),
     ),
     Target(
         "batcher",
@@ -335,6 +335,9 @@ def render(outcomes: list[Outcome], jobs: int, load: tuple[float, float], total_
         f"Overall: {overall:.1%} of {scored} non-equivalent mutants killed; target >= {TARGET_SCORE:.0%} on every "
         f"target: {'met' if met else 'NOT met'}.",
     ]
+    left_out = [t.name for t in TARGETS if t.name not in {o.target.name for o in outcomes}]
+    if left_out:
+        lines += ["", f"Not run this time (--targets): {', '.join(left_out)}."]
     survivors = [(o, m) for o in outcomes for m in o.survivors]
     if survivors:
         lines += ["", "Surviving mutants (no covering test fails):", ""]
