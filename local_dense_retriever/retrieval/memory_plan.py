@@ -5,9 +5,10 @@ is spent:
         --gpu_gib 80 --sglang_mem_fraction_static 0.7 --trainer_gib 6
     python -m local_dense_retriever.memory_plan --corpus_size 21000000 --dim 768 --table   # the README's table
 
-`plan_and_check()` is the one function the launch side calls: it returns the plan, or raises MemoryPlanError with
-one line that holds the figures. Beside colocated training a GPU gives the retriever what SGLang's static memory
-fraction and the trainer leave: total x (1 - fraction) - trainer - reserve (CUDA contexts, allocator slack).
+`plan_and_check()` returns the plan, or raises MemoryPlanError with one line that holds the figures; the launch side
+(slime_search_r1/launch/retriever_memory.py) uses plan_memory, TrainingBudget and check_fits per GPU. Beside
+colocated training a GPU gives the retriever what SGLang's static memory fraction and the trainer leave:
+total x (1 - fraction) - trainer - reserve (CUDA contexts, allocator slack).
 """
 
 import argparse
@@ -34,6 +35,11 @@ CUDA_CONTEXT_BYTES = 600 * 2**20  # a torch process's CUDA context and kernels o
 TORCH_WORKSPACE_BYTES = GIB  # torch_search's default score workspace on a GPU
 TORCH_LOAD_CHUNK_BYTES = (1 << 18) * 4  # per dimension: rows streamed from the file to a GPU at a time (fp32)
 DEFAULT_RESERVE_GIB = 1.0
+# What slime's colocated trainer keeps on each GPU while SGLang generates (the launch checks' default, overridden by
+# TRAINER_RESIDUAL_GIB): slime's v0.1.0 release notes (docs/en/blogs/release_v0.1.0.md) measured Megatron's residual
+# GPU memory after offloading at 3-5 GB (NCCL buffers and CUDA contexts once torch_memory_saver paused its tensors);
+# 6 GiB, the figure of this module's example, keeps a margin above it.
+COLOCATED_TRAINER_GIB = 6.0
 
 
 class MemoryPlanError(ValueError):

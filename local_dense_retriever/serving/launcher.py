@@ -1,8 +1,11 @@
-"""The retrieval server as a child process: checked before it starts (preflight), started, waited for until it is
-ready (server_ready, the one health probe), and stopped by its own PID. The tests, the benchmarks, the demo and the
-tmux wrapper (slime_search_r1/launch/with_retrieval.py) all start it through ServerProcess."""
+"""The retrieval server as a child process: checked before it starts (preflight, which also reads what the index's
+memory plan needs), started, waited for until it is ready (server_ready, the one health probe), and stopped by its
+own PID. The tests, the benchmarks, the demo and the tmux wrapper (slime_search_r1/launch/with_retrieval.py) all start
+it through ServerProcess; server_layout() says which memory-plan layout the server's flags choose."""
 
 import ctypes
+import importlib.util
+import json
 import os
 import resource
 import shlex
@@ -13,11 +16,14 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from local_dense_retriever.retrieval.memory_plan import E5_BASE_PARAMETERS, MemoryPlan, gib, plan_memory
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the repository: local_dense_retriever is importable from it
 # What retrieval_server.py imports; the wrapper checks the retriever's Python has them before it starts the server.
-SERVER_MODULES = ("torch", "transformers", "faiss", "fastapi", "uvicorn", "orjson", "pydantic")
+SERVER_MODULES = ("torch", "transformers", "faiss", "fastapi", "uvicorn", "orjson", "pydantic", "numpy", "psutil")
 
 
 class PreflightError(RuntimeError):
@@ -72,22 +78,55 @@ def flag_value(flags: list[str], name: str) -> str | None:
     return values[-1] if values else None
 
 
-def preflight(python: str, flags: list[str], host: str, port: int) -> None:
-    """What would stop the server, refused before it starts (and before any GPU is spent on training).
+@dataclass(frozen=True)
+class ServerFacts:
+    """What the index's memory plan needs, read in the retriever's own Python (it has numpy and psutil)."""
 
-    The index's memory plan (will it fit in RAM or GPU memory beside training) belongs here too, once written.
-    """
+    ram_available: int  # bytes this machine could still give the server now
+    visible_gpus: int  # GPUs CUDA would show the server (CUDA_VISIBLE_DEVICES applied)
+    header: dict | None = None  # the index's code, dim and size (retrieval/index_files.py); None: not headed so
+    index_bytes: int | None = None  # the index file's size
+
+
+# Runs in the retriever's Python: its modules first, then (only when they are all there) the facts.
+PROBE = "import sys; sys.path.insert(0, sys.argv[1]); import local_dense_retriever.serving.launcher as x; x.probe()"
+
+
+def probe() -> None:
+    """`python -c PROBE PACKAGE_ROOT INDEX_PATH`: prints {"missing": [...]} or the ServerFacts as JSON."""
+    missing = [module for module in SERVER_MODULES if importlib.util.find_spec(module) is None]
+    if missing:
+        print(json.dumps({"missing": missing}))
+        return
+    from local_dense_retriever.retrieval.gpus import visible_gpu_count
+    from local_dense_retriever.retrieval.index_files import read_header
+    from local_dense_retriever.retrieval.memory_plan import available_ram
+
+    index_path = sys.argv[2]
+    facts = ServerFacts(available_ram(), visible_gpu_count())
+    if index_path and os.path.isfile(index_path):
+        header = read_header(index_path)
+        facts = ServerFacts(facts.ram_available, facts.visible_gpus, header and asdict(header),
+                            os.path.getsize(index_path))  # fmt: skip
+    print(json.dumps({"missing": [], "facts": asdict(facts)}))
+
+
+def preflight(python: str, flags: list[str], host: str, port: int) -> ServerFacts:
+    """What would stop the server, refused before it starts (and before any GPU is spent on training); returns what
+    the index's memory plan needs (server_layout(), then the caller's check beside training)."""
+    index_path = flag_value(flags, "--index_path") or ""
     try:
-        probe = f"import importlib.util as u; print(' '.join(m for m in {SERVER_MODULES!r} if u.find_spec(m) is None))"
-        result = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=120)
+        result = subprocess.run([python, "-c", PROBE, str(PACKAGE_ROOT), index_path], capture_output=True,
+                                text=True, timeout=120)  # fmt: skip
     except FileNotFoundError:
         raise PreflightError(f"the retriever's Python '{python}' not found (RETRIEVER_PYTHON)") from None
     if result.returncode != 0:
         raise PreflightError(f"the retriever's Python '{python}' does not run: {result.stderr.strip()[-300:]}")
-    if result.stdout.strip():
+    answer = json.loads(result.stdout.strip().splitlines()[-1])
+    if answer["missing"]:
         raise PreflightError(
-            f"the retriever's Python '{python}' lacks: {result.stdout.strip()}; install them there (pip install -e "
-            f"'{PACKAGE_ROOT}[retriever]') or point RETRIEVER_PYTHON at the right environment"
+            f"the retriever's Python '{python}' lacks: {' '.join(answer['missing'])}; install them there (pip "
+            f"install -e '{PACKAGE_ROOT}[retriever]') or point RETRIEVER_PYTHON at the right environment"
         )
     for flag, what in (("--corpus_path", "corpus"), ("--index_path", "index")):
         path = flag_value(flags, flag)
@@ -98,6 +137,81 @@ def preflight(python: str, flags: list[str], host: str, port: int) -> None:
             f"port {port} on {host} is in use (see: ss -ltnp 'sport = :{port}'); stop what holds it, or choose "
             "another port in RETRIEVAL_SERVER_URL, or use the running server with START_RETRIEVER=0"
         )
+    return ServerFacts(**answer["facts"])
+
+
+@dataclass(frozen=True)
+class ServerLayout:
+    """The memory-plan layout a server's flags choose, and where: the GPUs it uses, memory-mapped or read whole."""
+
+    layout: str  # memory_plan's layout name, or "<code> index" for a CPU index its byte model does not cover
+    corpus_size: int
+    dim: int
+    gpu_ids: tuple[int, ...] = ()
+    mmap: bool = False  # --faiss_mmap on a Flat index
+    flag: str = ""  # the server flag that chose it: "--torch_search 0,1", "--faiss_gpu", "" (FAISS on the CPU)
+    file_bytes: int | None = None  # that uncovered CPU index: planned from its file, which FAISS reads whole
+
+    def plan(self) -> MemoryPlan:
+        if self.file_bytes is None:
+            return plan_memory(self.layout, self.corpus_size, self.dim, len(self.gpu_ids), mmap=self.mmap)
+        encoder = E5_BASE_PARAMETERS * 4
+        note = f"the index file {gib(self.file_bytes)}, read whole, + encoder"
+        return MemoryPlan(self.layout, self.corpus_size, self.dim, 0, self.file_bytes + encoder, note, 0)
+
+
+def gpu_id_list(value: str, visible: int) -> tuple[int, ...]:
+    """GPU ids as --torch_search names them (`all`: the visible ones); ValueError naming what is accepted."""
+    from local_dense_retriever.retrieval.gpus import parse_gpu_list
+
+    # Where no GPU is visible (a check on another machine than the node), any distinct ids are taken as named.
+    return tuple(parse_gpu_list("--torch_search", value, visible or 1 << 16) or ())
+
+
+NODE_GPUS_UNKNOWN = "no GPU is visible here and the node's GPUs are not known"
+
+
+def server_layout(flags: list[str], facts: ServerFacts, node_gpus: int | None = None) -> ServerLayout | str:
+    """The layout the server's flags choose, over the GPUs it would use (`all` and --faiss_gpu: every visible GPU,
+    or `node_gpus` where none is visible here); or a sentence saying why there is no plan. PreflightError when the
+    flags do not parse as the server's own parser reads them."""
+    from local_dense_retriever.serving.config import build_parser
+
+    parser = build_parser()
+
+    def refuse(message: str) -> None:
+        raise PreflightError(f"the server's flags: {message}")
+
+    parser.error = refuse  # the server's own parser, which would stop the server with this message
+    args = parser.parse_args(flags)
+    if args.retriever_name.lower() == "bm25" or args.backend == "qdrant":
+        return "BM25 and Qdrant are not planned (no FAISS index file)"
+    header = facts.header
+    if header is None:
+        return f"--index_path {args.index_path}: its header gives no size (not a plain FAISS index file)"
+    size, dim, flat = header["size"], header["dim"], header["code"] in ("IxFI", "IxF2")
+    gpus = facts.visible_gpus or node_gpus or 0
+    if args.torch_search is not None and args.torch_search.strip().lower() != "cpu":
+        if args.torch_search.strip().lower() == "all" and not gpus:
+            return f"--torch_search all: {NODE_GPUS_UNKNOWN}"
+        try:
+            ids = gpu_id_list(args.torch_search, gpus)
+        except ValueError as err:
+            raise PreflightError(str(err)) from None
+        dtype = args.torch_search_dtype or "fp16"
+        return ServerLayout(f"torch-{dtype}", size, dim, ids, flag=f"--torch_search {args.torch_search}")
+    if args.torch_search is not None:  # torch on the CPU holds the vectors in RAM: planned as a Flat index read whole
+        return ServerLayout("Flat", size, dim, flag="--torch_search cpu")
+    if args.faiss_gpu:
+        if not flat:
+            return f"--faiss_gpu with a {header['code']} index: the plan covers FAISS on GPUs for Flat indexes only"
+        if not gpus:
+            return f"--faiss_gpu: {NODE_GPUS_UNKNOWN}"
+        layout = "faiss-gpu-fp32" if args.faiss_fp32 else "faiss-gpu-fp16"
+        return ServerLayout(layout, size, dim, tuple(range(gpus)), flag="--faiss_gpu")
+    if flat:
+        return ServerLayout("Flat", size, dim, mmap=args.faiss_mmap)
+    return ServerLayout(f"{header['code']} index", size, dim, file_bytes=facts.index_bytes)
 
 
 SERVER_MODULE = ["-m", "local_dense_retriever.retrieval_server"]

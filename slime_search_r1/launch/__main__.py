@@ -1,17 +1,22 @@
 """python -m slime_search_r1.launch PLUGIN [--dry-run] [--help] [train.py flags] -- <the script's slime flags>
 
-What run_qwen2.5_3B.sh calls once its flag arrays are written: resolve every value (command.py), check it, then
-print the commands (a dry run, printed.py) or run them (ray_job.py). Errors and warnings go to stderr, one line
-each, naming the setting or flag; a missing path is a warning in a dry run and an error in a real run.
+What run_qwen2.5_3B.sh calls once its flag arrays are written: resolve every value (command.py), check it (with the
+memory plan of a retrieval server sharing the node: retriever_memory.py), then print the commands (a dry run,
+printed.py) or run them (ray_job.py). Errors and warnings go to stderr, one line each, naming the setting or flag; a
+missing path is a warning in a dry run and an error in a real run. With SEARCH_R1_DESCRIBE_TRAINING=FILE it only
+writes train.py's flags and what they hold on each GPU to FILE (for the tmux wrapper) and exits.
 """
 
+import json
 import os
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from slime_search_r1.launch import printed, ray_job
-from slime_search_r1.launch.command import missing_paths, resolve_launch
+from slime_search_r1.launch.command import Launch, missing_paths, resolve_launch
 from slime_search_r1.launch.knobs import TRAINING, help_table
+from slime_search_r1.launch.retriever_memory import DESCRIBE_VARIABLE, declared_training
 from slime_search_r1.settings import ConfigError
 
 USAGE = """usage: bash run_qwen2.5_3B.sh [--dry-run] [--help] [more train.py flags: appended, so the last one wins]
@@ -31,8 +36,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     dry_run = "--dry-run" in user_args
     user_args = [arg for arg in user_args if arg != "--dry-run"]
+    describe_to = os.environ.get(DESCRIBE_VARIABLE)
     try:
-        launch = resolve_launch(plugin, script_args, user_args, os.environ, dry_run)
+        launch = resolve_launch(plugin, script_args, user_args, os.environ, dry_run or bool(describe_to))
+        if describe_to:  # the tmux wrapper asks what training holds on the GPUs, before anything starts
+            Path(describe_to).write_text(json.dumps(describe(launch)))
+            return 0
         missing = missing_paths(launch)
         if missing and not launch.knobs.dry_run:
             raise ConfigError(f"{missing[0]} (set the variable or flag that names it: see --help)")
@@ -41,10 +50,17 @@ def main(argv: list[str] | None = None) -> int:
         if launch.knobs.dry_run:
             sys.stdout.write(printed.dry_run(launch))
             return 0
+        for line in launch.memory.lines if launch.memory else []:
+            ray_job.info(line)
         return ray_job.run(launch)
     except (ConfigError, OSError, SyntaxError) as exc:
         print(f"{ray_job.PROG}: error: {exc}", file=sys.stderr)
         return 1
+
+
+def describe(launch: Launch) -> dict:
+    """What the wrapper reads (DESCRIBE_VARIABLE): train.py's flags and what they hold on each GPU."""
+    return {"train_args": launch.train_args, "training": asdict(declared_training(launch.flags))}
 
 
 if __name__ == "__main__":

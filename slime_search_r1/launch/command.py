@@ -17,6 +17,7 @@ from pathlib import Path
 
 from slime_search_r1.launch.knobs import TRAINING
 from slime_search_r1.launch.checks import check_plugin, configs_from_source
+from slime_search_r1.launch.retriever_memory import Checked, check_node_retriever, declared_training
 from slime_search_r1.settings import (
     SETTINGS,
     ConfigError,
@@ -49,6 +50,7 @@ class Launch:
     runtime_env: dict[str, str]
     secret_names: set[str]
     warnings: list[str] = field(default_factory=list)
+    memory: Checked | None = None  # the plan of a retrieval server sharing the node (NODE_RETRIEVER_LAYOUT)
 
     @functools.cached_property
     def flags(self) -> argparse.Namespace:
@@ -65,6 +67,12 @@ def read_flags(train_args: list[str]) -> argparse.Namespace:
                  "--context-parallel-size"):  # fmt: skip
         parser.add_argument(flag, type=int, default=1)
     parser.add_argument("--apply-chat-template", action="store_true")
+    # what training holds on each GPU (retriever_memory.declared_training), with slime's defaults
+    parser.add_argument("--colocate", action="store_true")
+    for flag in ("--actor-num-gpus-per-node", "--num-gpus-per-node"):
+        parser.add_argument(flag, type=int, default=8)
+    parser.add_argument("--rollout-num-gpus", type=int)
+    parser.add_argument("--sglang-mem-fraction-static", type=float)
     try:
         return parser.parse_known_args(train_args)[0]
     except argparse.ArgumentError as exc:
@@ -218,6 +226,9 @@ def resolve_launch(plugin: Path, script_args: list[str], user_args: list[str], e
             "--tool-key tools); accepted: without --apply-chat-template"
         )
     warnings += check_gpu_split(knobs, flags, knob_sources)
+    launch.memory = check_node_retriever(knobs, declared_training(flags))
+    if launch.memory:
+        warnings += launch.memory.warnings
     if knobs.skip_plugin_check:
         warnings.append("SKIP_PLUGIN_CHECK is set: the slime flags are checked against the settings only at the "
                         "first sample")  # fmt: skip

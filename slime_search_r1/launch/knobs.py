@@ -13,22 +13,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from local_dense_retriever.retrieval.memory_plan import COLOCATED_TRAINER_GIB
 from slime_search_r1.settings import Choice, Flag, Integer, Number, Refused, Setting, Text
 
 REPO = Path(__file__).absolute().parents[2]  # the plugin's folder: the scripts, generate_with_search.py
 
 
 @dataclass(frozen=True)
-class CpuList:
-    """A CPU list as taskset -c takes it (0-7, 0,2,4-6)."""
+class IdList:
+    """A list of CPU or GPU ids as taskset -c takes CPUs (0-7, 0,2,4-6)."""
+
+    what: str = "a CPU list for taskset -c"
 
     def check(self, value: Any) -> str:
         if not isinstance(value, str) or not re.fullmatch(r"\d+(-\d+)?(,\d+(-\d+)?)*", value.strip()):
-            raise Refused("a CPU list for taskset -c like 0-7 or 0,2,4-6")
+            raise Refused(f"{self.what} like 0-7 or 0,2,4-6")
         return value.strip()
 
     def from_env(self, text: str) -> str:
         return self.check(text)
+
+
+def expand_ids(text: str) -> list[int]:
+    """0,2,4-6 -> [0, 2, 4, 5, 6] (an IdList's value)."""
+    ids = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        ids += [i for i in range(int(low), int(high or low) + 1) if i not in ids]
+    return ids
 
 
 def _slime_dir(_: dict) -> str:
@@ -39,6 +51,13 @@ def _slime_dir(_: dict) -> str:
 def _knobs(*settings: Setting) -> dict[str, Setting]:
     return {setting.key: setting for setting in settings}
 
+
+# Both scripts check the retriever's memory plan beside training (retriever_memory.py) with these two.
+GPU_MEMORY = Setting("gpu_memory_gib", None, Number(0.1, optional=True), "GPU_MEMORY_GIB",
+                     "memory of each GPU in GiB (default: nvidia-smi's smallest memory.total)")  # fmt: skip
+TRAINER_RESIDUAL = Setting("trainer_residual_gib", COLOCATED_TRAINER_GIB, Number(0.0), "TRAINER_RESIDUAL_GIB",
+                           "GiB the colocated trainer keeps on each GPU while SGLang generates (slime's release "
+                           "notes measured 3-5 GB after offload)")  # fmt: skip
 
 TRAINING = _knobs(
     # ---- what runs
@@ -79,6 +98,18 @@ TRAINING = _knobs(
             "skip the plugin's checks (generate() still makes them at its first sample)"),
     Setting("legacy_slime_router", False, Flag(), "LEGACY_SLIME_ROUTER",
             "your slime still runs the old router the TOKEN_TRACKING_MODE=router_* modes need"),
+    # ---- a retrieval server sharing this node (the wrapper sets these; set them for a server started apart)
+    Setting("node_retriever_layout", None, Text(optional=True), "NODE_RETRIEVER_LAYOUT",
+            "its layout (torch-fp16, faiss-gpu-fp16, Flat, HNSW32,SQ8, ...: python -m local_dense_retriever."
+            "memory_plan): its memory plan is printed and checked beside training"),
+    Setting("node_retriever_gpus", None, IdList("GPU ids"), "NODE_RETRIEVER_GPUS",
+            "the GPUs its GPU layout uses (default: the node's NUM_GPUS, as --torch_search all and --faiss_gpu)"),
+    Setting("node_retriever_corpus_size", None, Integer(1), "NODE_RETRIEVER_CORPUS_SIZE",
+            "its passages (wiki-18: 21015324); needed with NODE_RETRIEVER_LAYOUT"),
+    Setting("node_retriever_dim", 768, Integer(1), "NODE_RETRIEVER_DIM", "its vector dimension (e5-base-v2: 768)"),
+    Setting("node_retriever_mmap", False, Flag(), "NODE_RETRIEVER_MMAP", "its Flat index is memory-mapped"),
+    GPU_MEMORY,
+    TRAINER_RESIDUAL,
     # ---- Ray
     Setting("start_ray", "auto", Choice(("auto", "1", "0")), "START_RAY",
             "auto: start a Ray head only if none answers; 1: always (refused if one answers); 0: never"),
@@ -119,8 +150,12 @@ WRAPPER = _knobs(
     Setting("retriever_host", "127.0.0.1", Text(), "RETRIEVER_HOST", "--host"),
     Setting("retriever_num_threads", None, Integer(1), "RETRIEVER_NUM_THREADS",
             "--num_threads (default: the CPUs the server may use)"),
-    Setting("retriever_cpus", None, CpuList(), "RETRIEVER_CPUS", "run the server under taskset -c on these CPUs"),
+    Setting("retriever_cpus", None, IdList(), "RETRIEVER_CPUS", "run the server under taskset -c on these CPUs"),
     Setting("retriever_extra_args", None, Text(optional=True), "RETRIEVER_EXTRA_ARGS", "more server flags"),
+    Setting("retriever_ram_gib", None, Number(0.1, optional=True), "RETRIEVER_RAM_GIB",
+            "RAM in GiB the server may take (default: what is available when it starts)"),
+    GPU_MEMORY,
+    TRAINER_RESIDUAL,
     Setting("retriever_startup_timeout", 120.0, Number(1.0), "RETRIEVER_STARTUP_TIMEOUT",
             "seconds for the server's /health to answer 200"),
     Setting("shutdown_timeout", 60.0, Number(0.0), "SHUTDOWN_TIMEOUT",

@@ -1,6 +1,7 @@
-"""What a dry run prints (stdout; comment lines start with #): every value with where it came from, the Ray runtime
-env with secrets as <hidden>, the Ray head and job commands, then the viewer command for DUMP_DIR and the commands
-from the latest checkpoint under --save to evaluate.py."""
+"""What a dry run prints (stdout; comment lines start with #): every value with where it came from, the memory plan
+of a retrieval server sharing the node (NODE_RETRIEVER_LAYOUT), the Ray runtime env with secrets as <hidden>, the Ray
+head and job commands, then the viewer command for DUMP_DIR and the commands from the latest checkpoint under --save
+to evaluate.py."""
 
 import json
 import shlex
@@ -92,7 +93,11 @@ def checkpoint_commands(launch: Launch) -> list[str]:
 
 def dry_run(launch: Launch) -> str:
     knobs = launch.knobs
-    lines = [*sources(launch), "# Ray runtime env (written to a private file at run time; secrets shown as <hidden>):"]
+    lines = sources(launch)
+    if launch.memory:
+        lines += ["# the retrieval server sharing this node (NODE_RETRIEVER_*), checked beside training:"]
+        lines += [f"# {line}" for line in launch.memory.lines]
+    lines.append("# Ray runtime env (written to a private file at run time; secrets shown as <hidden>):")
     lines.append(runtime_env_json(launch, hide_secrets=True).rstrip("\n"))
     url = knobs.ray_dashboard_url
     if knobs.start_ray == "0":

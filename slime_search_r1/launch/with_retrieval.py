@@ -2,7 +2,9 @@
 session, stopped together (what run_qwen2.5_3B_with_retrieval.sh runs).
 
 1. checks tmux, the settings and, when it starts a server, the server itself (its Python and modules, the index
-   and corpus files, the port: local_dense_retriever.serving.launcher.preflight) before anything starts;
+   and corpus files, the port: local_dense_retriever.serving.launcher.preflight) and its memory plan: the layout its
+   flags choose, printed with its RAM and per-GPU bytes, refused when it cannot fit in RAM or on its GPUs beside
+   what TRAIN_CMD's train.py flags declare (asked from the launch: retriever_memory.py), before anything starts;
 2. starts the retrieval server (a child of this process, stopped by its PID) and shows its log in tmux window
    "retriever"; waits until it is ready (GET /health, RETRIEVER_STARTUP_TIMEOUT);
 3. starts training (TRAIN_CMD) in window "training", its output also in a log;
@@ -28,14 +30,35 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from local_dense_retriever.serving.launcher import PreflightError, ServerProcess, preflight, server_ready
+from local_dense_retriever.retrieval.memory_plan import GIB, MemoryPlanError
+from local_dense_retriever.serving.launcher import (
+    NODE_GPUS_UNKNOWN,
+    PreflightError,
+    ServerFacts,
+    ServerLayout,
+    ServerProcess,
+    flag_value,
+    preflight,
+    server_layout,
+    server_ready,
+)
 from slime_search_r1.launch.checks import configs_from_source
-from slime_search_r1.launch.knobs import REPO, WRAPPER, help_table
+from slime_search_r1.launch.knobs import REPO, WRAPPER, expand_ids, help_table
+from slime_search_r1.launch.retriever_memory import (
+    DESCRIBE_VARIABLE,
+    NODE_RETRIEVER_VARIABLES,
+    TrainingGpus,
+    check_beside_training,
+    gpu_memory_total,
+    node_retriever_environment,
+)
 from slime_search_r1.launch.signals import Stopped, ignore_signals, stop_on_signals
 from slime_search_r1.settings import ConfigError, Section, read_environment, resolve_config, search_r1_configs
 
 PROG = "run_qwen2.5_3B_with_retrieval.sh"
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+LAUNCH_CALL = "-m slime_search_r1.launch"  # how run_qwen2.5_3B.sh (or a copy) hands over to the launch
+DESCRIBE_TIMEOUT = 120  # seconds for the launch to say what training holds (it reads the flags and exits)
 USAGE = (f"usage: bash {PROG} [--help]\n\n" + __doc__.split("\n\n", 1)[1].split("The retrieval URL")[0]
          + "Variables (RETRIEVAL_SERVER_URL and the plugin's other settings apart):\n")  # fmt: skip
 
@@ -147,15 +170,102 @@ def cpu_prefix(knobs: Section) -> list[str]:
         return []
     if shutil.which("taskset") is None:
         raise Failed("RETRIEVER_CPUS needs taskset (apt-get install util-linux)")
-    wanted = set()
-    for part in knobs.retriever_cpus.split(","):
-        low, _, high = part.partition("-")
-        wanted |= set(range(int(low), int(high or low) + 1))
+    wanted = set(expand_ids(knobs.retriever_cpus))
     allowed = os.sched_getaffinity(0)
     if not wanted & allowed:
         raise Failed(f"RETRIEVER_CPUS={knobs.retriever_cpus} names no CPU this script may use (allowed: "
                      f"{','.join(map(str, sorted(allowed)))})")  # fmt: skip
     return ["taskset", "-c", knobs.retriever_cpus]
+
+
+def runs_the_launch(train_cmd: str) -> bool:
+    """Whether TRAIN_CMD runs python -m slime_search_r1.launch (itself, or a script that calls it, as
+    run_qwen2.5_3B.sh does): only then is it asked what training holds, since a command that does not answer would
+    run for real."""
+    try:
+        words = shlex.split(train_cmd)
+    except ValueError:
+        return False
+    if any(words[i : i + 2] == ["-m", "slime_search_r1.launch"] for i in range(len(words))):
+        return True
+    for word in words:
+        path = Path(word)
+        if path.suffix == ".sh" and path.is_file() and LAUNCH_CALL in path.read_text(errors="replace"):
+            return True
+    return False
+
+
+def ask_training(train_cmd: str) -> TrainingGpus | None:
+    """What TRAIN_CMD's train.py flags hold on each GPU, from the launch itself (a dry run that writes them to a file
+    and exits, DESCRIBE_VARIABLE); None, with a line saying so, when TRAIN_CMD does not say."""
+    unknown = "the retriever's memory plan is checked against RAM and each GPU's total only"
+    if not runs_the_launch(train_cmd):
+        info(f"TRAIN_CMD does not run the launch ({LAUNCH_CALL}, as run_qwen2.5_3B.sh does), so what training "
+             f"holds on each GPU is not known: {unknown}")  # fmt: skip
+        return None
+    with tempfile.TemporaryDirectory(prefix="search-r1-describe.") as folder:
+        answer = Path(folder) / "training.json"
+        env = {k: v for k, v in os.environ.items() if k not in NODE_RETRIEVER_VARIABLES}
+        env.update({DESCRIBE_VARIABLE: str(answer), "DRY_RUN": "1"})  # DRY_RUN: a launch without the variable
+        process = subprocess.Popen(["bash", "-c", train_cmd], env=env, stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   start_new_session=True)  # fmt: skip
+        try:
+            _, err = process.communicate(timeout=DESCRIBE_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)  # its own session: what this call started, and only that
+            process.communicate()
+            info(f"TRAIN_CMD did not say what training holds in {DESCRIBE_TIMEOUT} s; {unknown}")
+            return None
+        if process.returncode != 0:
+            last = (err.strip().splitlines() or ["(no output)"])[-1]
+            raise Failed(f"training would not start (TRAIN_CMD's launch, asked first: exit code "
+                         f"{process.returncode}): {last}")  # fmt: skip
+        if not answer.exists():
+            info(f"TRAIN_CMD ran without saying what training holds (a launch older than this wrapper?); {unknown}")
+            return None
+        return TrainingGpus.from_json(json.loads(answer.read_text())["training"])
+
+
+def wrapper_setting(knobs: Section, server: ServerLayout, flags: list[str]) -> str:
+    """The server flag and the wrapper variable that chose the layout, for the plan's messages."""
+    extra = shlex.split(knobs.retriever_extra_args or "")
+    if server.flag:
+        name = server.flag.split()[0]
+        if name in extra:
+            return f"{server.flag} (RETRIEVER_EXTRA_ARGS)"
+        return f"{server.flag} (RETRIEVER_FAISS_GPU={knobs.retriever_faiss_gpu})"
+    index = f"--index_path {flag_value(flags, '--index_path')}" + (" --faiss_mmap" if server.mmap else "")
+    return f"{index} ({'RETRIEVER_PRESET=embedded' if knobs.retriever_preset == 'embedded' else 'on the CPU'})"
+
+
+def check_memory(knobs: Section, flags: list[str], facts: ServerFacts) -> dict:
+    """Prints the server's memory plan and refuses one that cannot fit beside training (Failed, one line); returns
+    the NODE_RETRIEVER_* variables that describe the server to the launch in the training window. TRAIN_CMD is asked
+    what training holds only for a layout on GPUs."""
+    server, training = server_layout(flags, facts), None  # the server's flags are checked first
+    if server.endswith(NODE_GPUS_UNKNOWN) if isinstance(server, str) else server.gpu_ids:
+        training = ask_training(knobs.train_cmd)
+        server = server_layout(flags, facts, training.node_gpus if training else None)
+    if isinstance(server, str):
+        info(f"no memory plan: {server}")
+        return {}
+    gpu_total = gpu_memory_total(knobs.gpu_memory_gib) if server.gpu_ids else (None, "")
+    if knobs.retriever_ram_gib:
+        ram = (int(knobs.retriever_ram_gib * GIB), "RETRIEVER_RAM_GIB")
+    else:
+        ram = (facts.ram_available, "now, in the retriever's Python")
+    trainer_bytes = int(knobs.trainer_residual_gib * GIB)
+    try:
+        checked = check_beside_training(server, wrapper_setting(knobs, server, flags), training, gpu_total,
+                                        trainer_bytes, ram)  # fmt: skip
+    except MemoryPlanError as err:
+        raise Failed(str(err)) from None
+    for line in checked.lines:
+        info(line)
+    for warning in checked.warnings:
+        info(f"warning: {warning}")
+    return node_retriever_environment(server)
 
 
 def training_window(run_dir: Path) -> int:
@@ -228,9 +338,11 @@ def run(plugin: Path, knobs: Section) -> int:
                      f"'{tmux.attach_hint()}' and stop it, or set TMUX_SESSION to another name")  # fmt: skip
     server = None
     port = split.port or (443 if split.scheme == "https" else 80)
+    node_env = {}
     if start_local:
         flags, prefix = server_flags(knobs), cpu_prefix(knobs)
-        preflight(knobs.retriever_python, flags, knobs.retriever_host, port)
+        facts = preflight(knobs.retriever_python, flags, knobs.retriever_host, port)
+        node_env = check_memory(knobs, flags, facts)
     stamp = time.strftime("%Y%m%d_%H%M%S")
     logs = Path(knobs.log_dir)
     logs.mkdir(parents=True, exist_ok=True)
@@ -251,7 +363,9 @@ def run(plugin: Path, knobs: Section) -> int:
         else:
             info(f"using the retrieval server(s) at {', '.join(bases)}; none is started here")
         wait_until_ready(bases, server, knobs, retriever_log)
-        env = {k: v for k, v in os.environ.items() if k not in ("TMUX", "TMUX_PANE")}  # not the caller's tmux
+        # not the caller's tmux; NODE_RETRIEVER_* describe the server started here, if any, to the launch
+        dropped = ("TMUX", "TMUX_PANE", *(NODE_RETRIEVER_VARIABLES if start_local else ()))
+        env = {k: v for k, v in os.environ.items() if k not in dropped} | node_env
         spec = {"env": env, "cwd": os.getcwd(), "command": knobs.train_cmd, "log": str(training_log)}
         with os.fdopen(os.open(run_dir / "training.json", os.O_WRONLY | os.O_CREAT, 0o600), "w") as out:
             json.dump(spec, out)

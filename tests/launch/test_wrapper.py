@@ -33,8 +33,8 @@ STANDIN = REPO / "tests" / "support" / "standin_training.py"
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 
 
-@pytest.fixture
-def wrapper_env(tmp_path, small_wiki):
+@pytest.fixture(name="wrapper_env")
+def wrapper_env_fixture(tmp_path, small_wiki):
     tmux_dir = tmp_path / "tmux"
     tmux_dir.mkdir()
     env = {
