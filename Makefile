@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: install test lint demo bench bench-rollout bench-retriever bench-retriever-hostile bench-retriever-busy bench-retriever-peers \
-	bench-viewer bench-retriever-layouts bench-encoder-precision bench-gpu clean shellcheck
+	bench-viewer bench-retriever-layouts bench-encoder-precision bench-gpu clean shellcheck mutation
 
 $(STAMP): pyproject.toml requirements-assets.txt
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,16 @@ bench-retriever-busy: $(STAMP)
 # The viewer's page at 256 samples x 8k tokens in headless chromium (needs chromium); writes bench/RESULTS.md.
 bench-viewer: $(STAMP)
 	$(BIN)/python bench/viewer_page.py --samples 256 --tokens 8192 --repeats 3 --write-results
+
+# Mutation score (not part of `make test`): mutmut over the reward, the loop and budget, token tracking, advantages,
+# settings, the batcher and the /retrieve and /access bodies, each with only its covering tests, in a temporary copy;
+# writes the score and the surviving mutants to bench/RESULTS.md (target: >= 90% of non-equivalent mutants killed).
+# TARGETS=advantages,settings picks some; JOBS sets how many mutants are tested at once (default: every CPU).
+TARGETS ?=
+JOBS ?=
+mutation: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[mutation]'
+	$(BIN)/python bench/mutation.py $(if $(TARGETS),--targets $(TARGETS)) $(if $(JOBS),--jobs $(JOBS))
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache

@@ -522,3 +522,43 @@ def test_workers_side_by_side_share_the_queries_by_their_measured_speed():
 def test_a_tuner_with_more_batches_than_searches_is_refused():
     with pytest.raises(ValueError, match="2 batches at once; got 1 searches"):
         DynamicBatcher([RecordingSearch()], tuner=two_single_threaded_workers())
+
+
+def test_the_counters_health_reports_add_up_on_a_clock_the_search_moves():
+    """What /health's batcher block says after a batch of 3 queries, two of 1 and one that fails: counts, sizes
+    and seconds (the search moves the batcher's clock by 0.1234 s a query, so the seconds are exact)."""
+    now = [100.0]
+    recording = RecordingSearch(fail_on="boom")
+
+    def search(queries, k):
+        now[0] += 0.1234 * len(queries)
+        return recording(queries, k)
+
+    batcher = DynamicBatcher(search, max_batch_size=8, clock=lambda: now[0])
+    assert batcher.report()["mean_batch_size"] == 0.0  # no batch yet: no division by zero
+
+    async def scenario():
+        await batcher.submit(["a", "bb", "ccc"], 2)
+        await batcher.submit(["d"], 1)
+        await batcher.submit(["f"], 1)
+        with pytest.raises(RuntimeError, match="cannot search 'boom'"):
+            await batcher.submit(["boom", "e"], 1)
+
+    try:
+        asyncio.run(scenario())
+        report = batcher.report()
+    finally:
+        batcher.close()
+    assert recording.calls == [["a", "bb", "ccc"], ["d"], ["f"], ["boom", "e"]]
+    assert {key: report[key] for key in batcher.stats.as_dict()} == {
+        "batches": 3,  # the failed batch counts as an error, not as a batch served
+        "queries": 5,
+        "mean_batch_size": 1.67,
+        "largest_batch": 3,
+        "busy_seconds": 0.617,
+        "slowest_batch_seconds": 0.37,  # 0.3702 rounded
+        "errors": 1,
+        "abandoned_requests": 0,
+        "refill_waits": 0,
+    }
+    assert report["waiting_queries"] == 0 and report["running_batches"] == 0

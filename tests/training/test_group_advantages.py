@@ -143,3 +143,55 @@ async def test_a_group_from_generate_with_one_failed_search(
     siblings_alone = slime_advantages(grpo_args(n=3, batch=1), samples[:3])
     assert advantages[:3] == pytest.approx(siblings_alone, abs=1e-6)
     assert advantages[3] == 0.0
+
+
+def test_integer_rewards_are_normalised_as_floats():
+    """A custom reward function may return ints; slime builds a float tensor from them, and so does the hook."""
+    args = grpo_args(n=4, batch=1)
+    samples = samples_with([1, 0, 1, 1])
+    assert post_process_rewards(args, samples)[1] == pytest.approx(slime_advantages(args, samples), abs=1e-6)
+
+
+def test_a_group_whose_samples_were_all_removed_does_not_stop_the_next_groups():
+    args = grpo_args(n=3, batch=2)
+    samples = samples_with([0.0, 0.0, 0.0, 1.0, 0.2, 0.0], removed={0, 1, 2})  # the first prompt's searches all failed
+    expected = slime_advantages(grpo_args(n=3, batch=1), samples_with([1.0, 0.2, 0.0]))
+    assert post_process_rewards(args, samples)[1] == pytest.approx([0.0, 0.0, 0.0, *expected], abs=1e-6)
+
+
+def split_samples(rewards_by_trajectory, parts, removed=()) -> list[Sample]:
+    """Each trajectory's reward on `parts[t]` samples sharing its rollout_id (a split long-horizon episode)."""
+    samples = []
+    for t, (reward, count) in enumerate(zip(rewards_by_trajectory, parts, strict=True)):
+        for _ in range(count):
+            samples.append(Sample(index=len(samples), reward=reward, remove_sample=t in removed, rollout_id=100 + t))
+    return samples
+
+
+def test_a_split_trajectory_counts_once_in_its_group_and_each_part_gets_its_advantage():
+    args = grpo_args(n=3, batch=1)
+    samples = split_samples([1.0, 0.0, 0.5], parts=[3, 1, 2])
+    expected = slime_advantages(args, samples_with([1.0, 0.0, 0.5]))  # one value per trajectory
+    _, advantages = post_process_rewards(args, samples)
+    assert advantages == pytest.approx([expected[0]] * 3 + [expected[1]] + [expected[2]] * 2, abs=1e-6)
+
+
+def test_samples_without_a_rollout_id_are_trajectories_of_their_own():
+    args = grpo_args(n=4, batch=1)
+    samples = samples_with([1.0, 0.2, 1.0, 0.0])  # rollout_id None on each, equal rewards in two of them
+    assert post_process_rewards(args, samples)[1] == pytest.approx(slime_advantages(args, samples), abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "change", [{"reward": 0.0}, {"remove_sample": True}], ids=["reward differs", "remove_sample differs"]
+)
+def test_parts_of_one_trajectory_that_disagree_are_refused(change):
+    samples = split_samples([1.0, 0.0], parts=[3, 1])
+    for key, value in change.items():
+        setattr(samples[1], key, value)  # the second part of the first trajectory
+    with pytest.raises(ValueError) as info:
+        post_process_rewards(grpo_args(n=2, batch=1), samples)
+    assert str(info.value) == (
+        "samples [0, 1, 2] share rollout_id 100 (one trajectory) but differ in reward or remove_sample; every sample "
+        "of a trajectory must carry the trajectory's"
+    )

@@ -1,0 +1,404 @@
+"""Mutation score of the modules that decide what is trained and what a client gets (issue 32): mutmut changes one
+operator, constant or call at a time in the reward, the loop and its budget, token tracking, group advantages, the
+settings, the retriever's batcher and the /retrieve and /access bodies, and runs only the test files that cover
+that module (and, inside them, only the tests that reach the changed function). A mutant that no test notices is a
+bug the suite would let through, unless it changes no behaviour: those are listed, each with why, in
+bench/mutation_equivalents.toml and left out of the score.
+
+    python bench/mutation.py                     # every target; writes `## Mutation score` in bench/RESULTS.md
+    python bench/mutation.py --targets advantages,settings --no_write
+
+Not part of the test suite (`make mutation`). Each target runs in its own copy of the working tree in the system's
+temporary directory (mutmut writes its mutated copy, mutants/, there), so the repository is left alone except for
+RESULTS.md. Killed counts mutants a test failed on or that ran past mutmut's time limit (an endless loop); survived
+counts mutants every covering test passed with, and those in a function none of the chosen tests reaches.
+Target: >= 90% of the non-equivalent mutants killed on every target.
+"""
+
+import argparse
+import fnmatch
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+import results_md  # noqa: E402
+
+EQUIVALENTS = REPO / "bench" / "mutation_equivalents.toml"
+TITLE = "Mutation score"
+TARGET_SCORE = 0.90
+# mutmut's exit codes (mutmut/stats.py): the worker's pytest exit code, or mutmut's own marks
+KILLED_CODES = {1, 3}
+TIMEOUT_CODES = {36, -24, 24, 152, 255}
+SURVIVED_CODES = {0}
+NO_TESTS_CODES = {5, 33}
+
+
+# Lines left alone: what goes to the log changes neither what is trained nor what a client gets.
+NOT_MUTATED = (r"^\s*(logger|logging)\.(debug|info|warning|error|exception)\(", r"^\s*_warn_once\(")
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    what: str  # what a user relies on it for
+    files: tuple[str, ...]  # the modules mutated
+    tests: tuple[str, ...]  # the test files that cover them (pytest arguments: files, node ids, -k)
+    only: tuple[str, ...] = ()  # mutant-name globs, where a file holds more than this target's code
+
+
+TARGETS = (
+    Target(
+        "reward",
+        "EM with Search-R1's format rules, chat conversations, the normalisation, the answer score, reward_func",
+        (
+            "qa_em_format.py",
+            "slime_search_r1/protocols/chat_reward.py",
+            "slime_search_r1/scoring/answers.py",
+            "slime_search_r1/scoring/rewards.py",
+            "generate_with_search.py",
+        ),
+        ("tests/training/test_reward_table.py", "tests/training/test_rewards.py", "tests/evaluation/test_scores.py"),
+        only=(
+            "qa_em_format.*",
+            "slime_search_r1.protocols.chat_reward.*",
+            "slime_search_r1.scoring.answers.*",
+            "slime_search_r1.scoring.rewards.*",
+            "generate_with_search.x_reward_func__mutmut_*",
+        ),
+    ),
+    Target(
+        "loop",
+        "the episode loop and its budget: when an episode ends and how long its response is",
+        ("slime_search_r1/loop.py",),
+        (
+            "tests/rollout/test_reading_path.py",
+            "tests/rollout/test_status_table.py",
+            "tests/rollout/test_long_horizon.py",
+        ),
+    ),
+    Target(
+        "tokens",
+        "token tracking: the trajectory, loss mask and log probs written turn by turn, stop cuts, resumed turns",
+        ("slime_search_r1/tokens/manual.py",),
+        ("tests/rollout/test_fidelity.py", "tests/rollout/test_seams.py", "tests/rollout/test_partial_rollout.py"),
+    ),
+    Target(
+        "router-tokens",
+        "the old slime router's token cache (TOKEN_TRACKING_MODE=router_radix, router_handler)",
+        ("slime_search_r1/tokens/legacy_router.py",),
+        ("tests/rollout/test_modes.py", "-k", "router"),
+    ),
+    Target(
+        "advantages",
+        "group-normalised rewards with removed samples left out",
+        ("slime_search_r1/training/advantages.py",),
+        ("tests/training/test_group_advantages.py",),
+    ),
+    Target(
+        "settings",
+        "SEARCH_R1_CONFIGS, its environment variables, their precedence and checks",
+        ("slime_search_r1/settings.py",),
+        ("tests/launch/test_settings.py", "tests/launch/test_setting_kinds.py"),
+    ),
+    Target(
+        "batcher",
+        "the retriever's dynamic batcher: which queries share a batch, who waits, errors and shutdown",
+        ("local_dense_retriever/serving/batcher.py",),
+        ("tests/retriever/test_retriever_batcher.py",),
+    ),
+    Target(
+        "bodies",
+        "the /retrieve and /access request bodies: content type, size, deadline, validation and their answers",
+        ("local_dense_retriever/serving/bodies.py", "local_dense_retriever/serving/api.py"),
+        ("tests/retriever/test_retriever_server.py", "tests/retriever/test_retriever_pages.py", "-k", "not rlinf"),
+    ),
+)
+
+
+@dataclass
+class Mutant:
+    name: str  # mutmut's, e.g. slime_search_r1.settings.x_resolve_config__mutmut_3
+    file: str
+    status: str  # killed, timeout, survived, no tests
+    diff: str = ""
+    why_equivalent: str | None = None
+
+    @property
+    def function(self) -> str:
+        return function_of(self.name)
+
+
+@dataclass
+class Outcome:
+    target: Target
+    mutants: list[Mutant] = field(default_factory=list)
+    seconds: float = 0.0
+    error: str | None = None
+
+    def count(self, *statuses: str) -> int:
+        return sum(m.status in statuses and m.why_equivalent is None for m in self.mutants)
+
+    @property
+    def equivalent(self) -> int:
+        return sum(m.why_equivalent is not None for m in self.mutants)
+
+    @property
+    def killed(self) -> int:
+        return self.count("killed", "timeout")
+
+    @property
+    def survivors(self) -> list[Mutant]:
+        return [m for m in self.mutants if m.status in ("survived", "no tests") and m.why_equivalent is None]
+
+    @property
+    def score(self) -> float:
+        scored = self.killed + len(self.survivors)
+        return self.killed / scored if scored else 1.0
+
+
+def function_of(mutant_name: str) -> str:
+    """`module.x_func__mutmut_3` -> `func`; `module.xǁClassǁmethod__mutmut_3` -> `Class.method`."""
+    last = mutant_name.rsplit("__mutmut_", 1)[0]
+    if "ǁ" in last:
+        _, cls, method = last.split("ǁ")[-3:]
+        return f"{cls}.{method}"
+    return last.rsplit(".", 1)[-1].removeprefix("x_")
+
+
+def changed_lines(diff: str) -> str:
+    """The lines a mutant removes and adds (the signature equivalents are matched on: stable when lines move)."""
+    lines = [
+        line[0] + " " + line[1:].strip()
+        for line in diff.splitlines()
+        if line[:1] in "+-" and not line.startswith(("+++", "---"))
+    ]
+    return "\n".join(lines)
+
+
+def load_equivalents(path: Path = EQUIVALENTS) -> list[dict]:
+    if not path.exists():
+        return []
+    entries = tomllib.loads(path.read_text())["equivalent"]
+    for entry in entries:
+        missing = {"file", "function", "change", "why"} - entry.keys()
+        if missing:
+            raise SystemExit(f"{path.name}: an entry lacks {sorted(missing)}: {entry}")
+    return entries
+
+
+def equivalence_reason(mutant: Mutant, equivalents: list[dict]) -> str | None:
+    signature = changed_lines(mutant.diff)
+    for entry in equivalents:
+        if (
+            entry["file"] == mutant.file
+            and entry["function"] == mutant.function
+            and changed_lines(entry["change"]) == signature
+        ):
+            return entry["why"]
+    return None
+
+
+def working_tree_files() -> list[str]:
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return [name for name in listed.split("\0") if name and (REPO / name).is_file() and name != ".venv"]
+
+
+def prepare_copy(target: Target, workdir: Path) -> None:
+    """A copy of the working tree with mutmut's configuration for this target appended to its pyproject.toml."""
+    files = working_tree_files()
+    for name in files:
+        destination = workdir / name
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, destination)
+    top_level = sorted({name.split("/", 1)[0] for name in files} - {"pyproject.toml"})
+    config = {
+        "source_paths": list(target.files),
+        "also_copy": top_level,  # the whole tree goes into mutants/, where the tests import from
+        "pytest_add_cli_args_test_selection": list(target.tests),
+        "pytest_add_cli_args": ["-p", "no:cacheprovider"],
+        "do_not_mutate_patterns": list(NOT_MUTATED),
+    }
+    lines = ["", "[tool.mutmut]"] + [f"{key} = {toml_list(value)}" for key, value in config.items()]
+    with open(workdir / "pyproject.toml", "a") as out:
+        out.write("\n".join(lines) + "\n")
+
+
+def toml_list(values: list[str]) -> str:
+    return "[" + ", ".join('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"' for value in values) + "]"
+
+
+def status_of(code: int | None) -> str:
+    if code in KILLED_CODES:
+        return "killed"
+    if code in TIMEOUT_CODES:
+        return "timeout"
+    if code in SURVIVED_CODES:
+        return "survived"
+    if code in NO_TESTS_CODES:
+        return "no tests"
+    return f"not run (exit code {code})"
+
+
+def read_results(target: Target, workdir: Path) -> list[Mutant]:
+    import json
+
+    mutants = []
+    for file in target.files:
+        meta = json.loads((workdir / "mutants" / (file + ".meta")).read_text())
+        for name, code in sorted(meta["exit_code_by_key"].items()):
+            if target.only and not any(fnmatch.fnmatch(name, pattern) for pattern in target.only):
+                continue
+            mutants.append(Mutant(name=name, file=file, status=status_of(code)))
+    return mutants
+
+
+def mutmut(workdir: Path, *arguments: str, log=None) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "mutmut", *arguments]
+    return subprocess.run(
+        command, cwd=workdir, stdout=log or subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False
+    )
+
+
+def run_target(target: Target, jobs: int, equivalents: list[dict], keep: bool) -> Outcome:
+    outcome = Outcome(target)
+    workdir = Path(tempfile.mkdtemp(prefix=f"search_r1_mutation_{target.name}_"))
+    started = time.monotonic()
+    try:
+        prepare_copy(target, workdir)
+        with open(workdir / "mutmut.log", "w") as log:
+            done = mutmut(workdir, "run", "--max-children", str(jobs), *target.only, log=log)
+        if done.returncode != 0:
+            tail = (workdir / "mutmut.log").read_text()[-3000:]
+            outcome.error = f"mutmut run exited {done.returncode}:\n{tail}"
+            return outcome
+        outcome.mutants = read_results(target, workdir)
+        for mutant in outcome.mutants:
+            if mutant.status in ("killed", "timeout"):
+                continue
+            mutant.diff = mutmut(workdir, "show", mutant.name).stdout
+            mutant.why_equivalent = equivalence_reason(mutant, equivalents)
+    finally:
+        outcome.seconds = time.monotonic() - started
+        if keep:
+            print(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return outcome
+
+
+def render(outcomes: list[Outcome], jobs: int, load: tuple[float, float], total_seconds: float) -> str:
+    rows = [
+        "| target | modules | test files | mutants | killed | survived | equivalent | score | minutes |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    killed = scored = 0
+    for o in outcomes:
+        modules = "<br>".join(o.target.files)
+        tests = "<br>".join(t.removeprefix("tests/") for t in o.target.tests)
+        if o.error:
+            rows.append(f"| {o.target.name} | {modules} | {tests} | - | - | - | - | failed | {o.seconds / 60:.1f} |")
+            continue
+        survived = len(o.survivors)
+        killed += o.killed
+        scored += o.killed + survived
+        rows.append(
+            f"| {o.target.name} | {modules} | {tests} | {len(o.mutants)} | {o.killed} | {survived} | {o.equivalent}"
+            f" | {o.score:.1%} | {o.seconds / 60:.1f} |"
+        )
+    overall = killed / scored if scored else 1.0
+    met = all(o.error is None and o.score >= TARGET_SCORE for o in outcomes)
+    lines = [
+        "Written by `make mutation` (`python bench/mutation.py`): mutmut "
+        f"{mutmut_version()}, one target at a time with only its test files, {jobs} worker(s); "
+        f"{total_seconds / 60:.1f} minutes in all, load average {load[0]:.1f} at the start and {load[1]:.1f} at the "
+        f"end on {os.cpu_count()} CPUs. Score = killed / (killed + survived), equivalent mutants (no behaviour "
+        "change, bench/mutation_equivalents.toml) left out; killed includes mutants stopped by mutmut's time limit.",
+        "",
+        *rows,
+        "",
+        f"Overall: {overall:.1%} of {scored} non-equivalent mutants killed; target >= {TARGET_SCORE:.0%} on every "
+        f"target: {'met' if met else 'NOT met'}.",
+    ]
+    left_out = [t.name for t in TARGETS if t.name not in {o.target.name for o in outcomes}]
+    if left_out:
+        lines += ["", f"Not run this time (--targets): {', '.join(left_out)}."]
+    survivors = [(o, m) for o in outcomes for m in o.survivors]
+    if survivors:
+        lines += ["", "Surviving mutants (no covering test fails):", ""]
+        for o, m in survivors:
+            lines.append(f"- {o.target.name}: `{m.name}` ({m.status}): {one_line(m.diff)}")
+    equivalents = [(o, m) for o in outcomes for m in o.mutants if m.why_equivalent]
+    if equivalents:
+        lines += ["", "Equivalent mutants (survive because nothing observable changes):", ""]
+        for o, m in equivalents:
+            lines.append(f"- {o.target.name}: `{m.function}` {one_line(m.diff)}: {m.why_equivalent}")
+    for o in outcomes:
+        if o.error:
+            lines += ["", f"{o.target.name} failed:", "", "```", o.error.strip(), "```"]
+    return "\n".join(lines)
+
+
+def one_line(diff: str) -> str:
+    change = changed_lines(diff).splitlines()
+    shown = " / ".join(line for line in change)
+    return f"`{shown}`" if shown else "(no diff)"
+
+
+def mutmut_version() -> str:
+    from importlib.metadata import version
+
+    return version("mutmut")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--targets", default=",".join(t.name for t in TARGETS), help="comma-separated target names")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="mutants tested at once")
+    parser.add_argument("--keep", action="store_true", help="keep each target's temporary copy (prints its path)")
+    parser.add_argument("--no_write", action="store_true", help="print only; leave bench/RESULTS.md alone")
+    args = parser.parse_args()
+
+    by_name = {t.name: t for t in TARGETS}
+    unknown = [name for name in args.targets.split(",") if name not in by_name]
+    if unknown:
+        parser.error(f"--targets: unknown {unknown}; accepted: {', '.join(by_name)}")
+    equivalents = load_equivalents()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: still remove the temporary copy
+    load_start = os.getloadavg()[0]
+    started = time.monotonic()
+    outcomes = []
+    for name in args.targets.split(","):
+        print(f"mutating {name} ...", flush=True)
+        outcome = run_target(by_name[name], args.jobs, equivalents, args.keep)
+        print(
+            f"  {name}: {len(outcome.mutants)} mutants, {outcome.killed} killed, {len(outcome.survivors)} survived,"
+            f" {outcome.equivalent} equivalent, {outcome.seconds / 60:.1f} min"
+            + (" (FAILED)" if outcome.error else ""),
+            flush=True,
+        )
+        for mutant in outcome.survivors:
+            print(f"    survived: {mutant.name} {one_line(mutant.diff)}", flush=True)
+        outcomes.append(outcome)
+    text = render(outcomes, args.jobs, (load_start, os.getloadavg()[0]), time.monotonic() - started)
+    results_md.report(TITLE, text, write=not args.no_write)
+    return 0 if all(o.error is None and o.score >= TARGET_SCORE for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

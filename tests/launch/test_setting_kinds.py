@@ -1,0 +1,217 @@
+"""What each kind of setting accepts and the exact line it refuses with, the read-only view, registering settings
+and rules, and the extensions variable: the messages a user reads when a launch stops (bench/mutation.py's
+settings target found these unchecked)."""
+
+import pytest
+
+from slime_search_r1 import settings
+from slime_search_r1.settings import (
+    SETTINGS,
+    Choice,
+    ConfigError,
+    Flag,
+    Integer,
+    Names,
+    Number,
+    Refused,
+    Section,
+    Setting,
+    Text,
+    Urls,
+    register_rule,
+    register_setting,
+    resolve_config,
+    search_r1_configs,
+    value_source,
+)
+
+
+def refusal(kind, value, from_env=False) -> str:
+    with pytest.raises(Refused) as info:
+        kind.from_env(value) if from_env else kind.check(value)
+    return str(info.value)
+
+
+def test_a_choice_from_the_environment_ignores_case_and_spaces():
+    kind = Choice(("generate", "Chat"))
+    assert kind.from_env(" CHAT ") == "Chat"
+    assert kind.from_env("Generate") == "generate"
+    assert refusal(kind, "xml", from_env=True) == "invalid; accepted: generate | Chat"
+
+
+def test_a_flag_is_a_bool_in_the_dict():
+    assert Flag().check(False) is False
+    assert refusal(Flag(), 1) == "invalid; accepted: True or False"
+
+
+def test_integers_accept_both_bounds_and_say_which_they_are():
+    kind = Integer(1, 64)
+    assert (kind.check(1), kind.check(64)) == (1, 64)
+    assert refusal(kind, 65) == "out of range; accepted: 1 to 64"
+    assert refusal(kind, 0) == "out of range; accepted: 1 to 64"
+    assert refusal(kind, "3") == "invalid; accepted: an integer, 1 to 64"
+    assert refusal(kind, True) == "invalid; accepted: an integer, 1 to 64"
+    assert refusal(Integer(16), 15) == "out of range; accepted: >= 16"
+    assert refusal(Integer(0, optional=True), -1) == "out of range; accepted: >= 0, or None"
+    assert Integer(0, optional=True).from_env(" None ") is None
+
+
+def test_numbers_accept_both_bounds_and_refuse_nan_and_none():
+    kind = Number(0.0, 1.0)
+    assert (kind.check(0), kind.check(1.0)) == (0.0, 1.0)
+    assert Number(0.1).check(5) == 5.0  # no upper bound
+    assert refusal(kind, 1.5) == "out of range; accepted: 0.0 to 1.0"
+    assert refusal(kind, float("nan")) == "out of range; accepted: 0.0 to 1.0"
+    assert refusal(kind, None) == "invalid; accepted: a number, 0.0 to 1.0"
+    assert refusal(kind, False) == "invalid; accepted: a number, 0.0 to 1.0"
+    assert refusal(kind, "half", from_env=True) == "invalid; accepted: a number, 0.0 to 1.0"
+    assert refusal(Number(0.1), 0.0) == "out of range; accepted: >= 0.1"
+    optional = Number(0.0, 1.0, optional=True)
+    assert optional.check(None) is None and optional.check(0.5) == 0.5
+    assert refusal(optional, 2) == "out of range; accepted: 0.0 to 1.0, or None"
+
+
+def test_text_is_stripped_and_optional_text_may_be_empty():
+    assert Text().check("  actor ") == "actor"
+    assert Text(optional=True).check("") is None
+    assert Text(optional=True).check(None) is None
+    assert refusal(Text(), " ") == "invalid; accepted: a non-empty string"
+    assert refusal(Text(optional=True), 3) == "invalid; accepted: a non-empty string, or None"
+
+
+def test_urls_get_the_endpoint_path_once_and_skip_empty_parts():
+    kind = Urls("/retrieve")
+    assert kind.check("http://a:1") == ("http://a:1/retrieve",)
+    assert kind.check("https://a:1/") == ("https://a:1/retrieve",)
+    assert kind.check("http://a:1/custom") == ("http://a:1/custom",)
+    assert kind.check("http://a:1,, http://b:2") == ("http://a:1/retrieve", "http://b:2/retrieve")
+    accepted = "http://host:port[/retrieve], several as a list or separated by commas"
+    assert refusal(kind, "ftp://a:1") == f"invalid; accepted: {accepted} ('ftp://a:1' is not an http(s) URL)"
+    assert refusal(kind, "http://") == f"invalid; accepted: {accepted} ('http://' is not an http(s) URL)"
+    assert refusal(kind, " , ") == f"invalid; accepted: {accepted}"
+    assert refusal(kind, 8000) == f"invalid; accepted: {accepted}"
+    assert refusal(kind, ["http://a:1", 8000]) == f"invalid; accepted: {accepted}"
+
+
+def test_names_are_known_listed_once_and_at_least_as_many_as_needed():
+    kind = Names(("search", "access"), at_least=1)
+    assert kind.check([" search", "access "]) == ["search", "access"]
+    accepted = "a list of names from search, access, at least 1"
+    assert refusal(kind, []) == f"invalid; accepted: {accepted}, each once"
+    assert refusal(kind, ["search", "search"]) == f"invalid; accepted: {accepted}, each once"
+    assert refusal(kind, ["browse"]) == f"invalid; accepted: {accepted}, each once ('browse' unknown)"
+    assert refusal(kind, "search") == f"invalid; accepted: {accepted}"
+    assert refusal(kind, ["search", 1]) == f"invalid; accepted: {accepted}"
+    assert Names(("a",)).check([]) == []
+    assert refusal(Names(("a", "b")), ["a", "a"]) == "invalid; accepted: a list of names from a, b, each once"
+
+
+def test_module_names_are_python_dotted_names():
+    kind = Names(None)
+    assert kind.check(["Ext", "my_pkg.sub_1"]) == ["Ext", "my_pkg.sub_1"]
+    assert kind.from_env("a.b, c") == ["a.b", "c"]
+    assert refusal(kind, ["1st", "a-b"]) == (
+        "invalid; accepted: a list of Python module names, each once ('1st', 'a-b' unknown)"
+    )
+
+
+def test_the_view_hides_secrets_and_names_what_it_holds():
+    view = Section({"model": "judge-7b", "api_key": "sk-123"}, frozenset({"api_key"}))
+    assert repr(view) == "Section(model='judge-7b', api_key=<hidden>)"
+    with pytest.raises(AttributeError) as info:
+        view.url  # noqa: B018
+    assert str(info.value) == "no setting 'url' here; there are model, api_key"
+
+
+def test_the_resolved_view_hides_exactly_the_secret_settings():
+    config = resolve_config(search_r1_configs({"google": {"api_key": "sk-g"}}, {"JUDGE_API_KEY": "sk-j"}))
+    assert "sk-g" not in repr(config.google) and "api_key=<hidden>" in repr(config.google)
+    assert "sk-j" not in repr(config.judge) and "api_key=<hidden>" in repr(config.judge)
+    assert "search_url=('http://127.0.0.1:8000/retrieve',)" in repr(config.local)  # not a secret: shown
+    assert "max_turns=3" in repr(config)
+
+
+def test_a_secret_from_the_environment_is_hidden_in_its_message(monkeypatch):
+    monkeypatch.setattr(settings, "SETTINGS", dict(SETTINGS))
+    register_setting(Setting("vault.token", None, Integer(1, 10, optional=True), "TEST_VAULT_TOKEN", secret=True))
+    with pytest.raises(ConfigError) as info:
+        search_r1_configs({}, {"TEST_VAULT_TOKEN": "abc"})
+    assert (
+        str(info.value)
+        == "environment variable TEST_VAULT_TOKEN=<hidden> is invalid; accepted: an integer, 1 to 10, or None"
+    )
+    with pytest.raises(ConfigError) as info:
+        resolve_config(search_r1_configs({"vault": {"token": 11}}, {}))
+    assert (
+        str(info.value) == "SEARCH_R1_CONFIGS['vault']['token']=<hidden> is out of range; accepted: 1 to 10, or None"
+    )
+
+
+def test_registering_a_setting_makes_it_read_checked_and_overridable(monkeypatch):
+    monkeypatch.setattr(settings, "SETTINGS", dict(SETTINGS))
+    setting = Setting("bing.market", "en-US", Text(), "TEST_BING_MARKET")
+    register_setting(setting)
+    assert settings.SETTINGS["bing.market"] is setting
+    assert resolve_config(search_r1_configs({}, {"TEST_BING_MARKET": "de-DE"})).bing.market == "de-DE"
+    with pytest.raises(ValueError, match=r"^the setting 'bing.market' is declared already$"):
+        register_setting(Setting("bing.market", "x", Text()))
+    with pytest.raises(ValueError, match=r"^the environment variable TEST_BING_MARKET already overrides another"):
+        register_setting(Setting("bing.region", "x", Text(), "TEST_BING_MARKET"))
+    with pytest.raises(ValueError, match=r"^a setting key is 'name' or 'section.name', got 'a.b.c'$"):
+        register_setting(Setting("a.b.c", 1, Integer(0)))
+    register_setting(Setting("bing.safe", True, Flag()))  # no variable: may share None with others
+
+
+def test_a_registered_rule_runs_on_every_resolve(monkeypatch):
+    monkeypatch.setattr(settings, "RULES", list(settings.RULES))
+
+    def no_more_than_two_turns(config):
+        if config.max_turns > 2:
+            raise ConfigError("this deployment allows 2 turns")
+
+    assert register_rule(no_more_than_two_turns) is no_more_than_two_turns
+    assert resolve_config(search_r1_configs({"max_turns": 2}, {})).max_turns == 2
+    with pytest.raises(ConfigError, match="^this deployment allows 2 turns$"):
+        resolve_config(search_r1_configs({}, {}))
+
+
+def test_the_extensions_variable_is_read_first_and_named_when_an_import_fails():
+    configs = search_r1_configs({}, {"SEARCH_R1_EXTENSIONS": "json, email.utils"})
+    assert configs["extensions"] == ["json", "email.utils"]
+    assert value_source(configs, SETTINGS["extensions"]) == "environment variable SEARCH_R1_EXTENSIONS"
+    assert resolve_config(configs).extensions == ["json", "email.utils"]
+    with pytest.raises(ConfigError) as info:
+        search_r1_configs({}, {"SEARCH_R1_EXTENSIONS": "no_such_extension_module"})
+    assert str(info.value) == (
+        "environment variable SEARCH_R1_EXTENSIONS: cannot import the extension module 'no_such_extension_module': "
+        "ModuleNotFoundError: No module named 'no_such_extension_module'"
+    )
+
+
+def test_a_plain_dict_is_resolved_with_its_extensions_imported_and_named():
+    assert resolve_config({}).max_turns == 3  # every setting at its default
+    with pytest.raises(ConfigError) as info:
+        resolve_config({"extensions": ["no_such_extension_module"]})
+    assert str(info.value).startswith(
+        "SEARCH_R1_CONFIGS['extensions']: cannot import the extension module 'no_such_extension_module': "
+        "ModuleNotFoundError"
+    )
+
+
+def test_the_user_dict_is_copied_not_shared():
+    user = {"tools": ["search"], "local": {"search_url": "http://a:1"}}
+    configs = search_r1_configs(user, {"RETRIEVAL_SERVER_URL": "http://b:2", "SEARCH_R1_TOOLS": "search,access"})
+    assert user == {"tools": ["search"], "local": {"search_url": "http://a:1"}}
+    assert configs["local"]["search_url"] == ("http://b:2/retrieve",)
+
+
+def test_defaults_are_copied_into_each_configs():
+    first = search_r1_configs({}, {})
+    first["tools"].append("access")
+    assert search_r1_configs({}, {})["tools"] == ["search"]
+
+
+def test_a_section_value_given_in_the_dict_is_named_as_given():
+    configs = search_r1_configs({"local": {"search_url": "http://127.0.0.1:8000/retrieve"}}, {})
+    assert value_source(configs, SETTINGS["local.search_url"]) == "SEARCH_R1_CONFIGS['local']['search_url']"
+    assert value_source(configs, SETTINGS["topk"]) == "default"
