@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             f"| {agreement[name]:.2%} | {cosine[name]:.4f} | {verdict} |"
         )
     best = max(names[1:], key=lambda n: batch_qps[n] if agreement[n] >= precision.MIN_AGREEMENT else 0, default=None)
-    lines += ["", f"The server's `--dtype auto` would use **{chosen}** here."]
+    lines += ["", f"The server's `--dtype measured` would use **{chosen}** here."]
     if best is not None and agreement[best] >= precision.MIN_AGREEMENT:
         speedup = batch_qps[best] / batch_qps["fp32"]
         lines.append(f"- {'PASS' if speedup >= TARGET_SPEEDUP else 'FAIL'}: {best} at >= 99% agreement gives "

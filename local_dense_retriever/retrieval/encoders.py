@@ -56,8 +56,9 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """The dtype the weights are loaded in. fp16 halves GPU time, but on CPU it is ~4x slower than fp32 for batches
-    (no fast fp16 kernels there); on CPU, bf16 and int8 are chosen by measurement (precision.py)."""
-    if dtype == "auto":
+    (no fast fp16 kernels there); on CPU, bf16 and int8 are chosen by measurement with --dtype measured (precision.py),
+    which starts in fp32."""
+    if dtype in ("auto", "measured"):
         return torch.float16 if device.type == "cuda" else torch.float32
     if dtype == "int8":
         if device.type != "cpu":

@@ -4,7 +4,8 @@ bf16 (where the processor has AVX512-BF16 or AMX) and int8 (dynamically quantise
 fp32 on the same probe queries: each must encode them at least MIN_SPEEDUP times faster than fp32, and its top-k
 rows through the served index must be the same set as fp32's for at least MIN_AGREEMENT of the queries; the fastest
 that passes is used, else fp32. The decision is cached (per model, index, CPU and torch version) so a restart does
-not measure again. `--dtype fp32|bf16|int8` skips all of it.
+not measure again. Only with `--dtype measured`: the default (`auto`) keeps fp32 on the CPU, where a query's answer
+does not depend on the other queries of its batch (with bf16 or int8 it moves within SCORE_TOLERANCE).
 """
 
 import hashlib

@@ -24,7 +24,7 @@ class ServerConfig:
     torch_search: str | None = None  # exact search with torch: "cpu", "all" or GPU ids "0,1"
     torch_search_dtype: str | None = None  # None: fp16 on GPUs, fp32 on the CPU
     search_workspace_mb: float | None = None  # torch search's score workspace per device
-    precision_queries: str | None = None  # questions for choosing the CPU encoder's precision (--dtype auto)
+    precision_queries: str | None = None  # questions for choosing the CPU encoder's precision (--dtype measured)
     qdrant_url: str | None = None
     qdrant_path: str | None = None
     qdrant_collection: str = "search_r1"
@@ -117,9 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--device", default="auto", help="auto (GPU when present), cpu, cuda, cuda:1, ...")
     model.add_argument(
         "--dtype",
-        choices=["auto", "fp32", "fp16", "bf16", "int8"],
+        choices=["auto", "measured", "fp32", "fp16", "bf16", "int8"],
         default="auto",
-        help="auto: fp16 on GPU; on CPU bf16 or int8 where measured faster with the same top-3 rows, else fp32",
+        help="auto: fp16 on GPU, fp32 on CPU (a query's answer does not depend on its batch-mates); measured: on "
+        "CPU, bf16 or int8 where measured faster with the same top-3 rows, else fp32",
     )
     model.add_argument(
         "--precision_queries",

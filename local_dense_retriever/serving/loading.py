@@ -80,7 +80,7 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
             f"--corpus_path {corpus.path} has {len(corpus)} documents but the index has {searcher.size}; "
             "row i of the index must be line i of the corpus (were they built from the same file?)"
         )
-    if not config.is_bm25 and config.dtype == "auto" and searcher.encoder.device.type == "cpu":
+    if not config.is_bm25 and config.dtype == "measured" and searcher.encoder.device.type == "cpu":
         report("choosing the encoder's precision on this CPU (fp32, bf16, int8: measured)")
         searcher = choose_encoder_precision(config, searcher, corpus)
     pages = None

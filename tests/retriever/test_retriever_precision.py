@@ -12,6 +12,7 @@ from local_dense_retriever.retrieval.backends import DenseSearcher, FaissIndex
 from local_dense_retriever.retrieval.corpus import Corpus
 from local_dense_retriever.retrieval.encoders import TextEncoder, resolve_dtype
 from local_dense_retriever.retrieval.questions import corpus_queries, read_questions
+from local_dense_retriever.serving import loading
 from local_dense_retriever.serving.loading import choose_encoder_precision
 from support.retriever_fixtures import dense_config, small_wiki_fixture  # noqa: F401
 
@@ -110,6 +111,23 @@ def test_the_server_measures_once_and_caches_the_decision(small_wiki, tmp_path, 
         assert calls == [] and again.encoder.precision == entry["chosen"]  # read from the cache, not measured
     finally:
         corpus.close()
+
+
+@pytest.mark.parametrize(("dtype", "measures"), [("auto", False), ("measured", True)])
+def test_only_dtype_measured_trades_fp32_for_speed_on_cpu(small_wiki, tmp_path, monkeypatch, dtype, measures):
+    """The default keeps fp32 on the CPU, where a query's answer does not depend on its batch-mates; the measured
+    choice is asked for by name."""
+    monkeypatch.setenv(precision.CACHE_ENV, str(tmp_path))
+    asked = []
+    monkeypatch.setattr(
+        loading, "choose_encoder_precision", lambda config, searcher, corpus: asked.append(1) or searcher
+    )
+    resources = loading.load_resources(dense_config(small_wiki, dtype=dtype, device="cpu", num_threads=1))
+    try:
+        assert asked == ([1] if measures else [])
+        assert resources.searcher.encoder.precision == "fp32"
+    finally:
+        resources.close()
 
 
 def test_question_files_of_every_accepted_kind(tmp_path):
