@@ -16,6 +16,7 @@ from generate_with_search import reward_func
 from qa_em_format import FormatWeights, em_check, format_problem, normalize_answer, score_conversation, score_response
 from slime.utils.types import Sample
 from slime_search_r1.data import golden_answers
+from slime_search_r1.episode import METADATA_KEY
 from slime_search_r1.protocols.chat import FORCE_ANSWER_MESSAGE, FORCED_ANSWER_KEY
 from slime_search_r1.protocols.chat_reward import ConversationReading, conversation_format_problem, read_conversation
 from slime_search_r1.protocols.xml_tags import invalid_action_message
@@ -39,6 +40,7 @@ from support.episodes import (
     chat_prompt_ids,
     conversation,
     info,
+    label,
     rollout,
     run_chat,
     run_episode,
@@ -298,6 +300,17 @@ def test_a_call_to_an_enabled_tool_beyond_search_keeps_the_format_valid(reply, g
     else:
         details = score_conversation(reply, golds, WEIGHTS, SEARCH_AND_ACCESS)
     assert (details.format_valid, details.answer, details.score) == (True, "Paris", 1.0)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+async def test_reward_func_reads_a_call_to_every_enabled_tool(mode, make_args, search_config):
+    search_config.update(tools=["search", "access"], format_score=0.2)
+    if mode == "generate":
+        sample = Sample(prompt=PROMPT, response=XML_ACCESS, label=label("Paris"), metadata={METADATA_KEY: {}})
+    else:
+        messages = [{"role": "user", "content": "Question: capital of France?"}]
+        sample = Sample(prompt=messages, label=label("Paris"), metadata={METADATA_KEY: {"conversation": CHAT_ACCESS}})
+    assert await reward_func(make_args(), sample) == 1.0  # a valid format: access is enabled
 
 
 def test_the_invalid_action_message_naming_every_enabled_tool_is_never_read_as_the_answer():
