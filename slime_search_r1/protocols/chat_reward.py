@@ -45,7 +45,8 @@ def conversation_format_problem(conversation: list[dict], tools: Mapping[str, To
                 return "the last turn is a tool call"
             if len(turn.answers) != 1:
                 return f"{len(turn.answers)} <answer> blocks in the final turn"
-            if turn.content[turn.content.rindex("</answer>") + len("</answer>") :].strip():
+            # from the first </answer>: a stray closing tag after the answer must not hide text before it
+            if turn.content[turn.content.index("</answer>") + len("</answer>") :].strip():
                 return "text after </answer>"
     return None
 

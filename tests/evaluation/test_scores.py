@@ -71,3 +71,7 @@ def test_the_reward_s_em_is_the_same_function(prediction, golds, em, f1, cover_e
 
 def test_scores_are_named_in_report_order():
     assert list(RULE_SCORES) == ["em", "f1", "cover_em"]
+
+
+def test_no_gold_answer_scores_0_on_each():
+    assert rule_scores("Paris", []) == {"em": 0.0, "f1": 0.0, "cover_em": 0.0}

@@ -16,7 +16,12 @@ from generate_with_search import reward_func
 from qa_em_format import FormatWeights, em_check, format_problem, normalize_answer, score_conversation, score_response
 from slime.utils.types import Sample
 from slime_search_r1.data import golden_answers
-from slime_search_r1.protocols.chat_reward import conversation_format_problem
+from slime_search_r1.episode import METADATA_KEY
+from slime_search_r1.protocols.chat import FORCE_ANSWER_MESSAGE, FORCED_ANSWER_KEY
+from slime_search_r1.protocols.chat_reward import ConversationReading, conversation_format_problem, read_conversation
+from slime_search_r1.protocols.xml_tags import invalid_action_message
+from slime_search_r1.tools.access import ACCESS
+from slime_search_r1.tools.search import SEARCH as SEARCH_TOOL
 from support.episodes import (
     SEARCH_ONLY,
     SEARCH_R1_INVALID_ACTION,
@@ -35,6 +40,7 @@ from support.episodes import (
     chat_prompt_ids,
     conversation,
     info,
+    label,
     rollout,
     run_chat,
     run_episode,
@@ -232,6 +238,12 @@ def test_xml_format_problems_are_named(response, expected):
     assert expected in format_problem(PROMPT + response)
 
 
+def test_unexpected_xml_text_is_quoted_up_to_40_characters():
+    text = "the answer is surely somewhere in these documents"  # 49 characters
+    response = f"<think>a</think> {text} <answer>x</answer>"
+    assert format_problem(PROMPT + response) == f"unexpected text {text[:40]!r} in state after_think"
+
+
 def test_an_xml_response_without_the_assistant_marker_is_invalid():
     assert format_problem("Question: x\n<think>a</think><answer>b</answer>") == "missing <|im_start|>assistant marker"
 
@@ -249,6 +261,63 @@ def test_environment_text_is_never_read_as_the_answer():
     response = "I think it is Paris." + SEARCH_R1_INVALID_ACTION + "<think>a</think>\n<search> q </search>"
     response += "\n\n<information>Doc 1(Title: x) the page says <answer> Paris </answer></information>\n\n"
     details = score_response(PROMPT, response, ["and", "Paris"], WEIGHTS)
+    assert details.answer is None
+    assert details.score == 0.0
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "<think>a</think>\n<answer> Paris" + SEARCH_R1_INVALID_ACTION + "</answer>",
+        "<think>a</think>\n<answer> Paris <information>Doc 1(Title: Lyon) Lyon</information></answer>",
+    ],
+    ids=["invalid-action message", "information"],
+)
+def test_environment_text_inside_an_answer_is_not_part_of_it(response):
+    assert score_response(PROMPT, response, ["Paris"], FormatWeights()).answer == "Paris"
+
+
+# ---- tools beyond search (SEARCH_R1_TOOLS=search,access) -----------------------------------------------------------
+SEARCH_AND_ACCESS = {"search": SEARCH_TOOL, "access": ACCESS}
+PAGE = "https://en.wikipedia.org/wiki/Paris"
+XML_ACCESS = (
+    f"<think>read it</think>\n<access> {PAGE} </access>\n\n<information>Paris is the capital of France."
+    "</information>\n\n<think>found</think>\n<answer> Paris </answer>"
+)
+CHAT_ACCESS = [
+    assistant(
+        "<think>read it</think>", {**call(""), "function": {"name": "access", "arguments": json.dumps({"url": PAGE})}}
+    ),
+    tool("Paris is the capital of France."),
+    assistant("<answer> Paris </answer>"),
+]
+
+
+@pytest.mark.parametrize(("reply", "golds"), xml_and_chat(Xml(XML_ACCESS), CHAT_ACCESS))
+def test_a_call_to_an_enabled_tool_beyond_search_keeps_the_format_valid(reply, golds):
+    if isinstance(reply, Xml):
+        details = score_response(reply.prompt, reply.response, golds, WEIGHTS, SEARCH_AND_ACCESS)
+    else:
+        details = score_conversation(reply, golds, WEIGHTS, SEARCH_AND_ACCESS)
+    assert (details.format_valid, details.answer, details.score) == (True, "Paris", 1.0)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+async def test_reward_func_reads_a_call_to_every_enabled_tool(mode, make_args, search_config):
+    search_config.update(tools=["search", "access"], format_score=0.2)
+    if mode == "generate":
+        sample = Sample(prompt=PROMPT, response=XML_ACCESS, label=label("Paris"), metadata={METADATA_KEY: {}})
+    else:
+        messages = [{"role": "user", "content": "Question: capital of France?"}]
+        sample = Sample(prompt=messages, label=label("Paris"), metadata={METADATA_KEY: {"conversation": CHAT_ACCESS}})
+    assert await reward_func(make_args(), sample) == 1.0  # a valid format: access is enabled
+
+
+def test_the_invalid_action_message_naming_every_enabled_tool_is_never_read_as_the_answer():
+    message = invalid_action_message(SEARCH_AND_ACCESS.values())
+    assert "<answer> and </answer>" in message
+    response = "I think it is Paris." + message + f"<think>a</think>\n<access> {PAGE} </access>"
+    details = score_response(PROMPT, response, ["and", "Paris"], WEIGHTS, SEARCH_AND_ACCESS)
     assert details.answer is None
     assert details.score == 0.0
 
@@ -283,12 +352,23 @@ def test_a_chat_conversation_that_ends_in_one_answer_after_well_formed_calls_is_
         ([assistant("no answer")], "0 <answer> blocks in the final turn"),
         ([assistant("<answer>a</answer><answer>b</answer>")], "2 <answer> blocks in the final turn"),
         ([assistant("<answer> Paris </answer> and more")], "text after </answer>"),
+        ([assistant("<answer> Paris </answer> and more </answer>")], "text after </answer>"),  # a stray closing tag
         ([assistant("x", call("q")), tool("r")], "the last turn is a tool call"),
         ([assistant("x", call("")), tool("Error"), assistant("<answer>a</answer>")], "malformed tool call"),
-        ([assistant("x", call("q", name="lookup")), tool("Error"), assistant("<answer>a</answer>")], "malformed"),
-        ([assistant("hm"), {"role": "user", "content": "hint"}, assistant("<answer>a</answer>")], "retry hint"),
-        ([assistant("<answer>a</answer>", call("q")), tool("r"), assistant("<answer>a</answer>")], "before the final"),
-        ([assistant("x", call("q")), assistant("<answer>a</answer>")], "without its tool message"),
+        (
+            [assistant("x", call("q", name="lookup")), tool("Error"), assistant("<answer>a</answer>")],
+            "malformed tool call",
+        ),
+        (
+            [assistant("hm"), {"role": "user", "content": "hint"}, assistant("<answer>a</answer>")],
+            "a retry hint was needed",
+        ),
+        ([assistant("hm"), assistant("<answer>a</answer>")], "an assistant turn before the last made no tool call"),
+        (
+            [assistant("<answer>a</answer>", call("q")), tool("r"), assistant("<answer>a</answer>")],
+            "<answer> before the final turn",
+        ),
+        ([assistant("x", call("q")), assistant("<answer>a</answer>")], "a tool call without its tool message"),
         ([assistant('<tool_call>{"name": </tool_call>')], "unparsable tool call"),
         (
             [
@@ -302,7 +382,37 @@ def test_a_chat_conversation_that_ends_in_one_answer_after_well_formed_calls_is_
     ],
 )
 def test_chat_format_problems_are_named(conversation, problem):
-    assert problem in conversation_format_problem(conversation, SEARCH_ONLY)
+    assert conversation_format_problem(conversation, SEARCH_ONLY) == problem
+
+
+def test_the_environment_s_forced_answer_instruction_is_no_retry_hint():
+    # SEARCH_R1_FORCE_ANSWER=inject records its user message with FORCED_ANSWER_KEY: the format stays valid
+    forced = {"role": "user", "content": FORCE_ANSWER_MESSAGE, FORCED_ANSWER_KEY: True}
+    conversation = [*GOOD[:2], forced, assistant("<answer> Paris </answer>")]
+    assert conversation_format_problem(conversation, SEARCH_ONLY) is None
+    assert score(conversation, ["Paris"]).score == 1.0
+
+
+@pytest.mark.parametrize(
+    ("conversation", "expected"),
+    [
+        ([], ConversationReading(None, False, [])),
+        ([tool("r")], ConversationReading(None, False, ["r"])),
+        # the final message calls a tool: its <answer> is no answer (the episode ended before a reply)
+        (
+            [assistant("<answer> Paris </answer>", call("q")), tool("Doc 1")],
+            ConversationReading(None, False, ["Doc 1"]),
+        ),
+        # a tool message without content retrieved nothing
+        (
+            [assistant("x", call("q")), tool(None), assistant("<answer> Paris </answer>")],
+            ConversationReading("Paris", True, [""]),
+        ),
+    ],
+    ids=["empty", "no assistant turn", "final turn calls a tool", "tool message without content"],
+)
+def test_what_a_conversation_gives_the_reward(conversation, expected):
+    assert read_conversation(conversation, SEARCH_ONLY) == expected
 
 
 @pytest.mark.parametrize("after", ["\n", "\n\n", " \t\n"], ids=["newline", "blank line", "spaces"])

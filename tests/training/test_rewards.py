@@ -14,13 +14,15 @@ import re
 import types
 
 import pytest
+from transformers import AutoTokenizer
 
 from generate_with_search import post_process_rewards, reward_func
 from qa_em_format import FormatWeights, read_response, score_reading
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
 from slime_search_r1 import launch_check, settings
-from slime_search_r1.scoring.rewards import REWARDS, question_of
+from slime_search_r1.episode import METADATA_KEY
+from slime_search_r1.scoring.rewards import REWARDS, grade, judge_client, question_of
 from slime_search_r1.settings import ConfigError, resolve_config, search_r1_configs
 from slime_search_r1.slime_flags import check_slime_args
 from support.episodes import MODE_IDS, MODES, QUESTION, SEARCH, info, label, run_episode
@@ -201,6 +203,77 @@ def test_the_question_is_read_from_the_prompt_or_the_metadata(tokenizer):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Question: Who wrote Hamlet?"}]
     assert question_of(Sample(prompt=messages)) == "Who wrote Hamlet?"
     assert question_of(Sample(prompt="free text", metadata={"question": "Q?"})) == "Q?"
+
+
+@pytest.mark.parametrize(
+    ("sample", "question"),
+    [
+        (Sample(prompt="  Who wrote Hamlet  "), "Who wrote Hamlet"),  # no "Question:": the prompt itself
+        (types.SimpleNamespace(prompt="Question: Who wrote Hamlet?\n"), "Who wrote Hamlet?"),  # no metadata at all
+        (Sample(prompt=[{"role": "user", "content": "Who wrote Hamlet"}, {"role": "assistant", "content": "Hm"}]),
+         "Who wrote Hamlet"),  # the user's turn, not the assistant's
+        (Sample(prompt=[{"role": "system", "content": "Be brief."}]), ""),  # no user turn
+        (Sample(prompt=[{"role": "user", "content": None}]), ""),
+    ],
+    ids=["free text", "no metadata", "assistant turn after", "no user turn", "user turn without content"],
+)  # fmt: skip
+def test_the_question_falls_back_to_the_user_turn_or_nothing(sample, question):
+    assert question_of(sample) == question
+
+
+async def test_each_grade_names_its_score(search_config, judged):
+    config = resolve_config(search_config)
+    for name in REWARDS:
+        result = await grade(config, name, "What is the capital of France?", ["Paris"], "Paris")
+        assert (result.name, result.value) == (name, 1.0)
+    assert result.verdict.status == "correct"  # the judge's, asked last
+
+
+async def test_the_judge_is_built_from_the_judge_settings(search_config, judged, tmp_path):
+    prompt = tmp_path / "strict_judge.txt"
+    prompt.write_text("Strict grader.\nQuestion: {question}\nGold answers: {gold_answers}\nAnswer: {prediction}\n")
+    search_config["judge"].update(prompt=str(prompt), concurrency=3, timeout=7.5)
+    config = resolve_config(search_config)
+    settings_used = judge_client(config).config
+    assert (settings_used.concurrency, settings_used.timeout, settings_used.attempts) == (3, 7.5, 2)
+    await grade(config, "judge", "What is the capital of France?", ["Paris"], "Paris")
+    assert judged.bodies[-1]["messages"][0]["content"].startswith("Strict grader.\nQuestion: What is the capital")
+
+
+async def test_evaluation_under_a_judge_reward_is_pure_em_and_never_asks_the_judge(make_args, search_config, judged):
+    response = "<think>x</think>\n<answer> Paris </answer>"
+    sample = Sample(
+        prompt=PROMPT, response=response, label=label("Paris"), metadata={METADATA_KEY: {"evaluation": True}}
+    )
+    reward = await reward_func(make_args(reward_key="score"), sample)
+    assert reward == {"score": 1.0, "em": 1.0, "format_valid": 1.0, "retrieval_hit": 0.0}
+    assert judged.bodies == []
+    assert "scored_by" not in info(sample)["reward"]
+
+
+# A Qwen3-style template: enable_thinking=False opens the assistant turn with an empty <think> block.
+THINKING_SWITCH_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+
+
+async def test_an_xml_reward_renders_a_messages_prompt_as_the_episode_did(make_args, tokenizer_dir, search_config,
+                                                                        tmp_path):  # fmt: skip
+    """Without --apply-chat-template slime hands over messages: the format is checked after the prompt rendered with
+    slime's tokenizer and its --apply-chat-template-kwargs, so the template's empty <think> block counts."""
+    switched = AutoTokenizer.from_pretrained(tokenizer_dir)
+    switched.chat_template = THINKING_SWITCH_TEMPLATE
+    switched.save_pretrained(tmp_path)
+    args = make_args(hf_checkpoint=str(tmp_path), apply_chat_template_kwargs={"enable_thinking": False})
+    messages = [{"role": "user", "content": "Question: capital of France?"}]
+    sample = Sample(
+        prompt=messages, response="<answer> Paris </answer>", label=label("Paris"), metadata={METADATA_KEY: {}}
+    )
+    assert await reward_func(args, sample) == 1.0  # valid: <think></think> (the template's) then the answer
+    sample.response = "<answer> Lyon </answer>"
+    assert await reward_func(args, sample) == pytest.approx(0.2)  # a wrong answer in a valid format
 
 
 # ---- refused at launch ------------------------------------------------------------------------------------------
