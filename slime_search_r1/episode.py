@@ -200,11 +200,12 @@ def part_spans(record: dict, response_length: int) -> list[tuple[int, int, str |
 
 
 def token_versions(record: dict, response_length: int) -> list[str | None]:
-    """One weight version per response token: the version that sampled it; None for the tokens no engine call
-    sampled (observations, and everything in the router modes, which record no versions)."""
+    """One weight version per response token of this sample (a part of a split episode: of its part): the version
+    that sampled it; None for the tokens no engine call sampled (observations, and everything in the router modes,
+    which record no versions)."""
     versions: list[str | None] = [None] * response_length
-    for start, end, version in version_spans(record):
-        versions[start:end] = [version] * (min(end, response_length) - start)
+    for start, end, version in part_spans(record, response_length):
+        versions[start:end] = [version] * (end - start)
     return versions
 
 

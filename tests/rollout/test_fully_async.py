@@ -375,6 +375,7 @@ def test_a_part_of_a_split_episode_sees_the_spans_in_its_own_positions():
     """The record holds the episode's spans; a part starting at response position 4 of length 4 holds 4..8."""
     record = {"versions": [[0, 3, "4"], [5, 6, "5"], [7, 10, "6"]], "segment": {"index": 1, "count": 2, "start": 4}}
     assert part_spans(record, 4) == [(1, 2, "5"), (3, 4, "6")]
+    assert token_versions(record, 4) == [None, "5", None, "6"]  # the part's own tokens
     assert part_spans({"versions": record["versions"]}, 10) == version_spans(record)  # an unsplit sample: all
     view = versions_view(record, 4)  # the viewer marks the part's own tokens, lags against the episode's newest
     assert view == {"names": ["5", "6"], "lags": [1, 0], "spans": [[1, 2, 0], [3, 4, 1]]}
