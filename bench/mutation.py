@@ -17,6 +17,7 @@ Target: >= 90% of the non-equivalent mutants killed on every target.
 
 import argparse
 import fnmatch
+import json
 import os
 import shutil
 import signal
@@ -25,7 +26,8 @@ import sys
 import tempfile
 import time
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,6 +36,8 @@ sys.path.insert(0, str(REPO / "bench"))
 import results_md  # noqa: E402
 
 EQUIVALENTS = REPO / "bench" / "mutation_equivalents.toml"
+# Each target's last result (its mutants, which run measured it), so a run of some targets keeps the others' rows.
+RECORD = REPO / "bench" / "mutation_results.json"
 TITLE = "Mutation score"
 TARGET_SCORE = 0.90
 # mutmut's exit codes (mutmut/stats.py): the worker's pytest exit code, or mutmut's own marks
@@ -144,6 +148,7 @@ class Outcome:
     mutants: list[Mutant] = field(default_factory=list)
     seconds: float = 0.0
     error: str | None = None
+    run: str = ""  # the UTC start of the run that measured it (a key of Record.runs)
 
     def count(self, *statuses: str) -> int:
         return sum(m.status in statuses and m.why_equivalent is None for m in self.mutants)
@@ -256,8 +261,6 @@ def status_of(code: int | None) -> str:
 
 
 def read_results(target: Target, workdir: Path) -> list[Mutant]:
-    import json
-
     mutants = []
     for file in target.files:
         meta = json.loads((workdir / "mutants" / (file + ".meta")).read_text())
@@ -302,42 +305,100 @@ def run_target(target: Target, jobs: int, equivalents: list[dict], keep: bool) -
     return outcome
 
 
-def render(outcomes: list[Outcome], jobs: int, load: tuple[float, float], total_seconds: float) -> str:
+@dataclass
+class Run:
+    jobs: int
+    load: tuple[float, float]  # load average at the start and at the end
+    minutes: float
+    targets: list[str]
+
+    def describe(self, started: str) -> str:
+        return (
+            f"{started}: {', '.join(self.targets)} with {self.jobs} worker(s), {self.minutes:.1f} minutes in all, "
+            f"load average {self.load[0]:.1f} at the start and {self.load[1]:.1f} at the end on {os.cpu_count()} CPUs"
+        )
+
+
+def load_record(path: Path = RECORD) -> tuple[dict[str, Run], dict[str, Outcome]]:
+    """The runs and each target's last outcome, as bench/mutation_results.json holds them (targets no longer in
+    TARGETS are dropped)."""
+    if not path.exists():
+        return {}, {}
+    data = json.loads(path.read_text())
+    runs = {
+        started: Run(run["jobs"], tuple(run["load"]), run["minutes"], run["targets"])
+        for started, run in data["runs"].items()
+    }
+    by_name = {t.name: t for t in TARGETS}
+    outcomes = {
+        name: Outcome(by_name[name], [Mutant(**m) for m in o["mutants"]], o["seconds"], o["error"], o["run"])
+        for name, o in data["targets"].items()
+        if name in by_name
+    }
+    return runs, outcomes
+
+
+def save_record(runs: dict[str, Run], outcomes: dict[str, Outcome], path: Path = RECORD) -> None:
+    used = {o.run for o in outcomes.values()}
+    data = {
+        "runs": {started: asdict(run) for started, run in sorted(runs.items()) if started in used},
+        "targets": {
+            name: {
+                "run": o.run,
+                "seconds": round(o.seconds, 1),
+                "error": o.error,
+                # killed mutants need no diff; equivalence is decided again from the toml when rendering
+                "mutants": [{**asdict(m), "why_equivalent": None} for m in o.mutants],
+            }
+            for name, o in outcomes.items()
+        },
+    }
+    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
+
+
+def render(outcomes: list[Outcome], runs: dict[str, Run]) -> str:
     rows = [
-        "| target | modules | test files | mutants | killed | survived | equivalent | score | minutes |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+        "| target | modules | test files | mutants | killed | survived | equivalent | score | minutes | run |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
     ]
     killed = scored = 0
     for o in outcomes:
         modules = "<br>".join(o.target.files)
         tests = "<br>".join(t.removeprefix("tests/") for t in o.target.tests)
         if o.error:
-            rows.append(f"| {o.target.name} | {modules} | {tests} | - | - | - | - | failed | {o.seconds / 60:.1f} |")
+            rows.append(
+                f"| {o.target.name} | {modules} | {tests} | - | - | - | - | failed | {o.seconds / 60:.1f} | {o.run} |"
+            )
             continue
         survived = len(o.survivors)
         killed += o.killed
         scored += o.killed + survived
         rows.append(
             f"| {o.target.name} | {modules} | {tests} | {len(o.mutants)} | {o.killed} | {survived} | {o.equivalent}"
-            f" | {o.score:.1%} | {o.seconds / 60:.1f} |"
+            f" | {o.score:.1%} | {o.seconds / 60:.1f} | {o.run} |"
         )
     overall = killed / scored if scored else 1.0
     met = all(o.error is None and o.score >= TARGET_SCORE for o in outcomes)
+    used = sorted({o.run for o in outcomes})
     lines = [
-        "Written by `make mutation` (`python bench/mutation.py`): mutmut "
-        f"{mutmut_version()}, one target at a time with only its test files, {jobs} worker(s); "
-        f"{total_seconds / 60:.1f} minutes in all, load average {load[0]:.1f} at the start and {load[1]:.1f} at the "
-        f"end on {os.cpu_count()} CPUs. Score = killed / (killed + survived), equivalent mutants (no behaviour "
-        "change, bench/mutation_equivalents.toml) left out; killed includes mutants stopped by mutmut's time limit.",
+        f"Written by `make mutation` (`python bench/mutation.py`): mutmut {mutmut_version()}, one target at a time "
+        "with only its test files. Each row comes from the last run that measured its target (`--targets` runs "
+        "some and keeps the others' rows):",
+        "",
+        *[f"- {runs[started].describe(started)}" for started in used],
+        "",
+        "Score = killed / (killed + survived), equivalent mutants (no behaviour change, "
+        "bench/mutation_equivalents.toml) left out; killed includes mutants stopped by mutmut's time limit.",
         "",
         *rows,
         "",
         f"Overall: {overall:.1%} of {scored} non-equivalent mutants killed; target >= {TARGET_SCORE:.0%} on every "
-        f"target: {'met' if met else 'NOT met'}.",
+        f"target: {'met' if met else 'NOT met'}; {sum(o.seconds for o in outcomes) / 60:.1f} minutes summed over "
+        "the rows.",
     ]
     left_out = [t.name for t in TARGETS if t.name not in {o.target.name for o in outcomes}]
     if left_out:
-        lines += ["", f"Not run this time (--targets): {', '.join(left_out)}."]
+        lines += ["", f"Not measured yet: {', '.join(left_out)}."]
     survivors = [(o, m) for o in outcomes for m in o.survivors]
     if survivors:
         lines += ["", "Surviving mutants (no covering test fails):", ""]
@@ -381,11 +442,13 @@ def main() -> int:
     equivalents = load_equivalents()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped: still remove the temporary copy
     load_start = os.getloadavg()[0]
+    started_at = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     started = time.monotonic()
     outcomes = []
     for name in args.targets.split(","):
         print(f"mutating {name} ...", flush=True)
         outcome = run_target(by_name[name], args.jobs, equivalents, args.keep)
+        outcome.run = started_at
         print(
             f"  {name}: {len(outcome.mutants)} mutants, {outcome.killed} killed, {len(outcome.survivors)} survived,"
             f" {outcome.equivalent} equivalent, {outcome.seconds / 60:.1f} min"
@@ -395,8 +458,24 @@ def main() -> int:
         for mutant in outcome.survivors:
             print(f"    survived: {mutant.name} {one_line(mutant.diff)}", flush=True)
         outcomes.append(outcome)
-    text = render(outcomes, args.jobs, (load_start, os.getloadavg()[0]), time.monotonic() - started)
-    results_md.report(TITLE, text, write=not args.no_write)
+    this_run = Run(
+        args.jobs,
+        (load_start, os.getloadavg()[0]),
+        (time.monotonic() - started) / 60,
+        [o.target.name for o in outcomes],
+    )
+    runs, recorded = ({}, {}) if args.no_write else load_record()
+    runs[started_at] = this_run
+    recorded.update({o.target.name: o for o in outcomes})
+    shown = [recorded[t.name] for t in TARGETS if t.name in recorded]
+    for outcome in shown:  # the equivalents as the toml says now
+        for mutant in outcome.mutants:
+            mutant.why_equivalent = (
+                None if mutant.status in ("killed", "timeout") else equivalence_reason(mutant, equivalents)
+            )
+    results_md.report(TITLE, render(shown, runs), write=not args.no_write)
+    if not args.no_write:
+        save_record(runs, recorded)
     return 0 if all(o.error is None and o.score >= TARGET_SCORE for o in outcomes) else 1
 
 

@@ -390,7 +390,7 @@ def search_r1_configs(user: Mapping[str, Any], environ: Mapping[str, str] | None
         configs.sources[extensions.key] = (extensions.env, text, configs["extensions"])
     found, names = _lookup(configs, extensions.path)
     if found:
-        import_extensions(_checked(configs, extensions, names), _where(configs, extensions))
+        import_extensions(_checked(extensions, names), _where(configs, extensions))
     _check_keys(configs)  # before defaults go into sections: "local" must be a dict
     for setting in SETTINGS.values():
         if not _lookup(configs, setting.path)[0]:
@@ -416,6 +416,10 @@ def _where(configs: Mapping, setting: Setting) -> str:
     source = getattr(configs, "sources", {}).get(setting.key)
     if source is not None and _lookup(configs, setting.path)[1] == source[2]:
         return f"environment variable {source[0]}"
+    return _dict_key(setting)
+
+
+def _dict_key(setting: Setting) -> str:
     return "SEARCH_R1_CONFIGS[" + "][".join(repr(part) for part in setting.path) + "]"
 
 
@@ -448,15 +452,13 @@ def read_environment(settings: Iterable[Setting], environ: Mapping[str, str]) ->
     return Section(values), sources
 
 
-def _checked(configs: Mapping, setting: Setting, value: Any) -> Any:
+def _checked(setting: Setting, value: Any) -> Any:
     try:
         return setting.kind.check(value)
     except Refused as exc:
-        where = _where(configs, setting)
-        if where.startswith("environment"):
-            text = configs.sources[setting.key][1]
-            raise ConfigError(f"{where}={_shown(setting, text)} is {exc}") from None
-        raise ConfigError(f"{where}={_shown(setting, value)} is {exc}") from None
+        # Only the dict's values are refused here: a variable's text was checked as it was read (_from_env names
+        # the variable), and checking a value again gives the same value.
+        raise ConfigError(f"{_dict_key(setting)}={_shown(setting, value)} is {exc}") from None
 
 
 def _check_keys(configs: Mapping) -> None:
@@ -645,7 +647,7 @@ def _judge_settings_work(config: SearchR1Config) -> None:
 def resolve_config(configs: Mapping[str, Any]) -> SearchR1Config:
     """Check SEARCH_R1_CONFIGS and return the view; raises ConfigError on the first bad value."""
     extensions = SETTINGS["extensions"]
-    names = _checked(configs, extensions, _lookup(configs, extensions.path)[1] or [])
+    names = _checked(extensions, _lookup(configs, extensions.path)[1] or [])
     import_extensions(names, _where(configs, extensions))
     _check_keys(configs)
     values: dict[str, Any] = {}
@@ -654,7 +656,7 @@ def resolve_config(configs: Mapping[str, Any]) -> SearchR1Config:
         found, value = _lookup(configs, setting.path)
         if not found:
             value = None if callable(setting.default) else setting.default
-        value = _checked(configs, setting, value)
+        value = _checked(setting, value)
         if value is None and callable(setting.default):
             derived.append(setting)
         values[setting.key] = value

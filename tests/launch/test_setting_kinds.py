@@ -5,6 +5,7 @@ settings target found these unchecked)."""
 import pytest
 
 from slime_search_r1 import settings
+from slime_search_r1.launch.knobs import TRAINING
 from slime_search_r1.settings import (
     SETTINGS,
     Choice,
@@ -19,6 +20,7 @@ from slime_search_r1.settings import (
     Text,
     Urls,
     register_rule,
+    read_environment,
     register_setting,
     resolve_config,
     search_r1_configs,
@@ -215,3 +217,76 @@ def test_a_section_value_given_in_the_dict_is_named_as_given():
     configs = search_r1_configs({"local": {"search_url": "http://127.0.0.1:8000/retrieve"}}, {})
     assert value_source(configs, SETTINGS["local.search_url"]) == "SEARCH_R1_CONFIGS['local']['search_url']"
     assert value_source(configs, SETTINGS["topk"]) == "default"
+
+
+def test_an_unknown_key_message_ends_by_saying_how_section_keys_are_written():
+    with pytest.raises(ConfigError, match=r"; accepted: .* \(a section's keys as section\.key\)$"):
+        search_r1_configs({"local": {"serach_url": "http://a:1"}}, {})
+
+
+def test_a_variable_set_to_the_default_value_is_still_named_as_the_source():
+    configs = search_r1_configs({}, {"SEARCH_R1_MAX_TURNS": str(SETTINGS["max_turns"].default)})
+    assert value_source(configs, SETTINGS["max_turns"]) == "environment variable SEARCH_R1_MAX_TURNS"
+    assert value_source(search_r1_configs({}, {}), SETTINGS["max_turns"]) == "default"
+    changed = search_r1_configs({}, {})
+    changed["max_turns"] = SETTINGS["max_turns"].default + 1  # set after reading, not in the user's dict
+    assert value_source(changed, SETTINGS["max_turns"]) == "SEARCH_R1_CONFIGS['max_turns']"
+
+
+def test_without_an_environment_given_the_process_environment_is_read(monkeypatch):
+    monkeypatch.setenv("SEARCH_R1_MAX_TURNS", "7")
+    assert search_r1_configs({})["max_turns"] == 7
+
+
+def test_secrets_are_hidden_by_key_at_the_top_and_in_their_own_section_only(monkeypatch):
+    monkeypatch.setattr(settings, "SETTINGS", dict(SETTINGS))
+    register_setting(Setting("test_token", None, Text(optional=True), "TEST_TOKEN", secret=True))
+    register_setting(Setting("vault.passphrase", None, Text(optional=True), secret=True))
+    register_setting(Setting("notes.passphrase", None, Text(optional=True)))  # same name, not a secret
+    config = resolve_config(search_r1_configs({"vault": {"passphrase": "p-1"}, "notes": {"passphrase": "p-2"}},
+                                              {"TEST_TOKEN": "t-0"}))  # fmt: skip
+    assert (config.test_token, config.vault.passphrase, config.notes.passphrase) == ("t-0", "p-1", "p-2")
+    assert "test_token=<hidden>" in repr(config) and "t-0" not in repr(config)
+    assert repr(config.vault) == "Section(passphrase=<hidden>)"
+    assert repr(config.notes) == "Section(passphrase='p-2')"
+
+
+def test_where_a_value_came_from_in_a_plain_dict():
+    assert value_source({"max_turns": 3}, SETTINGS["max_turns"]) == "default"
+    assert value_source({"max_turns": 4}, SETTINGS["max_turns"]) == "SEARCH_R1_CONFIGS['max_turns']"
+
+
+def test_nested_defaults_are_deep_copies(monkeypatch):
+    monkeypatch.setattr(settings, "SETTINGS", dict(SETTINGS))
+    nested = Setting("test_nested", {"a": ["x"]}, Text(), "TEST_NESTED")
+    register_setting(nested)
+    search_r1_configs({}, {})["test_nested"]["a"].append("y")
+    read_environment([nested], {})[0].test_nested["a"].append("z")
+    assert nested.default == {"a": ["x"]}
+
+
+def test_a_bare_host_gets_the_path_without_losing_its_own_last_letters():
+    configs = search_r1_configs({}, {"RETRIEVAL_SERVER_URL": "http://retrieverX/, http://searchXX"})
+    assert configs["local"]["search_url"] == ("http://retrieverX/retrieve", "http://searchXX/retrieve")
+
+
+def test_a_launch_knob_left_unset_reads_its_default_as_a_copy():
+    values, sources = read_environment(TRAINING.values(), {})
+    assert sources["num_gpus"] == "default" and values.num_gpus == 8
+    listed = Setting("models", ["a"], Names(None), "TEST_MODELS")
+    unbound = Setting("plain", 1, Integer(0))  # no variable: nothing in the environment can set it
+    values, sources = read_environment([listed, unbound], {"XXXX": "5", "TEST_MODELS": " "})
+    assert (values.models, values.plain, sources) == (["a"], 1, {"models": "default", "plain": "default"})
+    values.models.append("b")
+    assert listed.default == ["a"]
+
+
+def test_an_extension_from_the_variable_that_fails_at_resolve_names_the_variable(monkeypatch):
+    configs = search_r1_configs({}, {"SEARCH_R1_EXTENSIONS": "json"})
+
+    def gone(name):
+        raise ImportError(f"{name} was removed")
+
+    monkeypatch.setattr(settings.importlib, "import_module", gone)
+    with pytest.raises(ConfigError, match=r"^environment variable SEARCH_R1_EXTENSIONS: cannot import .*'json'"):
+        resolve_config(configs)
