@@ -16,7 +16,11 @@ from local_dense_retriever.demo import embedded_default, mini_wiki  # noqa: E402
 
 # HNSW with full vectors and with 8-bit codes: the candidates worth serving on a CPU node (IVF at the same recall
 # searched 3-10x slower here); the tuner's full default list (IVF Flat/SQ8/PQ too) runs in bench/retriever_layouts.py.
-BENCH_CANDIDATES = ["HNSW32:efSearch=64/128/256", "HNSW32,SQ8:efSearch=128/256/512"]
+BENCH_CANDIDATES = [
+    "HNSW32:efSearch=64/128/256",
+    "HNSW32,SQ8:efSearch=128/256/512",
+    "HNSW32:efConstruction=200,efSearch=256/512/1024",  # a better graph for a longer build
+]
 THRESHOLD = 0.99
 
 
@@ -68,18 +72,19 @@ def tuned_layout(flat_index: Path, corpus_path: Path, model_dir: Path, cache_dir
 def layout_index(flat_index: Path, spec: str) -> Path:
     """The layout built from the Flat index's vectors, with its search parameters, cached beside it."""
     from local_dense_retriever.building.layouts import build_layout, write_index
+    from local_dense_retriever.building.tuner import file_part
     from local_dense_retriever.retrieval.index_files import FlatVectors
     from local_dense_retriever.retrieval.layouts import parse_layout
 
     layout = parse_layout(spec)
-    path = flat_index.with_name(f"minilm_{layout.factory.replace(',', '_')}.index")
+    path = flat_index.with_name(f"minilm_{file_part(layout.built_as)}.index")  # search parameters aside
     stamp = path.with_suffix(".json")
-    manifest = {"flat": str(flat_index), "mtime": flat_index.stat().st_mtime, "factory": layout.factory}
+    manifest = {"flat": str(flat_index), "mtime": flat_index.stat().st_mtime, "factory": layout.built_as}
     if not (path.exists() and stamp.exists() and json.loads(stamp.read_text()) == manifest):
         built = build_layout(FlatVectors(flat_index), layout)
         write_index(built.index, path)
         stamp.write_text(json.dumps(manifest))
-        print(f"  built {layout.factory} over {flat_index.parent.name} in {built.seconds:.0f} s", flush=True)
+        print(f"  built {layout.built_as} over {flat_index.parent.name} in {built.seconds:.0f} s", flush=True)
     return path
 
 

@@ -63,6 +63,7 @@ class BuildConfig:
     embeddings_path: str | None = None  # reuse saved embeddings instead of encoding
     from_index: str | None = None  # a Flat index whose vectors the layout is built from (random training sample)
     faiss_search_params: str | None = None  # written into the index (efSearch, nprobe): the server starts with them
+    hnsw_ef_construction: int | None = None  # HNSW's build-time breadth; None: FAISS's default (40)
     save_embeddings: str | None = None
     qdrant_url: str | None = None
     qdrant_path: str | None = None
@@ -232,6 +233,8 @@ def write_faiss_index(chunks: Iterable[np.ndarray], config: BuildConfig, index_p
     for chunk in chunks:
         if index is None:
             index = faiss.index_factory(chunk.shape[1], config.faiss_type, metric)
+            if config.hnsw_ef_construction:
+                faiss.downcast_index(index).hnsw.efConstruction = config.hnsw_ef_construction
             if config.faiss_gpu:
                 index = _to_gpu(index)
         if not index.is_trained:  # IVF / PQ: hold back vectors until there are enough to train on
@@ -267,7 +270,7 @@ def build_from_flat(config: BuildConfig, total: int) -> int:
             f"--from_index {config.from_index} has {vectors.size} vectors; the corpus has {total} documents"
         )
     cpu_threads.configure_pools(cpu_threads.thread_count(config.num_threads))
-    layout = Layout(config.faiss_type, config.faiss_search_params or "")
+    layout = Layout(config.faiss_type, config.faiss_search_params or "", config.hnsw_ef_construction)
     built = build_layout(vectors, layout, config.train_size, progress=config.progress)
     write_index(built.index, Path(config.index_path))
     return built.index.ntotal
@@ -470,6 +473,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--faiss_search_params", help='written into the index, e.g. "efSearch=128" (HNSW) or "nprobe=64" (IVF)'
     )
     parser.add_argument(
+        "--hnsw_ef_construction",
+        type=int,
+        default=None,
+        help="HNSW only: the graph's build-time breadth (FAISS's default 40); higher keeps recall at a given "
+        "efSearch for a longer build (the tuner measures it: --candidates HNSW32:efConstruction=200,efSearch=256)",
+    )
+    parser.add_argument(
         "--embeddings_path",
         "--embedding_path",
         help="float32 .npy of passage embeddings to index instead of encoding",
@@ -516,6 +526,11 @@ def parse_config(argv: list[str] | None = None) -> BuildConfig:
         value = getattr(args, flag)
         if value is not None and value < 1:
             parser.error(f"--{flag} must be at least 1, got {value}")
+    if args.hnsw_ef_construction is not None and (args.hnsw_ef_construction < 1 or "HNSW" not in args.faiss_type):
+        parser.error(
+            f"--hnsw_ef_construction {args.hnsw_ef_construction}: accepted is an integer >= 1 with an HNSW "
+            f"--faiss_type (got --faiss_type {args.faiss_type})"
+        )
     if not is_bm25 and args.backend == "faiss" and (not args.embeddings_path or args.faiss_search_params):
         try:
             import faiss
@@ -559,6 +574,7 @@ def parse_config(argv: list[str] | None = None) -> BuildConfig:
         embeddings_path=args.embeddings_path,
         from_index=args.from_index,
         faiss_search_params=args.faiss_search_params,
+        hnsw_ef_construction=args.hnsw_ef_construction,
         save_embeddings=(
             str(Path(index_path).parent / f"emb_{args.retriever_name}.npy")
             if args.save_embedding

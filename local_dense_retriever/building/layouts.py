@@ -51,6 +51,8 @@ def build_layout(
     started = time.perf_counter()
     metric = faiss.METRIC_INNER_PRODUCT if vectors.metric == "ip" else faiss.METRIC_L2
     index = faiss.index_factory(vectors.dim, layout.factory, metric)
+    if layout.ef_construction:
+        faiss.downcast_index(index).hnsw.efConstruction = layout.ef_construction
     if not index.is_trained:
         sample = vectors.sample(train_size_for(layout, vectors.size, train_cap))
         ivf = re.match(r"IVF(\d+),", layout.factory)

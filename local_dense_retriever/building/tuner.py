@@ -124,12 +124,20 @@ def default_candidates(size: int, dim: int) -> list[str]:
 
 
 def expand(spec: str) -> list[Layout]:
-    """`HNSW32:efSearch=64/128` -> HNSW32:efSearch=64, HNSW32:efSearch=128 (each checked by parse_layout)."""
+    """`HNSW32:efConstruction=200,efSearch=64/128` -> HNSW32:efConstruction=200,efSearch=64 and ...=128: one family,
+    built once and searched with each value (each checked by parse_layout)."""
     factory, _, params = spec.partition(":")
-    if not params:
-        return [parse_layout(factory)]
-    name, _, values = params.partition("=")
-    return [parse_layout(f"{factory}:{name}={value}") for value in values.split("/")]
+    fixed, varied = [], ("", [""])
+    for param in filter(None, params.split(",")):
+        name, _, values = param.partition("=")
+        if "/" in values:
+            if varied[0]:
+                raise ValueError(f"--candidates {spec!r}: one parameter may list several values (a/b/c), not two")
+            varied = (name, values.split("/"))
+        else:
+            fixed.append(param)
+    name, values = varied
+    return [parse_layout(f"{factory}:" + ",".join(fixed + ([f"{name}={value}"] if name else []))) for value in values]
 
 
 # ---------------------------------------------------------------------------------------------- measuring
@@ -379,7 +387,7 @@ def tune(config: TuneConfig) -> Report:
             found, qps = search_all(built.index, queries, k)
             recall = {str(r): recall_at(found, exact, min(r, k)) for r in RECALL_KS}
             family_rows.append(Row(layout.spec, recall, qps, 0, built.seconds))
-        path = out_dir / f"{Path(config.index_path).stem}__{family[0].factory.replace(',', '_')}.index"
+        path = out_dir / f"{Path(config.index_path).stem}__{file_part(family[0].built_as)}.index"
         size = write_index(built.index, path)
         del built
         gc.collect()  # the server loads its own copy: free this one first
@@ -395,7 +403,7 @@ def tune(config: TuneConfig) -> Report:
             overall.update(1)
             logger.info("%s: recall@3 %.4f, %s", row.layout, row.recall_at_3, row.qps)
         best = recommend(rows, config.threshold)
-        if best is not None and best.layout.split(":")[0] == family[0].factory:
+        if best is not None and parse_layout(best.layout).built_as == family[0].built_as:
             if kept_file is not None and kept_file != path:
                 kept_file.unlink(missing_ok=True)
             kept_file = path
@@ -410,7 +418,7 @@ def tune(config: TuneConfig) -> Report:
         index = faiss.read_index(str(kept_file))
         set_search_params(index, parse_layout(best.layout).params)  # the file carries them; the server keeps them
         name = Path(config.index_path).stem.split("_Flat")[0]
-        final = out_dir / f"{name}_{best.layout.split(':')[0].replace(',', '_')}.index"
+        final = out_dir / f"{name}_{file_part(parse_layout(best.layout).built_as)}.index"
         write_index(index, final)
         if final != kept_file:
             kept_file.unlink(missing_ok=True)
@@ -420,6 +428,11 @@ def tune(config: TuneConfig) -> Report:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return Report(rows, best.layout if best else None, config.threshold, what, vectors.size, vectors.dim,
                   server_precision, peak, index_file, time.perf_counter() - started)  # fmt: skip
+
+
+def file_part(text: str) -> str:
+    """`HNSW32,SQ8:efConstruction=200` -> `HNSW32_SQ8_efConstruction200`: a layout in a file name."""
+    return text.replace(",", "_").replace(":", "_").replace("=", "")
 
 
 def measure_gpu_layout(
@@ -532,8 +545,8 @@ def recommendation_text(report: Report) -> str:
         f"Recommended: **{report.recommended}** (recall@3 >= {report.threshold}, the fewest bytes among the "
         f"fastest). Serve it: `retrieval_server.py {serve}{params} ...`; build it again from the Flat index: "
         f"`python -m local_dense_retriever.index_builder --corpus_path <corpus> --from_index <Flat index> "
-        f"--faiss_type {layout.factory}{' --faiss_search_params ' + layout.params if layout.params else ''} "
-        "--index_path <out>`."
+        f"--faiss_type {layout.factory}{' --faiss_search_params ' + layout.params if layout.params else ''}"
+        f"{f' --hnsw_ef_construction {layout.ef_construction}' if layout.ef_construction else ''} --index_path <out>`."
     )
 
 

@@ -3,8 +3,10 @@ CPU), or exact search on GPUs (torch shards, or FAISS GPU's).
 
 A layout spec is `FACTORY[:PARAMS]`: `Flat`, `HNSW32:efSearch=128`, `HNSW32,SQ8:efSearch=256`,
 `IVF4096,SQ8:nprobe=64`, `IVF4096,PQ48:nprobe=128`; PARAMS is what faiss.ParameterSpace takes (the server's
---faiss_search_params). GPU layouts: `torch-fp16`, `torch-bf16`, `torch-fp32`, `faiss-gpu-fp16`, `faiss-gpu-fp32`
-(exact inner product, the vectors split evenly over the GPUs).
+--faiss_search_params), and for HNSW also efConstruction=N, the graph's build-time breadth (FAISS's default is 40;
+`HNSW32:efConstruction=200,efSearch=256` builds a better graph for a longer build, see bench/RESULTS.md).
+GPU layouts: `torch-fp16`, `torch-bf16`, `torch-fp32`, `faiss-gpu-fp16`, `faiss-gpu-fp32` (exact inner product, the
+vectors split evenly over the GPUs).
 
 The byte counts follow FAISS's own storage (faiss/IndexHNSW.cpp, IndexIVF*.cpp, IndexScalarQuantizer.cpp,
 IndexPQ.cpp); tests/retriever/test_retriever_layouts.py checks them against written indexes.
@@ -21,18 +23,30 @@ FAISS_GPU_TEMP_BYTES = 3 << 29
 SQ_BITS = {"SQ8": 8, "SQ6": 6, "SQ4": 4, "SQfp16": 16, "SQbf16": 16}
 ACCEPTED = (
     "Flat, HNSW<M>[,Flat|,SQ8|,SQ6|,SQ4|,SQfp16|,PQ<m>], IVF<nlist>,(Flat|SQ8|SQ6|SQ4|SQfp16|PQ<m>[x<bits>]), "
-    "each with optional :efSearch=N (HNSW) or :nprobe=N (IVF); or a GPU layout: " + ", ".join(GPU_LAYOUTS)
+    "each with optional :efSearch=N (HNSW, also efConstruction=N) or :nprobe=N (IVF); or a GPU layout: "
+    + ", ".join(GPU_LAYOUTS)
 )
 
 
 @dataclass(frozen=True)
 class Layout:
     factory: str  # faiss.index_factory string, or a GPU layout name
-    params: str = ""  # faiss.ParameterSpace string, e.g. "efSearch=128"
+    params: str = ""  # faiss.ParameterSpace string, e.g. "efSearch=128": what the server searches with
+    ef_construction: int | None = None  # HNSW's build-time breadth; None: FAISS's default (40)
 
     @property
     def spec(self) -> str:
-        return f"{self.factory}:{self.params}" if self.params else self.factory
+        params = ",".join(filter(None, [self.build_params, self.params]))
+        return f"{self.factory}:{params}" if params else self.factory
+
+    @property
+    def build_params(self) -> str:
+        return f"efConstruction={self.ef_construction}" if self.ef_construction else ""
+
+    @property
+    def built_as(self) -> str:
+        """What decides the index file: the factory and the build parameters (search parameters do not)."""
+        return f"{self.factory}:{self.build_params}" if self.build_params else self.factory
 
     @property
     def on_gpu(self) -> bool:
@@ -58,13 +72,20 @@ def parse_layout(spec: str) -> Layout:
         factory = "Flat"
     if vector_bytes(factory, 768) is None:
         raise ValueError(f"layout {spec!r}: accepted are {ACCEPTED}")
-    for param in filter(None, params.split(",")):
+    search, ef_construction = [], None
+    for param in filter(None, (p.strip() for p in params.split(","))):
         name, _, value = param.partition("=")
-        if name not in ("efSearch", "nprobe") or not value.isdigit() or int(value) < 1:
-            raise ValueError(f"layout {spec!r}: search parameters are efSearch=N (HNSW) or nprobe=N (IVF), N >= 1")
-        if (name == "efSearch") != factory.startswith("HNSW"):
+        if name not in ("efSearch", "nprobe", "efConstruction") or not value.isdigit() or int(value) < 1:
+            raise ValueError(
+                f"layout {spec!r}: parameters are efSearch=N and efConstruction=N (HNSW) or nprobe=N (IVF), N >= 1"
+            )
+        if (name != "nprobe") != factory.startswith("HNSW"):
             raise ValueError(f"layout {spec!r}: {name} does not apply to {factory}")
-    return Layout(factory, params)
+        if name == "efConstruction":
+            ef_construction = int(value)
+        else:
+            search.append(param)
+    return Layout(factory, ",".join(search), ef_construction)
 
 
 def _code_bytes(codes: str, dim: int) -> float | None:

@@ -68,6 +68,37 @@ def test_candidate_grids_expand_and_bad_ones_name_what_is_accepted():
         expand("HNSW32:nprobe=4/8")
 
 
+def test_ef_construction_is_a_build_parameter_of_the_family_not_a_search_one():
+    family = expand("HNSW32,SQ8:efConstruction=200,efSearch=64/128")
+    assert [layout.spec for layout in family] == [
+        "HNSW32,SQ8:efConstruction=200,efSearch=64",
+        "HNSW32,SQ8:efConstruction=200,efSearch=128",
+    ]
+    assert [(layout.params, layout.ef_construction) for layout in family] == [
+        ("efSearch=64", 200),
+        ("efSearch=128", 200),
+    ]
+    assert {layout.built_as for layout in family} == {"HNSW32,SQ8:efConstruction=200"}
+    assert expand("HNSW16:efSearch=8")[0].built_as == "HNSW16"
+    with pytest.raises(ValueError, match="efConstruction does not apply to IVF64,Flat"):
+        expand("IVF64,Flat:efConstruction=100,nprobe=4")
+    with pytest.raises(ValueError, match="one parameter may list several values"):
+        expand("HNSW32:efConstruction=40/80,efSearch=64/128")
+
+
+def test_a_family_built_with_ef_construction_carries_it_and_its_search_parameters(small_wiki):
+    from local_dense_retriever.building.layouts import build_layout
+    from local_dense_retriever.retrieval.index_files import FlatVectors
+    from local_dense_retriever.retrieval.layouts import parse_layout
+
+    built = build_layout(FlatVectors(str(small_wiki.index_path)), parse_layout("HNSW8:efConstruction=64,efSearch=16"),
+                         progress=False)  # fmt: skip
+    hnsw = faiss.downcast_index(built.index).hnsw
+    assert (hnsw.efConstruction, hnsw.efSearch, built.index.ntotal) == (64, 16, 300)
+    default = build_layout(FlatVectors(str(small_wiki.index_path)), parse_layout("HNSW8"), progress=False)
+    assert faiss.downcast_index(default.index).hnsw.efConstruction == 40  # FAISS's own default, left alone
+
+
 @pytest.mark.parametrize("value", ["0", "1.5", "-0.2", "nan", "high"])
 def test_a_threshold_outside_0_1_is_refused_in_one_line(small_wiki, capsys, value):
     with pytest.raises(SystemExit):
@@ -134,6 +165,34 @@ def test_the_builder_builds_the_recommended_layout_from_the_flat_index(small_wik
     assert faiss.extract_index_ivf(built).nprobe == 4
     vectors = flat.reconstruct_n(0, flat.ntotal)
     assert (built.search(vectors[:40], 3)[1] == flat.search(vectors[:40], 3)[1]).all()  # every list probed: exact
+
+
+def test_the_builder_writes_an_hnsw_graph_built_with_the_given_breadth(small_wiki, tmp_path, capsys):
+    out = tmp_path / "hnsw.index"
+    common = [
+        "--corpus_path",
+        str(small_wiki.corpus_path),
+        "--from_index",
+        str(small_wiki.index_path),
+        "--no_progress",
+    ]
+    assert build_main([*common, "--faiss_type", "HNSW8", "--hnsw_ef_construction", "80",
+                       "--faiss_search_params", "efSearch=32", "--index_path", str(out)]) == 0  # fmt: skip
+    hnsw = faiss.downcast_index(faiss.read_index(str(out))).hnsw
+    assert (hnsw.efConstruction, hnsw.efSearch) == (80, 32)
+    flat = faiss.read_index(str(small_wiki.index_path))
+    np.save(tmp_path / "emb.npy", flat.reconstruct_n(0, flat.ntotal))  # the other path: saved embeddings
+    assert build_main([*common[:2], "--embeddings_path", str(tmp_path / "emb.npy"), "--faiss_type", "HNSW8",
+                       "--hnsw_ef_construction", "72", "--index_path", str(out), "--overwrite",
+                       "--no_progress"]) == 0  # fmt: skip
+    assert faiss.downcast_index(faiss.read_index(str(out))).hnsw.efConstruction == 72
+    for bad in (["--faiss_type", "IVF4,Flat", "--hnsw_ef_construction", "80"], ["--faiss_type", "HNSW8",
+                "--hnsw_ef_construction", "0"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            build_main([*common, *bad, "--index_path", str(tmp_path / "bad.index")])
+        err = capsys.readouterr().err
+        assert "--hnsw_ef_construction" in err and "accepted is an integer >= 1 with an HNSW --faiss_type" in err
+        assert not (tmp_path / "bad.index").exists()
 
 
 @pytest.mark.slow
