@@ -93,6 +93,8 @@ class ScriptedProtocol:
         return action_of(turn.text, next(iter(state.tools), TOOL))
 
     def reply(self, action, results, turn, state, force_answer=ABSENT):
+        # every reply is about the action read from this turn, in this episode
+        assert isinstance(action, Action) and isinstance(turn, Turn) and state is self.state
         self.replies.append((dict(results), turn, state, force_answer))
         ids = [9] * (self.reply_length * max(len(results), 1))
         for text in results.values():
@@ -701,8 +703,18 @@ def wired(monkeypatch):
         rewarded.append((args, sample))
         return 0.75
 
-    monkeypatch.setattr(loop, "GenerateState", lambda args: SimpleNamespace(tokenizer=TOKENIZER, aborted=False))
-    monkeypatch.setattr(loop, "encode_prompt", lambda tokenizer, text: PROMPT if tokenizer is TOKENIZER else None)
+    states: list = []
+
+    def generate_state(args):
+        states.append(args)
+        return SimpleNamespace(tokenizer=TOKENIZER, aborted=False)
+
+    def encode_prompt(tokenizer, text):
+        assert tokenizer is TOKENIZER and text == ScriptedProtocol.prompt_text
+        return PROMPT
+
+    monkeypatch.setattr(loop, "GenerateState", generate_state)
+    monkeypatch.setattr(loop, "encode_prompt", encode_prompt)
     monkeypatch.setattr(loop, "Trajectory", trajectory)
     monkeypatch.setattr(loop, "async_rm", async_rm)
     monkeypatch.setitem(loop.BUILT_IN_PROTOCOLS, "generate", ScriptedProtocol)
@@ -710,7 +722,7 @@ def wired(monkeypatch):
     monkeypatch.setitem(loop.BUILT_IN_TOOLS, "search", make_tool(name="search"))
     EpisodeDriver.made, EpisodeDriver.prepared = [], []
     EpisodeDriver.script = [(SEARCH, 4, "stop"), (ANSWER, 3, "stop")]
-    return SimpleNamespace(trajectories=trajectories, rewarded=rewarded, drivers=EpisodeDriver.made)
+    return SimpleNamespace(trajectories=trajectories, rewarded=rewarded, drivers=EpisodeDriver.made, states=states)
 
 
 def episode_config(**overrides):
@@ -742,7 +754,20 @@ async def test_run_episode_wires_the_parts(wired):
     assert driver.params[0]["max_new_tokens"] == 64
     assert driver.state.tokenizer is TOKENIZER and driver.state.args is args
     assert EpisodeDriver.prepared == [driver.state]
+    assert wired.states == [args]
+    assert isinstance(driver.protocol, ScriptedProtocol) and driver.protocol.state is driver.state
+    assert driver.protocol.sampling_params == {"max_new_tokens": 64, "stop": ["</search>"]}
     assert "resumes" in record and record["resumes"] == 0
+
+
+async def test_run_episode_budget_from_slime_s_args(wired):
+    args = Namespace(partial_rollout=False, rollout_max_response_len=50, rollout_max_context_len=900)
+    await run(args, budget=None)
+    args.eval_max_context_len = 40
+    await run(args, budget=None, evaluation=True)
+    # the response budget from --rollout-max-response-len; in evaluation the context from --eval-max-context-len
+    # (the prompt takes 10)
+    assert [driver.params[0]["max_new_tokens"] for driver in wired.drivers] == [50, 30]
 
 
 async def test_run_episode_in_evaluation(wired):
@@ -818,6 +843,15 @@ async def test_run_episode_resumes_an_aborted_partial_rollout_sample(wired):
     assert sample.status == Sample.Status.COMPLETED
 
 
+async def test_run_episode_starts_over_a_sample_without_the_log_probs_it_needs(wired):
+    args = Namespace(partial_rollout=True, rollout_max_response_len=999)
+    sample = aborted_sample(response_length=2)
+    EpisodeDriver.script = [(ANSWER, 3, "stop")]
+    sample = await run(args, sample, episode_config(return_logprob=True))
+    assert wired.trajectories[0].kwargs["continued"] is False
+    assert episode_record(sample)["resumes"] == 0
+
+
 async def test_run_episode_keeps_a_resumable_record_when_aborted_again(wired):
     args = Namespace(partial_rollout=True, rollout_max_response_len=999)
     EpisodeDriver.script = [(SEARCH, 2, "abort")]
@@ -861,6 +895,7 @@ async def test_run_episode_splits_a_training_episode_with_its_reward(wired, monk
     ]
     assert all(episode_record(s)["segments"] == 2 for s in segments)
     assert wired.rewarded == [(args, sample)] and sample.reward == 0.75
+    assert all(episode_record(s)["versions"] == [[0, 1, "3"]] for s in segments)
     assert all(s.status == Sample.Status.COMPLETED for s in segments)
 
 
