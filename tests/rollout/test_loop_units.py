@@ -791,21 +791,18 @@ async def test_run_episode_without_a_conversation(wired, monkeypatch):
     assert "conversation" not in episode_record(sample)
 
 
-async def test_run_episode_masks_lagging_tokens_of_an_ended_episode(wired):
+async def test_run_episode_masks_lagging_tokens_of_an_ended_episode(wired, monkeypatch):
     config = episode_config(max_version_lag=2)
-    wired_trajectory = FakeTrajectory.__init__
+    original = FakeTrajectory.__init__
 
     def with_lag(self, *args, **kwargs):
-        wired_trajectory(self, *args, **kwargs)
+        original(self, *args, **kwargs)
         self.lag_masked = 6
 
-    FakeTrajectory.__init__ = with_lag
-    try:
-        sample = await run(config=config)
-        EpisodeDriver.script = [(SEARCH, 2, "abort")]
-        aborted = await run(config=config)
-    finally:
-        FakeTrajectory.__init__ = wired_trajectory
+    monkeypatch.setattr(FakeTrajectory, "__init__", with_lag)
+    sample = await run(config=config)
+    EpisodeDriver.script = [(SEARCH, 2, "abort")]
+    aborted = await run(config=config)  # an aborted episode has more to come: nothing is masked yet
     assert wired.trajectories[0].lag_calls == [2] and episode_record(sample)["lag_masked_tokens"] == 6
     assert wired.trajectories[1].lag_calls == [] and episode_record(aborted)["lag_masked_tokens"] == 0
 
