@@ -84,11 +84,7 @@ TARGETS = (
         "loop",
         "the episode loop and its budget: when an episode ends and how long its response is",
         ("slime_search_r1/loop.py",),
-        (
-            "tests/rollout/test_reading_path.py",
-            "tests/rollout/test_status_table.py",
-            "tests/rollout/test_long_horizon.py",
-        ),
+        ("tests/rollout/test_loop_units.py",),
     ),
     Target(
         "tokens",
