@@ -64,7 +64,8 @@ class PieceTokenizer:
 TOKENIZER = PieceTokenizer()
 STOPS = ("</search>", "</answer>")
 PROMPT = [101, 102, 103]
-ARGS = Namespace(sglang_router_ip="127.0.0.1", sglang_router_port=30000)
+# slime adds a finished call's speculative-decoding counters to sample.spec_info only with this flag
+ARGS = Namespace(sglang_router_ip="127.0.0.1", sglang_router_port=30000, sglang_speculative_algorithm="EAGLE")
 
 
 def trajectory(sample=None, *, track=True, train_observations=False, prompt=PROMPT, continued=False):
@@ -114,6 +115,12 @@ def test_the_first_stop_string_in_the_text_wins_whichever_is_listed_first():
     assert cut([7, 8, 6, 5, 6], stops=("</search>", "</answer>")) == 2
     assert cut([5, 6, 8, 6], stops=("</answer>", "</search>")) == 1
     assert cut([6, 10, 11, 6, 5]) == 3
+
+
+def test_a_stop_string_written_twice_cuts_after_its_first_occurrence():
+    assert cut([5, 6, 5, 6]) == 1
+    assert cut([5, 5, 6]) == 1
+    assert cut([6, 3, 4, 5]) == 3
 
 
 def test_a_one_token_turn_is_never_cut():
@@ -230,8 +237,8 @@ def assert_clean(sample: Sample, tokens, *, log_probs):
     assert sample.rollout_top_p_token_offsets is None
     assert sample.rollout_routed_experts is None
     assert sample.weight_versions == []
-    assert sample.prefix_cache_info == type(sample.prefix_cache_info)()
-    assert sample.spec_info == type(sample.spec_info)()
+    assert sample.prefix_cache_info == Sample().prefix_cache_info
+    assert sample.spec_info == Sample().spec_info
     assert sample.reward is None
     assert sample.remove_sample is False
     assert sample.status == Sample.Status.PENDING
@@ -274,7 +281,7 @@ def test_a_continued_trajectory_keeps_what_slime_left_and_its_weight_versions():
 def test_generated_tokens_get_mask_1_the_engines_log_probs_and_their_weight_version():
     traj = trajectory()
     sample = traj.sample
-    traj.add_generated([1, 2], [-0.5, -0.25], meta("3", prompt_tokens=3, cached_tokens=1))
+    traj.add_generated([1, 2], [-0.5, -0.25], meta("3", prompt_tokens=3, cached_tokens=1, completion_tokens=2))
     traj.add_observation([6, 6, 6])
     traj.add_generated([7, 8], [-1.0, -2.0], meta("4"))
     assert sample.tokens == PROMPT + [1, 2, 6, 6, 6, 7, 8]
@@ -285,7 +292,9 @@ def test_generated_tokens_get_mask_1_the_engines_log_probs_and_their_weight_vers
     assert traj.versions == [[0, 2, "3"], [5, 7, "4"]]
     assert (traj.context_length, traj.response_length) == (10, 7)
     assert traj.response_ids() == [1, 2, 6, 6, 6, 7, 8]
-    assert sample.prefix_cache_info.cached_tokens == 1  # slime's bookkeeping got the engine's meta_info
+    # slime's bookkeeping got the engine's meta_info and the rollout's args
+    assert sample.prefix_cache_info.cached_tokens == 1
+    assert sample.spec_info.completion_token_num == 2
 
 
 def test_without_log_probs_generated_tokens_are_counted_and_slime_recomputes_their_log_probs():
@@ -348,6 +357,7 @@ def test_a_read_observation_shows_its_short_form_in_a_new_segment():
     assert traj.context_length == 10
     assert traj.shorten_read_observations() == 1
     assert traj.segments[-1] == Segment(PROMPT + [1, 2, 9, 7, 9, 8], 10, 3)
+    assert traj.context() == PROMPT + [1, 2, 9, 7, 9, 8]
     assert traj.context_length == 9
     assert traj.response_length == 10
     assert traj.sample.tokens == PROMPT + [1, 2, 6, 6, 6, 6, 7, 6, 6, 8]
@@ -367,7 +377,7 @@ def split_episode(*, track=True, top_p=False) -> Trajectory:
     traj = trajectory(Sample(index=11, metadata={"note": ["x"]}), track=track)
 
     def generated(ids, version, nucleus):
-        info = meta(version, prompt_tokens=5)
+        info = meta(version, prompt_tokens=5, completion_tokens=len(ids))
         if top_p:
             offsets = [0]
             for size in nucleus:
@@ -404,8 +414,9 @@ def test_a_split_episode_becomes_one_sample_per_segment_sharing_its_rollout_id()
     assert second.metadata == {"note": ["x"]} and second.metadata["note"] is not first.metadata["note"]
     # the engine calls' counters stay on the first sample, as one episode's
     assert first.prefix_cache_info.total_prompt_tokens == 15
-    assert second.prefix_cache_info == type(whole.prefix_cache_info)()
-    assert second.spec_info == type(whole.spec_info)()
+    assert second.prefix_cache_info == Sample().prefix_cache_info
+    assert first.spec_info.completion_token_num == 5  # slime counted each call's speculative decoding
+    assert second.spec_info == Sample().spec_info
     assert second.status == first.status and second.index == first.index
 
 
@@ -413,6 +424,23 @@ def test_a_split_episode_without_log_probs_keeps_them_none():
     first, second = split_episode(track=False).segment_samples(TOKENIZER)
     assert first.rollout_log_probs is None and second.rollout_log_probs is None
     assert (first.loss_mask, second.loss_mask) == ([1, 1, 0, 0, 0, 1], [1, 1])
+
+
+def test_a_segment_that_got_no_tokens_is_skipped_and_the_next_one_is_still_a_sample():
+    traj = trajectory(Sample(index=2))
+    traj.add_observation([6, 6], [9])
+    traj.add_generated([1], [-0.5], meta("1"))  # reads the first observation
+    traj.add_observation([6, 6, 6], [9])
+    assert traj.shorten_read_observations() == 1
+    traj.add_generated([], [], meta("2"))  # an engine call that sampled nothing reads the second
+    assert traj.shorten_read_observations() == 2
+    traj.add_generated([5], [-0.5], meta("3"))
+    first, second = traj.segment_samples(TOKENIZER)
+    assert first.tokens == PROMPT + [6, 6, 1, 6, 6, 6]
+    assert first.weight_versions == ["1"]
+    assert second.tokens == PROMPT + [9, 1, 9, 5]
+    assert second.weight_versions == ["3"]
+    assert (second.loss_mask, second.rollout_log_probs) == ([1], [-0.5])
 
 
 def test_a_segment_that_got_no_tokens_is_no_sample_and_an_unsplit_episode_is_itself():
@@ -474,6 +502,12 @@ def test_lagging_spans_leave_the_loss_and_keep_their_log_probs():
     traj.add_generated([8, 8], [-0.5, -0.5], meta("default"))
     traj.add_generated([5], [-0.5], meta("4"))
     traj.sample.loss_mask[1] = 0  # already out of the loss: not counted again
+    fresh = trajectory()
+    fresh.add_generated([1, 2], [-0.5, -0.5], meta("1"))
+    fresh.add_generated([7], [-0.5], meta("2"))
+    fresh.add_generated([5], [-0.5], meta("4"))
+    assert fresh.mask_lagging_spans(1) == 3
+    assert fresh.sample.loss_mask == [0, 0, 0, 1]
     assert traj.mask_lagging_spans(3) == 0
     assert traj.mask_lagging_spans(2) == 1
     assert traj.sample.loss_mask == [0, 0, 0, 1, 1, 1, 1]
@@ -508,6 +542,14 @@ def test_decode_response_keeps_special_tokens():
     traj.add_generated([2, 99], [-0.5, -0.5], meta("1"))
     traj.decode_response(TOKENIZER)
     assert traj.sample.response == " Paris<|im_end|>"
+    traj.add_observation([6], [])
+    traj.add_generated([99], [-0.5], meta("1"))
+    traj.shorten_read_observations()
+    traj.add_generated([2, 99], [-0.5, -0.5], meta("1"))
+    assert [part.response for part in traj.segment_samples(TOKENIZER)] == [
+        " Paris<|im_end|> x<|im_end|>",
+        " Paris<|im_end|>",
+    ]
 
 
 # ---- a sample handed back to continue ---------------------------------------------------------------------------
@@ -541,7 +583,7 @@ def test_a_sample_that_lines_up_can_be_continued():
         (dict(rollout_log_probs=None), True, "no rollout log probs for 2 tokens"),
         (dict(rollout_log_probs=[-0.5]), True, "1 rollout log probs for 2 tokens"),
         (
-            dict(metadata={METADATA_KEY: {VERSIONS_KEY: [[0, 1, "1"], [1, 3, "2"]]}}),
+            dict(metadata={METADATA_KEY: {VERSIONS_KEY: [[0, 1, "1"], [1, 2, "2"], [2, 3, "2"]]}}),
             True,
             "weight-version spans up to token 3 for 2 response tokens",
         ),
@@ -761,6 +803,8 @@ def test_the_driver_finds_the_engine_the_transport_and_the_routing_as_slime_does
     assert driver(router_policy="consistent_hashing").headers == {"X-SMG-Routing-Key": "s-1"}
     assert driver(router_policy="round_robin").headers is None
     assert driver(router_policy="consistent_hashing", sample=Sample()).headers is None
+    # a Sample without session_id (slime before it had one) is routed as slime routes it: no key
+    assert manual.routing_headers(Namespace(router_policy="consistent_hashing"), SimpleNamespace()) is None
 
 
 class ScriptedEngine:
@@ -859,6 +903,18 @@ async def test_with_partial_rollout_an_aborted_turn_keeps_what_it_sampled_and_re
     assert sample.tokens == PROMPT + [1, 2, 3, 4]
     assert sample.rollout_log_probs == [-0.25, -0.5, -0.75, -0.25]
     assert d.trajectory.versions == [[0, 3, "1"], [3, 4, "2"]]
+
+
+async def test_special_tokens_are_decoded_as_the_engine_wrote_them(monkeypatch):
+    d = driver(partial_rollout=True)
+    ScriptedEngine(monkeypatch, engine_turn([2, 99]), engine_turn([99, 6], finish="abort"), engine_turn([99, 5, 6]))
+    assert (await d.generate({})).text == " Paris<|im_end|>"
+    d.state.turn_start = 2
+    await d.generate({})
+    assert d.written_turn().text == "<|im_end|> x"
+    resumed = await d.generate({})  # cut after the stop string: the text is decoded again
+    assert resumed.text == "<|im_end|> x<|im_end|></search>"
+    assert resumed.ids == [99, 6, 99, 5]
 
 
 async def test_a_resumed_turn_is_decoded_whole_so_a_later_stop_string_cuts_only_the_new_part(monkeypatch):
