@@ -145,6 +145,12 @@ async def test_a_router_answer_that_is_no_object_is_refused(monkeypatch):
         await legacy_router.post_to_router(ROUTER + "/generate", {})
 
 
+async def test_a_long_answer_is_quoted_to_200_characters(monkeypatch):
+    RecordedRouter(monkeypatch, "y" * 300)
+    with pytest.raises(RouterTrackingError, match=rf"^{ROUTER}/generate answered 'y{{200}}', not a JSON object$"):
+        await legacy_router.post_to_router(ROUTER + "/generate", {})
+
+
 async def test_retrieve_needs_tokens_loss_mask_and_log_probs(monkeypatch):
     whole = {"tokens": [1], "loss_mask": [0], "rollout_logp": None}
     router = RecordedRouter(monkeypatch, whole, {"tokens": [1]}, {"loss_mask": [], "rollout_logp": []})
@@ -174,6 +180,10 @@ def test_the_response_is_what_follows_the_prompt_up_to_the_models_last_token():
 def test_a_response_the_model_wrote_nothing_of_is_empty_and_the_prompt_is_never_cut():
     retrieved = {"tokens": PROMPT + [9], "loss_mask": [1, 1, 1, 0], "rollout_logp": [0.0] * 4}
     assert router_response(retrieved, PROMPT, track_log_probs=True) == ([], [], [])
+    nothing = {"tokens": [9, 9], "loss_mask": [0, 0], "rollout_logp": None}
+    assert router_response(nothing, [], track_log_probs=False) == ([], [], None)
+    one_after = {"tokens": PROMPT + [5, 9], "loss_mask": [0, 0, 0, 1, 0], "rollout_logp": None}
+    assert router_response(one_after, PROMPT, track_log_probs=False) == ([5], [1], None)
     last = {"tokens": PROMPT + [5], "loss_mask": [0, 0, 0, 1], "rollout_logp": [0.0, 0.0, 0.0, -0.5]}
     assert router_response(last, PROMPT, track_log_probs=False) == ([5], [1], [-0.5])
 
@@ -229,6 +239,7 @@ async def test_the_radix_driver_checks_its_endpoint_at_the_router_slime_would_us
     state.args.sglang_model_routers = {"policy": ("10.0.0.2", 31000)}
     await RouterRadixDriver.prepare(state)
     await RouterHandlerDriver.prepare(state)
+    assert RouterRadixDriver(state, state_for()[1], SimpleNamespace(prompt_text="")).router == "http://10.0.0.2:31000"
     assert [url for url, _, _ in probed.posts] == [
         "http://10.0.0.2:31000/retrieve_from_text",
         "http://10.0.0.2:31000/retrieve_from_messages_template",
@@ -279,6 +290,13 @@ async def test_the_radix_driver_sends_the_text_so_far_and_counts_what_the_router
         ),
     ]
     assert d.retrieve_payload() == {"text": "Q?<search> Paris<|im_end|>\n</search> x x", "return_logp": True}
+
+
+def test_the_radix_driver_appends_a_reply_as_the_text_the_router_sees():
+    d = radix()
+    d.add_observation([99, 9, 5])  # a special token in the reply is text too
+    assert d.text == "Q?<|im_end|>\n</search>"
+    assert (d.context_length, d.response_length) == (6, 3)
 
 
 async def test_an_aborted_radix_turn_adds_nothing(monkeypatch):
