@@ -662,7 +662,8 @@ def test_an_answer_without_what_exact_training_needs_is_refused(output, return_l
 
 
 class RecordedEngine:
-    """Stands in for the POST: records each request and answers from a list (an exception is raised)."""
+    """Stands in for the POST: records each request and answers from a list, the last answer repeating (an
+    exception is raised)."""
 
     def __init__(self, *answers):
         self.answers = list(answers)
@@ -691,40 +692,40 @@ def answer(ids, finish="stop", prompt_tokens=None, **info):
 
 
 @pytest.fixture
-def engine(monkeypatch):
+def sglang(monkeypatch):
     """The engine behind post_with_retries and slime's post() (this module's, no server); retries do not wait."""
-    engine = RecordedEngine(answer([5]))
+    sglang = RecordedEngine(answer([5]))
     waits, real_wait_fixed = [], manual.wait_fixed
 
     def wait_fixed(seconds):
         waits.append(seconds)
         return real_wait_fixed(0)
 
-    monkeypatch.setattr(manual, "post_json", engine.post_json)
-    monkeypatch.setattr(manual, "slime_post", engine.post)
+    monkeypatch.setattr(manual, "post_json", sglang.post_json)
+    monkeypatch.setattr(manual, "slime_post", sglang.post)
     monkeypatch.setattr(manual, "wait_fixed", wait_fixed)
-    engine.waits = waits
-    return engine
+    sglang.waits = waits
+    return sglang
 
 
-async def test_a_turn_is_one_generate_call_with_the_ids_the_sampling_params_and_the_log_prob_flag(engine):
-    engine.answers = [answer([5, 6], prompt_tokens=3)]
+async def test_a_turn_is_one_generate_call_with_the_ids_the_sampling_params_and_the_log_prob_flag(sglang):
+    sglang.answers = [answer([5, 6], prompt_tokens=3)]
     turn = await manual.generate_turn("http://e/generate", [1, 2, 3], {"temperature": 1.0}, True, headers={"h": "v"})
     assert turn.ids == [5, 6] and turn.log_probs == [-0.5, -0.5] and turn.finish_type == "stop"
-    (call,) = engine.calls
+    (call,) = sglang.calls
     assert call["url"] == "http://e/generate"
     assert call["payload"] == {"input_ids": [1, 2, 3], "sampling_params": {"temperature": 1.0}, "return_logprob": True}
     assert call["timeout"] is None  # a long generation is not cut off by a client timeout
     assert call["headers"] == {"h": "v"}
     assert call["session"] is manual.unbounded_session("sglang")
-    assert engine.waits == [1.0]
+    assert sglang.waits == [1.0]
 
 
-async def test_slimes_post_carries_the_call_when_asked(engine):
-    engine.answers = [answer([5], prompt_tokens=2)]
+async def test_slimes_post_carries_the_call_when_asked(sglang):
+    sglang.answers = [answer([5], prompt_tokens=2)]
     turn = await manual.generate_turn("http://e/generate", [1, 2], {}, False, use_slime_post=True, headers={"k": "1"})
-    assert turn == Turn([5], "stop", meta_info=engine.answers[0]["meta_info"])
-    assert engine.calls == [
+    assert turn == Turn([5], "stop", meta_info=sglang.answers[0]["meta_info"])
+    assert sglang.calls == [
         {
             "url": "http://e/generate",
             "payload": {"input_ids": [1, 2], "sampling_params": {}, "return_logprob": False},
@@ -733,8 +734,8 @@ async def test_slimes_post_carries_the_call_when_asked(engine):
     ]
 
 
-async def test_an_engine_that_conditioned_on_other_tokens_than_were_sent_is_refused(engine):
-    engine.answers = [answer([5], prompt_tokens=4)]
+async def test_an_engine_that_conditioned_on_other_tokens_than_were_sent_is_refused(sglang):
+    sglang.answers = [answer([5], prompt_tokens=4)]
     message = (
         r"^the engine conditioned on 4 tokens but 3 were sent, so the trajectory would not be what it saw: something "
         r"rewrote or truncated input_ids \(the old slime router's radix middleware rewrites them: use "
@@ -744,32 +745,32 @@ async def test_an_engine_that_conditioned_on_other_tokens_than_were_sent_is_refu
         await manual.generate_turn("http://e/generate", [1, 2, 3], {}, True)
     # an abort before prefill reports 0 prompt tokens on some SGLang versions; a count that is no int is no claim
     for reply in (answer([], "abort", prompt_tokens=0), answer([5], prompt_tokens="3"), answer([5])):
-        engine.answers = [reply]
+        sglang.answers = [reply]
         await manual.generate_turn("http://e/generate", [1, 2, 3], {}, True)
 
 
-async def test_an_engine_that_is_down_is_retried_60_times_1_s_apart_then_reported(engine, caplog):
-    engine.answers = [RetryableRequestFailed("HTTP 503")]
+async def test_an_engine_that_is_down_is_retried_60_times_1_s_apart_then_reported(sglang, caplog):
+    sglang.answers = [RetryableRequestFailed("HTTP 503")]
     with caplog.at_level(logging.WARNING, logger=manual.logger.name):
         with pytest.raises(EngineUnavailable, match=r"^SGLang did not answer after 60 attempts: HTTP 503$"):
             await manual.generate_turn("http://e/generate", [1], {}, True)
-    assert len(engine.calls) == 60
-    assert engine.waits == [1.0]
+    assert len(sglang.calls) == 60
+    assert sglang.waits == [1.0]
     retries = [r for r in caplog.records if r.name == manual.logger.name and r.levelno == logging.WARNING]
     assert len(retries) == 59 and "HTTP 503" in retries[0].getMessage()
 
 
-async def test_an_engine_that_recovers_answers_the_same_call(engine):
-    engine.answers = [RetryableRequestFailed("HTTP 503"), RetryableRequestFailed("HTTP 429"), answer([5])]
+async def test_an_engine_that_recovers_answers_the_same_call(sglang):
+    sglang.answers = [RetryableRequestFailed("HTTP 503"), RetryableRequestFailed("HTTP 429"), answer([5])]
     turn = await manual.generate_turn("http://e/generate", [1], {}, True)
-    assert turn.ids == [5] and len(engine.calls) == 3
+    assert turn.ids == [5] and len(sglang.calls) == 3
 
 
-async def test_a_rejected_request_is_not_retried(engine):
-    engine.answers = [RequestFailed("http://e/generate rejected the request with HTTP 400: bad")]
+async def test_a_rejected_request_is_not_retried(sglang):
+    sglang.answers = [RequestFailed("http://e/generate rejected the request with HTTP 400: bad")]
     with pytest.raises(EngineProtocolError, match=r"^http://e/generate rejected the request with HTTP 400: bad$"):
         await manual.generate_turn("http://e/generate", [1], {}, True)
-    assert len(engine.calls) == 1
+    assert len(sglang.calls) == 1
 
 
 # ---- the driver -------------------------------------------------------------------------------------------------
