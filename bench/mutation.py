@@ -90,13 +90,13 @@ TARGETS = (
         "tokens",
         "token tracking: the trajectory, loss mask and log probs written turn by turn, stop cuts, resumed turns",
         ("slime_search_r1/tokens/manual.py",),
-        ("tests/rollout/test_fidelity.py", "tests/rollout/test_seams.py", "tests/rollout/test_partial_rollout.py"),
+        ("tests/rollout/test_token_trajectory.py",),
     ),
     Target(
         "router-tokens",
         "the old slime router's token cache (TOKEN_TRACKING_MODE=router_radix, router_handler)",
         ("slime_search_r1/tokens/legacy_router.py",),
-        ("tests/rollout/test_modes.py", "-k", "router"),
+        ("tests/rollout/test_router_tracking.py",),
     ),
     Target(
         "advantages",
