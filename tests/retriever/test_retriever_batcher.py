@@ -1,16 +1,181 @@
 """Dynamic batching on one or several worker threads, with stand-in search functions that record their calls.
 
 Nothing here waits on time: a Gate holds a batch until the test opens it, the batcher's report says what is
-queued, and where a duration is the thing under test (max_wait_ms) the batcher runs on a clock the test moves."""
+queued, and where a duration is the thing under test (max_wait_ms) the batcher runs on a clock the test moves.
+Every wait also ends, with a failure, once the batcher can do nothing more: each worker is asleep on the batcher's
+lock with nobody to wake it, or gone (a broken batcher fails its test at once instead of hanging)."""
 
 import asyncio
 import threading
+from collections import deque
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from local_dense_retriever.retrieval.cpu_threads import Layout, ThreadTuner
+from local_dense_retriever.serving import batcher as batcher_module
 from local_dense_retriever.serving.batcher import BatcherClosed, DynamicBatcher
+
+# ---- knowing when a batcher can do nothing more ---------------------------------------------------------------------
+
+_CHANGES = threading.Condition()  # notified whenever a worker sleeps or ends, a gate is entered, a request is answered
+_version = [0]
+_locks: list["WatchedCondition"] = []  # the lock of every batcher made in this test
+_threads: list["WatchedThread"] = []
+_gates: list["Gate"] = []
+_stop_waiting = threading.Event()  # the test is over: waits still running in executor threads end
+
+
+def changed(*_) -> None:
+    with _CHANGES:
+        _version[0] += 1
+        _CHANGES.notify_all()
+
+
+class _Waiters(deque):
+    """Condition's queue of sleepers (notify() removes the ones it wakes); remembers which sleep without a timeout."""
+
+    def __init__(self, condition: "WatchedCondition"):
+        super().__init__()
+        self.condition = condition
+
+    def append(self, waiter) -> None:
+        if self.condition.next_untimed:
+            self.condition.untimed.add(waiter)
+        super().append(waiter)
+
+
+class WatchedCondition(threading.Condition):
+    """The batcher's lock: knows which threads sleep on it with no timeout and have not been notified."""
+
+    def __init__(self, lock=None):
+        super().__init__(lock)
+        self._waiters = _Waiters(self)
+        self.untimed: set = set()
+        self.next_untimed = False
+        _locks.append(self)
+
+    def wait(self, timeout=None):
+        self.next_untimed = timeout is None  # read by _Waiters.append, under this lock
+        changed()
+        try:
+            return super().wait(timeout)
+        finally:
+            self.next_untimed = False
+            self.untimed.intersection_update(self._waiters)
+
+    def asleep(self) -> int:
+        return sum(waiter in self.untimed for waiter in self._waiters)
+
+
+class WatchedThread(threading.Thread):
+    ended = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lock = _locks[-1]  # the batcher makes its lock, then its threads
+        _threads.append(self)
+
+    def run(self) -> None:
+        try:
+            super().run()
+        finally:
+            self.ended = True
+            changed()
+
+
+def stuck() -> bool:
+    """Every worker is gone, held in a Gate, or asleep on its batcher's lock with nobody to wake it: nothing more
+    can happen until the test acts (a worker in a timed wait is not stuck)."""
+    waiting = sum(gate.held() for gate in _gates)
+    for lock in _locks:
+        with lock:
+            waiting += lock.asleep()
+    return waiting >= sum(not thread.ended for thread in _threads)
+
+
+def _wait_until(done) -> bool:
+    """In a thread: True once done(), False once the batchers are stuck first."""
+    seen = None
+    while True:
+        with _CHANGES:
+            _CHANGES.wait_for(lambda seen=seen: done() or _stop_waiting.is_set() or _version[0] != seen)
+            if done():
+                return True
+            if _stop_waiting.is_set():
+                return False
+            seen = _version[0]
+        if stuck():
+            return False
+
+
+async def until(done, what: str) -> None:
+    """Waits until done(); fails the test if the batchers get stuck first. Answers already sent by a worker (queued
+    on the event loop) are let through before the verdict."""
+    loop = asyncio.get_running_loop()
+    while not await loop.run_in_executor(None, _wait_until, done):
+        for _ in range(20):  # the event loop runs what is queued on it: submissions, answers being delivered
+            await asyncio.sleep(0)
+        if done():
+            return
+        if _stop_waiting.is_set() or stuck():
+            fail(f"the batcher can do nothing more, yet {what} never happened")
+
+
+async def settle(*awaitables, return_exceptions: bool = False) -> list:
+    """asyncio.gather(*awaitables), failing fast if the batcher gets stuck before they are all done."""
+    futures = [asyncio.ensure_future(a) for a in awaitables]
+    for future in futures:
+        future.add_done_callback(changed)
+    await until(lambda: all(future.done() for future in futures), "every request was answered")
+    return await asyncio.gather(*futures, return_exceptions=return_exceptions)
+
+
+async def answer(awaitable):
+    """One request's answer, failing fast if the batcher gets stuck first."""
+    return (await settle(awaitable))[0]
+
+
+def fail(message: str) -> None:
+    for gate in _gates:
+        gate.open_all()  # so that close() does not wait for a held batch
+    pytest.fail(message)
+
+
+@pytest.fixture(autouse=True)
+def watched_batchers(monkeypatch):
+    shim = SimpleNamespace(Condition=WatchedCondition, Thread=WatchedThread, Event=threading.Event)
+    monkeypatch.setattr(batcher_module, "threading", shim)
+    _stop_waiting.clear()
+    yield
+    _stop_waiting.set()
+    changed()
+    for gate in _gates:
+        gate.open_all()
+    _locks.clear()
+    _threads.clear()
+    _gates.clear()
+
+
+def run(scenario, *batchers: DynamicBatcher):
+    """asyncio.run(scenario()), then closes the batchers; waits still running end with it."""
+
+    async def guarded():
+        try:
+            return await scenario()
+        finally:
+            _stop_waiting.set()
+            changed()
+
+    try:
+        return asyncio.run(guarded())
+    finally:
+        for gate in _gates:
+            gate.open_all()
+        for batcher in batchers:
+            batcher.close()
+        _stop_waiting.clear()
 
 
 class RecordingSearch:
@@ -41,25 +206,36 @@ class Gate:
         self.search = RecordingSearch()
         self.work = work  # what a call costs, once released
         self.holders: dict[str, str] = {}  # first query -> the worker thread that runs its batch
-        self.entered = threading.Semaphore(0)
+        self._waiting: list[str] = []  # first queries of the calls inside
+        self.entries = 0  # calls that came in
+        self.awaited = 0  # calls a test has waited for (entered())
         self.inside = 0
         self.most_inside = 0
         self._opened = set(open_queries)
         self._open_prefixes: tuple[str, ...] = ()
         self._everything = False
         self._changed = threading.Condition()
+        _gates.append(self)
 
     def __call__(self, queries, k):
         with self._changed:
             self.holders[queries[0]] = threading.current_thread().name
             self.inside += 1
             self.most_inside = max(self.most_inside, self.inside)
-            self.entered.release()
+            self.entries += 1
+            self._waiting.append(queries[0])
+            changed()
             released = self._changed.wait_for(lambda: self._is_open(queries[0]), timeout=30)
+            self._waiting.remove(queries[0])
             assert released, "never released"
             self.inside -= 1
         self.work(queries)
         return self.search(queries, k)
+
+    def held(self) -> int:
+        """Calls inside that wait for the test to open the gate."""
+        with self._changed:
+            return sum(not self._is_open(query) for query in self._waiting)
 
     def _is_open(self, first_query: str) -> bool:
         return self._everything or first_query in self._opened or first_query.startswith(self._open_prefixes)
@@ -79,13 +255,12 @@ class Gate:
             self._everything = True
             self._changed.notify_all()
 
-    def wait_entered(self, calls: int = 1) -> None:
-        for _ in range(calls):
-            assert self.entered.acquire(timeout=30), "a worker never started"
-
 
 async def entered(gate: Gate, calls: int = 1) -> None:
-    await asyncio.get_running_loop().run_in_executor(None, gate.wait_entered, calls)
+    """Until `calls` more batches have come into the gate."""
+    gate.awaited += calls
+    target = gate.awaited
+    await until(lambda: gate.entries >= target, f"batch {target} reached the search")
 
 
 def queued(batcher: DynamicBatcher) -> int:
@@ -103,17 +278,14 @@ def run_behind_a_running_batch(batcher: DynamicBatcher, gate: "Gate", requests: 
         await asyncio.sleep(0)  # one turn of the event loop: every task has queued its request
         assert queued(batcher) == sum(len(queries) for queries, _ in requests)
         gate.open_all()
-        await blocker
-        return await asyncio.gather(*tasks)
+        await answer(blocker)
+        return await settle(*tasks)
 
-    try:
-        return asyncio.run(scenario())
-    finally:
-        batcher.close()
+    return run(scenario, batcher)
 
 
-async def submit_all(batcher, requests):
-    return await asyncio.gather(*(batcher.submit(queries, topk) for queries, topk in requests), return_exceptions=True)
+def submit_all(batcher, requests):
+    return settle(*(batcher.submit(queries, topk) for queries, topk in requests), return_exceptions=True)
 
 
 def test_concurrent_requests_share_batches_and_each_gets_its_own_slice():
@@ -132,10 +304,7 @@ def test_multi_query_requests_keep_their_order_and_batches_never_exceed_max_batc
     search = RecordingSearch()
     batcher = DynamicBatcher(search, max_batch_size=8)
     requests = [([f"{'a' * j}" for j in range(1, 6)], 2), (["bb", "c"], 1), ([f"{'d' * j}" for j in range(1, 30)], 1)]
-    try:
-        results = asyncio.run(submit_all(batcher, requests))
-    finally:
-        batcher.close()
+    results = run(lambda: submit_all(batcher, requests), batcher)
     for (queries, topk), (_, rows) in zip(requests, results, strict=True):
         assert rows[:, 0].tolist() == [len(q) * 100 for q in queries]
         assert rows.shape == (len(queries), topk)
@@ -150,7 +319,7 @@ def test_a_single_query_sent_during_a_large_request_joins_the_next_batch():
 
     async def scenario():
         async def send(name: str, queries: list[str]):
-            await batcher.submit(queries, 3)
+            await batcher.submit(queries, 3)  # while the test holds the gate: settle() below watches it
             finished.append(name)
 
         big = asyncio.ensure_future(send("large", [f"large {i}" for i in range(512)]))
@@ -159,12 +328,9 @@ def test_a_single_query_sent_during_a_large_request_joins_the_next_batch():
         await asyncio.sleep(0)
         assert queued(batcher) == 512 - 3 * 16 + 1
         gate.open_all()
-        await asyncio.gather(big, single)
+        await settle(big, single)
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        batcher.close()
+    run(scenario, batcher)
     assert finished == ["single", "large"]
     assert "single" in gate.search.calls[3]  # the batch after the one running when it came, not the 33rd
     assert all(len(call) <= 16 for call in gate.search.calls)
@@ -195,11 +361,12 @@ def test_requests_left_out_of_a_batch_go_first_in_the_next_one():
 def test_a_failing_batch_fails_its_requests_and_the_worker_keeps_going():
     search = RecordingSearch(fail_on="boom")
     batcher = DynamicBatcher(search, max_batch_size=1)
-    try:
-        results = asyncio.run(submit_all(batcher, [(["boom"], 1), (["fine"], 1)]))
-        later = asyncio.run(submit_all(batcher, [(["still fine"], 2)]))
-    finally:
-        batcher.close()
+
+    async def scenario():
+        results = await submit_all(batcher, [(["boom"], 1), (["fine"], 1)])
+        return results, await submit_all(batcher, [(["still fine"], 2)])
+
+    results, later = run(scenario, batcher)
     assert isinstance(results[0], RuntimeError) and "boom" in str(results[0])
     assert results[1][1].tolist() == [[400]]
     assert later[0][1].tolist() == [[1000, 1001]]
@@ -209,10 +376,7 @@ def test_a_failing_batch_fails_its_requests_and_the_worker_keeps_going():
 def test_batch_size_one_means_one_search_per_request():
     search = RecordingSearch()
     batcher = DynamicBatcher(search, max_batch_size=1)
-    try:
-        asyncio.run(submit_all(batcher, [(["x"], 1)] * 20))
-    finally:
-        batcher.close()
+    run(lambda: submit_all(batcher, [(["x"], 1)] * 20), batcher)
     assert [len(call) for call in search.calls] == [1] * 20
 
 
@@ -244,21 +408,18 @@ def test_an_idle_batcher_never_waits_and_a_busy_one_waits_until_the_expected_que
     batcher = DynamicBatcher(search, max_batch_size=64, max_wait_ms=60_000, clock=clock)
 
     async def scenario():
-        await asyncio.wait_for(batcher.submit(["first"], 1), 30)  # no history: answered at once, the clock stopped
+        await answer(batcher.submit(["first"], 1))  # no history: answered at once, the clock stopped
         waits_when_idle = batcher.stats.refill_waits
-        await batcher.submit([f"q{i}" for i in range(10)], 1)
+        await answer(batcher.submit([f"q{i}" for i in range(10)], 1))
         one = asyncio.ensure_future(batcher.submit(["back 0"], 1))
         readings = clock.readings
         await asyncio.get_running_loop().run_in_executor(None, clock.wait_readings, readings + 2)
         assert batcher.stats.refill_waits == 1 and not one.done()
         rest = [asyncio.ensure_future(batcher.submit([f"back {i}"], 1)) for i in range(1, 10)]
-        await asyncio.gather(one, *rest)
+        await settle(one, *rest)
         return waits_when_idle
 
-    try:
-        waits_when_idle = asyncio.run(scenario())
-    finally:
-        batcher.close()
+    waits_when_idle = run(scenario, batcher)
     assert waits_when_idle == 0
     assert [len(call) for call in search.calls] == [1, 10, 10]
 
@@ -269,7 +430,7 @@ def test_a_busy_batcher_waits_no_longer_than_max_wait():
     batcher = DynamicBatcher(search, max_batch_size=64, max_wait_ms=200, clock=clock)
 
     async def scenario():
-        await batcher.submit([f"q{i}" for i in range(10)], 1)
+        await answer(batcher.submit([f"q{i}" for i in range(10)], 1))
         started = clock.now
         alone = asyncio.ensure_future(batcher.submit(["alone"], 1))
         await asyncio.get_running_loop().run_in_executor(None, clock.wait_readings, clock.readings + 2)
@@ -277,12 +438,9 @@ def test_a_busy_batcher_waits_no_longer_than_max_wait():
         await asyncio.get_running_loop().run_in_executor(None, clock.wait_readings, clock.readings + 2)
         assert queued(batcher) == 1  # not taken yet
         clock.now = started + 0.2
-        await asyncio.wait_for(alone, 30)
+        await answer(alone)
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        batcher.close()
+    run(scenario, batcher)
     assert [len(call) for call in search.calls] == [10, 1] and batcher.stats.refill_waits == 1
 
 
@@ -295,12 +453,9 @@ def test_a_cancelled_request_does_not_break_the_worker():
         await entered(gate)
         doomed.cancel()
         gate.open_all()
-        return await batcher.submit(["kept"], 1)
+        return await answer(batcher.submit(["kept"], 1))
 
-    try:
-        _, rows = asyncio.run(scenario())
-    finally:
-        batcher.close()
+    _, rows = run(scenario, batcher)
     assert rows.tolist() == [[400]]
     assert batcher.stats.abandoned_requests == 1
 
@@ -316,12 +471,9 @@ def test_a_cancelled_large_request_runs_none_of_its_remaining_batches():
         with pytest.raises(asyncio.CancelledError):
             await doomed
         gate.open_all()
-        await batcher.submit(["after"], 1)  # one worker, in order: anything of the large request ran before this
+        await answer(batcher.submit(["after"], 1))  # one worker, in order: anything of the large request ran before
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        batcher.close()
+    run(scenario, batcher)
     assert gate.search.calls == [["q0", "q1", "q2", "q3"], ["q4", "q5", "q6", "q7"], ["after"]]
 
 
@@ -335,23 +487,20 @@ def test_closing_fails_queued_work_instead_of_running_it():
         closing = asyncio.get_running_loop().run_in_executor(None, batcher.close)
         assert await asyncio.get_running_loop().run_in_executor(None, batcher.stopping.wait, 30)
         gate.open_all()  # the batch in progress ends; the worker must stop there
-        await closing
+        await answer(closing)
         with pytest.raises(BatcherClosed, match="shutting down"):
-            await queued_request
+            await answer(queued_request)
         with pytest.raises(BatcherClosed):
-            await batcher.submit(["after close"], 1)
+            await answer(batcher.submit(["after close"], 1))
 
-    asyncio.run(scenario())
+    run(scenario, batcher)
     assert len(gate.search.calls) == 1  # the batch in progress finished; the other nine never ran
 
 
 def test_a_request_without_queries_is_answered_at_once_with_no_rows():
     search = RecordingSearch()
     batcher = DynamicBatcher(search, max_batch_size=4)
-    try:
-        scores, rows = asyncio.run(asyncio.wait_for(batcher.submit([], 3), 30))
-    finally:
-        batcher.close()
+    scores, rows = run(lambda: answer(batcher.submit([], 3)), batcher)
     assert scores.shape == rows.shape == (0, 3) and search.calls == []
 
 
@@ -376,12 +525,9 @@ def test_free_workers_share_the_waiting_queries_and_run_side_by_side():
         await entered(gate, 2)  # both inside at once
         gate.open("q5")  # the second half finishes first
         gate.open("q0")
-        return await request
+        return await answer(request)
 
-    try:
-        _, rows = asyncio.run(scenario())
-    finally:
-        batcher.close()
+    _, rows = run(scenario, batcher)
     assert sorted(len(call) for call in gate.search.calls) == [5, 5]  # shared out, not 10 for one worker
     assert gate.search.threads == {"retrieval-worker-0", "retrieval-worker-1"}
     assert rows[:, 0].tolist() == [200] * 10  # every row in its place, though its slices finished out of order
@@ -399,6 +545,7 @@ class WatchedTuner(ThreadTuner):
         ticket = super().begin()
         if ticket is None:
             self.refused.set()
+            changed()
         return ticket
 
 
@@ -411,16 +558,13 @@ def test_a_batch_on_every_cpu_keeps_the_other_workers_waiting():
         first = asyncio.ensure_future(batcher.submit(["a1", "a2", "a3", "a4"], 1))
         await entered(gate)
         second = asyncio.ensure_future(batcher.submit(["b1"], 1))
-        assert await asyncio.get_running_loop().run_in_executor(None, tuner.refused.wait, 30)  # the idle worker
+        await until(tuner.refused.is_set, "the idle worker asked to start a batch")
         inside_while_refused = gate.inside
         gate.open_all()
-        await asyncio.gather(first, second)
+        await settle(first, second)
         return inside_while_refused
 
-    try:
-        inside_while_refused = asyncio.run(scenario())
-    finally:
-        batcher.close()
+    inside_while_refused = run(scenario, batcher)
     assert inside_while_refused == 1 and gate.most_inside == 1
     assert [len(call) for call in gate.search.calls] == [4, 1]
 
@@ -440,12 +584,9 @@ def test_each_worker_sizes_its_own_thread_pools_before_its_first_batch():
         await entered(gate, 2)
         gate.open("x")
         gate.open("y")
-        await asyncio.gather(*requests)
+        await settle(*requests)
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        batcher.close()
+    run(scenario, batcher)
     # FAISS's OpenMP thread count is per calling thread: set where the batches run, not where the pools were made.
     assert sorted(resized) == [("retrieval-worker-0", 1), ("retrieval-worker-1", 1)]
 
@@ -484,13 +625,13 @@ def test_workers_side_by_side_share_the_queries_by_their_measured_speed():
         await entered(gate, 2)  # one query in each worker
         gate.open("w0")
         gate.open("w1")
-        await first  # both speeds measured
+        await answer(first)  # both speeds measured
         measured = batcher.report()["worker_speeds"]
         both_idle = len(gate.search.sizes)
         shared = asyncio.ensure_future(batcher.submit([f"r{i}" for i in range(60)], 1))  # both idle: shared 2:1
         await entered(gate, 2)  # both took their part
         gate.open_prefix("r")
-        await shared
+        await answer(shared)
         shared = sizes_by_worker(gate.search, both_idle)
         blockers = []
         for name in ("b0", "b1"):  # one blocker held in each worker
@@ -506,13 +647,10 @@ def test_workers_side_by_side_share_the_queries_by_their_measured_speed():
         await entered(gate)
         taken = {worker: query for query, worker in gate.holders.items() if query[0] == "s"}
         gate.open_all()
-        await asyncio.gather(*blockers, backlog)
+        await settle(*blockers, backlog)
         return measured, shared, taken, [size for _, size in gate.search.sizes if size > 1][-2:]
 
-    try:
-        measured, shared, taken, backlog_sizes = asyncio.run(scenario())
-    finally:
-        batcher.close()
+    measured, shared, taken, backlog_sizes = run(scenario, batcher)
     assert measured == [1.0, 0.5]
     assert shared == {fast: [40], slow: [20]}
     assert taken == {slow: "s0", fast: "s32"}  # the slow one's batch capped at half of max_batch_size
@@ -538,17 +676,14 @@ def test_the_counters_health_reports_add_up_on_a_clock_the_search_moves():
     assert batcher.report()["mean_batch_size"] == 0.0  # no batch yet: no division by zero
 
     async def scenario():
-        await batcher.submit(["a", "bb", "ccc"], 2)
-        await batcher.submit(["d"], 1)
-        await batcher.submit(["f"], 1)
+        await answer(batcher.submit(["a", "bb", "ccc"], 2))
+        await answer(batcher.submit(["d"], 1))
+        await answer(batcher.submit(["f"], 1))
         with pytest.raises(RuntimeError, match="cannot search 'boom'"):
-            await batcher.submit(["boom", "e"], 1)
+            await answer(batcher.submit(["boom", "e"], 1))
+        return batcher.report()
 
-    try:
-        asyncio.run(scenario())
-        report = batcher.report()
-    finally:
-        batcher.close()
+    report = run(scenario, batcher)
     assert recording.calls == [["a", "bb", "ccc"], ["d"], ["f"], ["boom", "e"]]
     assert {key: report[key] for key in batcher.stats.as_dict()} == {
         "batches": 3,  # the failed batch counts as an error, not as a batch served
