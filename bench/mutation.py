@@ -125,7 +125,8 @@ TARGETS = (
         "bodies",
         "the /retrieve and /access request bodies: content type, size, deadline, validation and their answers",
         ("local_dense_retriever/serving/bodies.py", "local_dense_retriever/serving/api.py"),
-        ("tests/retriever/test_retriever_server.py", "tests/retriever/test_retriever_pages.py", "-k", "not rlinf"),
+        ("tests/retriever/test_retriever_bodies.py",),
+        timeout_multiplier=6.0,
     ),
 )
 
