@@ -75,7 +75,12 @@ class WatchedThread(threading.Thread):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.lock = _locks[-1]  # the batcher makes its lock, then its threads
+        self.joins: list[float | None] = []  # the timeout of each join()
         _threads.append(self)
+
+    def join(self, timeout=None) -> None:
+        self.joins.append(timeout)
+        super().join(timeout)
 
     def run(self) -> None:
         try:
@@ -296,6 +301,8 @@ def test_concurrent_requests_share_batches_and_each_gets_its_own_slice():
     for (queries, topk), (scores, rows) in zip(requests, results, strict=True):
         assert rows.shape == (1, topk) and scores.shape == (1, topk)
         assert rows[0].tolist() == [len(queries[0]) * 100 + r for r in range(topk)]
+        assert (scores.dtype, rows.dtype) == (np.float32, np.int64)  # as the search returned them
+        assert scores.tolist() == (-rows).tolist()
     assert [len(call) for call in gate.search.calls] == [1, 64, 36]  # merged, at most max_batch_size each
     assert gate.search.threads == {"retrieval-worker"}
 
@@ -434,7 +441,7 @@ def test_a_busy_batcher_waits_no_longer_than_max_wait():
         started = clock.now
         alone = asyncio.ensure_future(batcher.submit(["alone"], 1))
         await asyncio.get_running_loop().run_in_executor(None, clock.wait_readings, clock.readings + 2)
-        clock.now = started + 0.199  # the worker looks again within 0.2 s of real time: still waiting
+        clock.now = started + 0.1999  # the worker looks again within 0.2 s of real time: still waiting
         await asyncio.get_running_loop().run_in_executor(None, clock.wait_readings, clock.readings + 2)
         assert queued(batcher) == 1  # not taken yet
         clock.now = started + 0.2
@@ -488,9 +495,9 @@ def test_closing_fails_queued_work_instead_of_running_it():
         assert await asyncio.get_running_loop().run_in_executor(None, batcher.stopping.wait, 30)
         gate.open_all()  # the batch in progress ends; the worker must stop there
         await answer(closing)
-        with pytest.raises(BatcherClosed, match="shutting down"):
+        with pytest.raises(BatcherClosed, match="^the retriever is shutting down$"):
             await answer(queued_request)
-        with pytest.raises(BatcherClosed):
+        with pytest.raises(BatcherClosed, match="^the retriever is shutting down$"):
             await answer(batcher.submit(["after close"], 1))
 
     run(scenario, batcher)
@@ -502,6 +509,7 @@ def test_a_request_without_queries_is_answered_at_once_with_no_rows():
     batcher = DynamicBatcher(search, max_batch_size=4)
     scores, rows = run(lambda: answer(batcher.submit([], 3)), batcher)
     assert scores.shape == rows.shape == (0, 3) and search.calls == []
+    assert (scores.dtype, rows.dtype) == (np.float32, np.int64)  # as a search answers
 
 
 def test_batch_size_must_be_positive():
@@ -523,6 +531,7 @@ def test_free_workers_share_the_waiting_queries_and_run_side_by_side():
     async def scenario():
         request = asyncio.ensure_future(batcher.submit([f"q{i}" for i in range(10)], 2))
         await entered(gate, 2)  # both inside at once
+        assert batcher.report()["running_batches"] == 2
         gate.open("q5")  # the second half finishes first
         gate.open("q0")
         return await answer(request)
@@ -663,13 +672,13 @@ def test_a_tuner_with_more_batches_than_searches_is_refused():
 
 
 def test_the_counters_health_reports_add_up_on_a_clock_the_search_moves():
-    """What /health's batcher block says after a batch of 3 queries, two of 1 and one that fails: counts, sizes
-    and seconds (the search moves the batcher's clock by 0.1234 s a query, so the seconds are exact)."""
+    """What /health's batcher block says after a batch of 3 queries, two of 1 and two that fail: counts, sizes
+    and seconds (the search moves the batcher's clock by 0.12345 s a query, so the seconds are exact)."""
     now = [100.0]
     recording = RecordingSearch(fail_on="boom")
 
     def search(queries, k):
-        now[0] += 0.1234 * len(queries)
+        now[0] += 0.12345 * len(queries)
         return recording(queries, k)
 
     batcher = DynamicBatcher(search, max_batch_size=8, clock=lambda: now[0])
@@ -681,19 +690,196 @@ def test_the_counters_health_reports_add_up_on_a_clock_the_search_moves():
         await answer(batcher.submit(["f"], 1))
         with pytest.raises(RuntimeError, match="cannot search 'boom'"):
             await answer(batcher.submit(["boom", "e"], 1))
+        with pytest.raises(RuntimeError, match="cannot search 'boom'"):
+            await answer(batcher.submit(["boom"], 1))
         return batcher.report()
 
     report = run(scenario, batcher)
-    assert recording.calls == [["a", "bb", "ccc"], ["d"], ["f"], ["boom", "e"]]
+    assert recording.calls == [["a", "bb", "ccc"], ["d"], ["f"], ["boom", "e"], ["boom"]]
     assert {key: report[key] for key in batcher.stats.as_dict()} == {
         "batches": 3,  # the failed batch counts as an error, not as a batch served
         "queries": 5,
         "mean_batch_size": 1.67,
         "largest_batch": 3,
-        "busy_seconds": 0.617,
-        "slowest_batch_seconds": 0.37,  # 0.3702 rounded
-        "errors": 1,
+        "busy_seconds": 0.617,  # 0.61725 rounded
+        "slowest_batch_seconds": 0.37,  # 0.37035 rounded
+        "errors": 2,
         "abandoned_requests": 0,
         "refill_waits": 0,
     }
     assert report["waiting_queries"] == 0 and report["running_batches"] == 0
+
+
+# ---- what the counters, defaults and shutdown promise -------------------------------------------------------------
+
+
+def test_by_default_a_batcher_never_waits_for_more_queries():
+    search = RecordingSearch()
+    batcher = DynamicBatcher(search, max_batch_size=64)
+
+    async def scenario():
+        await answer(batcher.submit([f"q{i}" for i in range(10)], 1))
+        await answer(batcher.submit(["alone"], 1))  # fewer than the last batch: taken at once all the same
+
+    run(scenario, batcher)
+    assert [len(call) for call in search.calls] == [10, 1] and batcher.stats.refill_waits == 0
+
+
+class SteppingClock:
+    """A clock one second later at each reading: every wait for more queries (max_wait_ms 500) ends at once."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_a_batcher_waits_for_as_many_queries_as_its_last_batch_held_and_counts_each_wait():
+    """Batches of at most 10: a 14-query request is a batch of 10, then (after a wait for 10) one of 4; 4 queries
+    then are as many as the last batch (no wait); 1 query is fewer (a wait)."""
+    search = RecordingSearch()
+    batcher = DynamicBatcher(search, max_batch_size=10, max_wait_ms=500, clock=SteppingClock())
+
+    async def scenario():
+        waits = []
+        for size in (14, 4, 1):
+            await answer(batcher.submit([f"q{i}" for i in range(size)], 1))
+            waits.append(batcher.stats.refill_waits)
+        return waits
+
+    assert run(scenario, batcher) == [1, 1, 2]
+    assert [len(call) for call in search.calls] == [10, 4, 4, 1]
+
+
+def test_a_batcher_without_a_tuner_runs_one_single_threaded_batch_per_search_and_leaves_the_pools(monkeypatch):
+    from local_dense_retriever.retrieval import cpu_threads
+
+    resized = []
+    monkeypatch.setattr(cpu_threads, "set_pool_threads", resized.append)
+    gate = Gate()
+    batcher = DynamicBatcher([gate, gate], max_batch_size=64)
+
+    async def scenario():
+        request = asyncio.ensure_future(batcher.submit(["a", "b"], 1))
+        await entered(gate, 2)  # side by side
+        gate.open_all()
+        return await answer(request)
+
+    _, rows = run(scenario, batcher)
+    assert rows[:, 0].tolist() == [100, 100]
+    assert batcher.workers == 2 and [(layout.threads, layout.batches) for layout in batcher.tuner.layouts] == [(1, 2)]
+    assert resized == []  # the pools are the caller's business here
+    assert [thread.daemon for thread in _threads] == [True, True]  # they never keep the process from exiting
+
+
+def test_searches_beyond_what_the_tuner_runs_at_once_are_left_unused():
+    searches = [RecordingSearch() for _ in range(3)]
+    batcher = DynamicBatcher(searches, tuner=two_single_threaded_workers())
+    run(lambda: answer(batcher.submit(["q"], 1)), batcher)
+    assert batcher.workers == 2 and searches[2].calls == []
+
+
+def test_close_gives_the_workers_its_timeout_in_all(monkeypatch):
+    """close() joins each worker for what is left of its timeout (on a clock one second later at each reading)."""
+    ticks = iter(float(t) for t in range(100, 200))
+    monkeypatch.setattr(batcher_module, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
+    short = DynamicBatcher([RecordingSearch(), RecordingSearch()], tuner=two_single_threaded_workers())
+    short.close(timeout=1.5)  # deadline 101.5: read at 101 (0.5 s left), then 102 (none)
+    by_default = DynamicBatcher([RecordingSearch(), RecordingSearch()], tuner=two_single_threaded_workers())
+    by_default.close()  # deadline 113: read at 104, 105
+    assert [thread.joins for thread in _threads] == [[0.5], [0.0], [9.0], [8.0]]
+
+
+def test_a_failed_batch_runs_none_of_its_requests_other_slices_and_each_failure_is_counted():
+    search = RecordingSearch(fail_on="boom")
+    tuner = ThreadTuner(1, set_threads=lambda threads: None)  # adaptive: it is told how many queries each batch held
+    batcher = DynamicBatcher(search, max_batch_size=2, tuner=tuner)
+
+    async def scenario():
+        failed = await settle(batcher.submit(["boom", "a", "b", "c"], 1), return_exceptions=True)
+        failed += await settle(batcher.submit(["boom"], 1), return_exceptions=True)
+        return failed, await answer(batcher.submit(["after"], 1))
+
+    failed, (_, rows) = run(scenario, batcher)
+    assert [str(error) for error in failed] == ["cannot search 'boom'"] * 2
+    assert search.calls == [["boom", "a"], ["boom"], ["after"]]
+    assert rows.tolist() == [[500]] and batcher.stats.errors == 2
+
+
+def test_every_cancelled_request_is_counted_and_the_others_in_its_batch_still_answered():
+    gate = Gate()
+    batcher = DynamicBatcher(gate, max_batch_size=8)
+
+    async def scenario():
+        blocker = asyncio.ensure_future(batcher.submit(["blocker"], 1))
+        await entered(gate)
+        first = asyncio.ensure_future(batcher.submit(["first"], 1))
+        kept = asyncio.ensure_future(batcher.submit(["kept"], 1))
+        last = asyncio.ensure_future(batcher.submit(["last"], 1))
+        await asyncio.sleep(0)  # all three queued
+        gate.open("blocker")
+        await entered(gate)  # one batch of all three is running
+        first.cancel()
+        last.cancel()
+        gate.open_all()
+        await settle(blocker)
+        return await answer(kept)
+
+    _, rows = run(scenario, batcher)
+    assert gate.search.calls[1] == ["first", "kept", "last"]
+    assert rows.tolist() == [[400]]  # the cancelled request before it in the batch does not stop its answer
+    assert batcher.stats.abandoned_requests == 2
+
+
+def test_speeds_are_equal_until_measured():
+    search = RecordingSearch()
+    batcher = DynamicBatcher([search, search], max_batch_size=64, tuner=two_single_threaded_workers())
+    assert batcher.report()["worker_speeds"] == [1.0, 1.0]
+    run(lambda: answer(batcher.submit(["only one"], 1)), batcher)  # one worker measured, the other not
+    assert len(search.calls) == 1 and batcher.report()["worker_speeds"] == [1.0, 1.0]
+
+
+def test_a_workers_speed_follows_its_batches_as_a_moving_average():
+    """Both workers at 1 ms a query, then the second at 2 ms: its average moves by 0.3 of the change (1.3 ms a
+    query), so its speed is 1 / 1.3 of the first's, not half at once."""
+    fast, slow = "retrieval-worker-0", "retrieval-worker-1"
+    clock = WorkerTime({fast: 0.001, slow: 0.001})
+    gate = Gate(work=clock.spend)
+    batcher = DynamicBatcher([gate, gate], max_batch_size=64, tuner=two_single_threaded_workers(), clock=clock)
+
+    async def scenario():
+        for round_ in ("a", "b"):
+            request = asyncio.ensure_future(batcher.submit([f"{round_}0", f"{round_}1"], 1))
+            await entered(gate, 2)  # one query in each worker
+            gate.open_prefix(round_)
+            await answer(request)
+            clock.seconds_per_query[slow] = 0.002
+
+    run(scenario, batcher)
+    assert batcher.report()["worker_speeds"] == [1.0, 0.77]
+
+
+def test_without_speed_shares_free_workers_split_the_queries_equally():
+    """The benchmark's baseline: measured speeds 1 : 0.5, yet 60 queries are split 30 / 30."""
+    fast, slow = "retrieval-worker-0", "retrieval-worker-1"
+    clock = WorkerTime({fast: 0.001, slow: 0.002})
+    gate = Gate(work=clock.spend)
+    tuner = two_single_threaded_workers()
+    batcher = DynamicBatcher([gate, gate], max_batch_size=64, tuner=tuner, clock=clock, speed_shares=False)
+
+    async def scenario():
+        first = asyncio.ensure_future(batcher.submit(["w0", "w1"], 1))
+        await entered(gate, 2)
+        gate.open_prefix("w")
+        await answer(first)
+        measured = batcher.report()["worker_speeds"]
+        shared = asyncio.ensure_future(batcher.submit([f"r{i}" for i in range(60)], 1))
+        await entered(gate, 2)
+        gate.open_all()
+        await answer(shared)
+        return measured
+
+    assert run(scenario, batcher) == [1.0, 0.5]
+    assert sizes_by_worker(gate.search, 2) == {fast: [30], slow: [30]}

@@ -95,6 +95,7 @@ CLOSING = {"content-type": "application/json", "connection": "close"}
         ("application/json", True),
         ("Application/JSON; charset=utf-8", True),
         ("  application/json  ;x=1", True),
+        ("application/json; charset=utf-8; x=1", True),  # the media type is what comes before the first ;
         ("application/problem+json", True),
         ("application/vnd.api+JSON", True),
         (None, False),
@@ -391,8 +392,9 @@ def test_the_access_model_is_asearchers_request_strictly_typed_with_its_limit():
         "title": "AccessRequest",
         "type": "object",
     }
-    with pytest.raises(ValidationError):
-        model.model_validate({"urls": [1]})
+    for loose in ({"urls": [1]}, {"urls": ("https://a/",)}, {"urls": [b"https://a/"]}):
+        with pytest.raises(ValidationError):  # strict in Python as well as in JSON
+            model.model_validate(loose)
 
 
 # ---- the answers ----------------------------------------------------------------------------------------------------
