@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from local_dense_retriever.retrieval.cpu_threads import Layout, ThreadTuner
+from local_dense_retriever.retrieval.cpu_threads import Layout, ThreadTuner, Ticket
 from local_dense_retriever.serving import batcher as batcher_module
 from local_dense_retriever.serving.batcher import BatcherClosed, DynamicBatcher
 
@@ -120,11 +120,14 @@ async def until(done, what: str) -> None:
     on the event loop) are let through before the verdict."""
     loop = asyncio.get_running_loop()
     while not await loop.run_in_executor(None, _wait_until, done):
+        before = _version[0]
         for _ in range(20):  # the event loop runs what is queued on it: submissions, answers being delivered
             await asyncio.sleep(0)
         if done():
             return
-        if _stop_waiting.is_set() or stuck():
+        # Stuck, and no worker moved while the loop ran what was queued (an answer is queued before its worker
+        # goes back to sleep, so it has been delivered by now): nothing will come.
+        if _stop_waiting.is_set() or (stuck() and _version[0] == before):
             fail(f"the batcher can do nothing more, yet {what} never happened")
 
 
@@ -164,7 +167,8 @@ def watched_batchers(monkeypatch):
 
 
 def run(scenario, *batchers: DynamicBatcher):
-    """asyncio.run(scenario()), then closes the batchers; waits still running end with it."""
+    """asyncio.run(scenario()), then closes the batchers (without waiting for a worker that does not stop: the
+    test has failed then); waits still running end with it."""
 
     async def guarded():
         try:
@@ -179,7 +183,7 @@ def run(scenario, *batchers: DynamicBatcher):
         for gate in _gates:
             gate.open_all()
         for batcher in batchers:
-            batcher.close()
+            batcher.close(timeout=0)
         _stop_waiting.clear()
 
 
@@ -211,6 +215,7 @@ class Gate:
         self.search = RecordingSearch()
         self.work = work  # what a call costs, once released
         self.holders: dict[str, str] = {}  # first query -> the worker thread that runs its batch
+        self.arrived: list[list[str]] = []  # the calls, in the order they came in
         self._waiting: list[str] = []  # first queries of the calls inside
         self.entries = 0  # calls that came in
         self.awaited = 0  # calls a test has waited for (entered())
@@ -225,6 +230,7 @@ class Gate:
     def __call__(self, queries, k):
         with self._changed:
             self.holders[queries[0]] = threading.current_thread().name
+            self.arrived.append(list(queries))
             self.inside += 1
             self.most_inside = max(self.most_inside, self.inside)
             self.entries += 1
@@ -491,12 +497,12 @@ def test_closing_fails_queued_work_instead_of_running_it():
     async def scenario():
         queued_request = asyncio.ensure_future(batcher.submit([f"q{i}" for i in range(40)], 1))  # 10 batches
         await entered(gate)
-        closing = asyncio.get_running_loop().run_in_executor(None, batcher.close)
-        assert await asyncio.get_running_loop().run_in_executor(None, batcher.stopping.wait, 30)
-        gate.open_all()  # the batch in progress ends; the worker must stop there
-        await answer(closing)
+        batcher.close(timeout=0)  # returns at once: the worker is still in its batch
+        assert batcher.stopping.is_set()
         with pytest.raises(BatcherClosed, match="^the retriever is shutting down$"):
             await answer(queued_request)
+        gate.open_all()  # the batch in progress ends; the worker must stop there
+        await until(lambda: all(thread.ended for thread in _threads), "the worker stopped")
         with pytest.raises(BatcherClosed, match="^the retriever is shutting down$"):
             await answer(batcher.submit(["after close"], 1))
 
@@ -821,8 +827,10 @@ def test_every_cancelled_request_is_counted_and_the_others_in_its_batch_still_an
         await asyncio.sleep(0)  # all three queued
         gate.open("blocker")
         await entered(gate)  # one batch of all three is running
-        first.cancel()
-        last.cancel()
+        for cancelled in (first, last):
+            cancelled.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await cancelled  # the request is marked abandoned before its batch ends
         gate.open_all()
         await settle(blocker)
         return await answer(kept)
@@ -883,3 +891,92 @@ def test_without_speed_shares_free_workers_split_the_queries_equally():
 
     assert run(scenario, batcher) == [1.0, 0.5]
     assert sizes_by_worker(gate.search, 2) == {fast: [30], slow: [30]}
+
+
+def test_a_request_with_less_left_than_its_share_takes_only_what_it_has():
+    """16 places over requests of 5, 40, 1 and 1 queries: 4 each (the small ones take 1), then 3 each for the two
+    with queries left (the first has 1 left: it takes 1), then the rest to the large one."""
+    gate = Gate()
+    batcher = DynamicBatcher(gate, max_batch_size=16)
+    sizes = (5, 40, 1, 1)
+    requests = [([f"{name}{i}" for i in range(size)], 1) for name, size in zip("abcd", sizes, strict=True)]
+    results = run_behind_a_running_batch(batcher, gate, requests)
+    assert [sum(q[0] == name for q in gate.search.calls[1]) for name in "abcd"] == [5, 9, 1, 1]
+    assert [len(rows) for _, rows in results] == list(sizes)
+
+
+class ScriptedTuner:
+    """Lets `batches` single-threaded batches run at once (the test may change it), over `workers` workers; records
+    the queries each batch it saw end held."""
+
+    def __init__(self, workers: int, batches: int):
+        self.workers, self.batches = workers, batches
+        self.running = 0
+        self.ended: list[int] = []
+
+    def begin(self) -> Ticket | None:  # called under the batcher's lock, as end() is
+        if self.running >= self.batches:
+            return None
+        self.running += 1
+        return Ticket(Layout(threads=1, batches=self.batches), 0, 0.0)
+
+    def enter(self, ticket: Ticket) -> None:
+        pass
+
+    def end(self, ticket: Ticket, items: int) -> None:
+        self.running -= 1
+        self.ended.append(items)
+
+
+def test_workers_that_failed_a_batch_are_free_again_and_the_tuner_hears_of_every_batch():
+    gate = Gate()
+    gate.search = RecordingSearch(fail_on="boom")
+    tuner = ScriptedTuner(workers=2, batches=2)
+    batcher = DynamicBatcher([gate, gate], max_batch_size=64, tuner=tuner)
+
+    async def scenario():
+        failing = asyncio.ensure_future(batcher.submit(["boom", "boom"], 1))
+        await entered(gate, 2)  # one failing query in each worker
+        gate.open("boom")
+        failed = await settle(failing, return_exceptions=True)  # answered when the first of its batches fails
+        await until(lambda: len(tuner.ended) == 2, "both failed batches ended")
+        shared = asyncio.ensure_future(batcher.submit([f"q{i}" for i in range(10)], 1))
+        await entered(gate, 2)  # both workers took a part
+        gate.open_all()
+        return failed, await answer(shared)
+
+    failed, _ = run(scenario, batcher)
+    assert isinstance(failed[0], RuntimeError)
+    assert sorted(len(call) for call in gate.search.calls[2:]) == [5, 5]  # both workers share it, as before
+    assert sorted(tuner.ended) == [1, 1, 5, 5]
+
+
+def test_each_free_worker_shares_with_the_fastest_of_the_others_that_may_start_with_it():
+    """Three workers measured at 1, 1/2 and 1/4 of the fastest's speed; two batches may run at once. The first to
+    take 60 queries shares them with the fastest of the two others, and its batch is capped by its own speed."""
+    names = [f"retrieval-worker-{i}" for i in range(3)]
+    clock = WorkerTime(dict(zip(names, (0.001, 0.002, 0.004), strict=True)))
+    gate = Gate(work=clock.spend)
+    tuner = ScriptedTuner(workers=3, batches=3)
+    batcher = DynamicBatcher([gate] * 3, max_batch_size=64, tuner=tuner, clock=clock)
+
+    async def scenario():
+        measuring = asyncio.ensure_future(batcher.submit(["w0", "w1", "w2"], 1))
+        await entered(gate, 3)  # one query in each worker
+        gate.open_prefix("w")
+        await answer(measuring)
+        speeds = batcher.report()["worker_speeds"]
+        tuner.batches = 2
+        shared = asyncio.ensure_future(batcher.submit([f"r{i}" for i in range(60)], 1))
+        await entered(gate, 2)  # two batches at once: the third worker waits
+        first_taker = gate.holders["r0"]
+        gate.open_all()
+        await answer(shared)
+        return speeds, first_taker
+
+    speeds, first_taker = run(scenario, batcher)
+    assert speeds == [1.0, 0.5, 0.25]
+    # its share: its speed over its own plus the fastest other's (1 with 1/2; 1/2 or 1/4 with 1), capped at
+    # max_batch_size x its speed
+    expected = {names[0]: 40, names[1]: 20, names[2]: 12}[first_taker]
+    assert gate.arrived[3][0] == "r0" and len(gate.arrived[3]) == expected
