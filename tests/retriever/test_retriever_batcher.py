@@ -34,39 +34,42 @@ def changed(*_) -> None:
 
 
 class _Waiters(deque):
-    """Condition's queue of sleepers (notify() removes the ones it wakes); remembers which sleep without a timeout."""
+    """Condition's queue of waiters (notify() removes the ones it wakes); remembers which sleep until notified."""
 
     def __init__(self, condition: "WatchedCondition"):
         super().__init__()
         self.condition = condition
 
     def append(self, waiter) -> None:
-        if self.condition.next_untimed:
-            self.condition.untimed.add(waiter)
+        if self.condition.next_sleeps:
+            self.condition.sleepers.add(waiter)
         super().append(waiter)
 
 
 class WatchedCondition(threading.Condition):
-    """The batcher's lock: knows which threads sleep on it with no timeout and have not been notified."""
+    """The batcher's lock: knows which threads sleep on it (with no timeout, or a long one) and are not notified."""
 
     def __init__(self, lock=None):
         super().__init__(lock)
         self._waiters = _Waiters(self)
-        self.untimed: set = set()
-        self.next_untimed = False
+        self.sleepers: set = set()
+        self.next_sleeps = False
         _locks.append(self)
 
     def wait(self, timeout=None):
-        self.next_untimed = timeout is None  # read by _Waiters.append, under this lock
+        # read by _Waiters.append, under this lock; a wait of a second or more counts as one without a timeout: no
+        # test here relies on a worker waking up by itself after that long (the clocks the tests stop, a mutant's
+        # long wait for more queries)
+        self.next_sleeps = timeout is None or timeout >= 1.0
         changed()
         try:
             return super().wait(timeout)
         finally:
-            self.next_untimed = False
-            self.untimed.intersection_update(self._waiters)
+            self.next_sleeps = False
+            self.sleepers.intersection_update(self._waiters)
 
     def asleep(self) -> int:
-        return sum(waiter in self.untimed for waiter in self._waiters)
+        return sum(waiter in self.sleepers for waiter in self._waiters)
 
 
 class WatchedThread(threading.Thread):
@@ -92,7 +95,7 @@ class WatchedThread(threading.Thread):
 
 def stuck() -> bool:
     """Every worker is gone, held in a Gate, or asleep on its batcher's lock with nobody to wake it: nothing more
-    can happen until the test acts (a worker in a timed wait is not stuck)."""
+    can happen until the test acts (a worker in a short timed wait is not stuck)."""
     waiting = sum(gate.held() for gate in _gates)
     for lock in _locks:
         with lock:
@@ -400,17 +403,14 @@ class StoppedClock:
     def __init__(self):
         self.now = 1000.0
         self.readings = 0
-        self._read = threading.Condition()
 
     def __call__(self) -> float:
-        with self._read:
-            self.readings += 1
-            self._read.notify_all()
-            return self.now
+        self.readings += 1  # by the worker holding the batcher's lock: one at a time
+        changed()
+        return self.now
 
-    def wait_readings(self, count: int) -> None:
-        with self._read:
-            assert self._read.wait_for(lambda: self.readings >= count, timeout=30), "the batcher never looked"
+    async def readings_reach(self, count: int) -> None:
+        await until(lambda: self.readings >= count, f"the batcher read its clock {count} times")
 
 
 def test_an_idle_batcher_never_waits_and_a_busy_one_waits_until_the_expected_queries_are_here():
@@ -426,7 +426,7 @@ def test_an_idle_batcher_never_waits_and_a_busy_one_waits_until_the_expected_que
         await answer(batcher.submit([f"q{i}" for i in range(10)], 1))
         one = asyncio.ensure_future(batcher.submit(["back 0"], 1))
         readings = clock.readings
-        await asyncio.get_running_loop().run_in_executor(None, clock.wait_readings, readings + 2)
+        await clock.readings_reach(readings + 2)
         assert batcher.stats.refill_waits == 1 and not one.done()
         rest = [asyncio.ensure_future(batcher.submit([f"back {i}"], 1)) for i in range(1, 10)]
         await settle(one, *rest)
@@ -446,9 +446,9 @@ def test_a_busy_batcher_waits_no_longer_than_max_wait():
         await answer(batcher.submit([f"q{i}" for i in range(10)], 1))
         started = clock.now
         alone = asyncio.ensure_future(batcher.submit(["alone"], 1))
-        await asyncio.get_running_loop().run_in_executor(None, clock.wait_readings, clock.readings + 2)
+        await clock.readings_reach(clock.readings + 2)
         clock.now = started + 0.1999  # the worker looks again within 0.2 s of real time: still waiting
-        await asyncio.get_running_loop().run_in_executor(None, clock.wait_readings, clock.readings + 2)
+        await clock.readings_reach(clock.readings + 2)
         assert queued(batcher) == 1  # not taken yet
         clock.now = started + 0.2
         await answer(alone)
@@ -633,7 +633,9 @@ def test_workers_side_by_side_share_the_queries_by_their_measured_speed():
     fast, slow = "retrieval-worker-0", "retrieval-worker-1"
     clock = WorkerTime({fast: 0.001, slow: 0.002})
     gate = Gate(work=clock.spend)
-    batcher = DynamicBatcher([gate, gate], max_batch_size=64, tuner=two_single_threaded_workers(), clock=clock)
+    batcher = DynamicBatcher(
+        [gate, gate], max_batch_size=64, max_wait_ms=0.0, tuner=two_single_threaded_workers(), clock=clock
+    )
 
     async def scenario():
         first = asyncio.ensure_future(batcher.submit(["w0", "w1"], 1))
@@ -687,7 +689,7 @@ def test_the_counters_health_reports_add_up_on_a_clock_the_search_moves():
         now[0] += 0.12345 * len(queries)
         return recording(queries, k)
 
-    batcher = DynamicBatcher(search, max_batch_size=8, clock=lambda: now[0])
+    batcher = DynamicBatcher(search, max_batch_size=8, max_wait_ms=0.0, clock=lambda: now[0])
     assert batcher.report()["mean_batch_size"] == 0.0  # no batch yet: no division by zero
 
     async def scenario():
@@ -855,7 +857,9 @@ def test_a_workers_speed_follows_its_batches_as_a_moving_average():
     fast, slow = "retrieval-worker-0", "retrieval-worker-1"
     clock = WorkerTime({fast: 0.001, slow: 0.001})
     gate = Gate(work=clock.spend)
-    batcher = DynamicBatcher([gate, gate], max_batch_size=64, tuner=two_single_threaded_workers(), clock=clock)
+    batcher = DynamicBatcher(
+        [gate, gate], max_batch_size=64, max_wait_ms=0.0, tuner=two_single_threaded_workers(), clock=clock
+    )
 
     async def scenario():
         for round_ in ("a", "b"):
@@ -875,7 +879,9 @@ def test_without_speed_shares_free_workers_split_the_queries_equally():
     clock = WorkerTime({fast: 0.001, slow: 0.002})
     gate = Gate(work=clock.spend)
     tuner = two_single_threaded_workers()
-    batcher = DynamicBatcher([gate, gate], max_batch_size=64, tuner=tuner, clock=clock, speed_shares=False)
+    batcher = DynamicBatcher(
+        [gate, gate], max_batch_size=64, max_wait_ms=0.0, tuner=tuner, clock=clock, speed_shares=False
+    )
 
     async def scenario():
         first = asyncio.ensure_future(batcher.submit(["w0", "w1"], 1))
@@ -958,7 +964,7 @@ def test_each_free_worker_shares_with_the_fastest_of_the_others_that_may_start_w
     clock = WorkerTime(dict(zip(names, (0.001, 0.002, 0.004), strict=True)))
     gate = Gate(work=clock.spend)
     tuner = ScriptedTuner(workers=3, batches=3)
-    batcher = DynamicBatcher([gate] * 3, max_batch_size=64, tuner=tuner, clock=clock)
+    batcher = DynamicBatcher([gate] * 3, max_batch_size=64, max_wait_ms=0.0, tuner=tuner, clock=clock)
 
     async def scenario():
         measuring = asyncio.ensure_future(batcher.submit(["w0", "w1", "w2"], 1))
@@ -980,3 +986,35 @@ def test_each_free_worker_shares_with_the_fastest_of_the_others_that_may_start_w
     # max_batch_size x its speed
     expected = {names[0]: 40, names[1]: 20, names[2]: 12}[first_taker]
     assert gate.arrived[3][0] == "r0" and len(gate.arrived[3]) == expected
+
+
+def test_by_default_a_batch_holds_at_most_64_queries():
+    search = RecordingSearch()
+    batcher = DynamicBatcher(search)
+    run(lambda: answer(batcher.submit([f"q{i}" for i in range(70)], 1)), batcher)
+    assert [len(call) for call in search.calls] == [64, 6]
+
+
+def test_a_batch_on_every_cpu_does_not_count_as_a_workers_speed():
+    """Speeds are measured in single-threaded batches side by side (1 : 0.5 here); once the layout is one batch at
+    a time, its batches (faster now) leave them as they were."""
+    fast, slow = "retrieval-worker-0", "retrieval-worker-1"
+    clock = WorkerTime({fast: 0.001, slow: 0.002})
+    gate = Gate(work=clock.spend)
+    tuner = ScriptedTuner(workers=2, batches=2)
+    batcher = DynamicBatcher([gate, gate], max_batch_size=64, max_wait_ms=0.0, tuner=tuner, clock=clock)
+
+    async def scenario():
+        measuring = asyncio.ensure_future(batcher.submit(["w0", "w1"], 1))
+        await entered(gate, 2)
+        gate.open_prefix("w")
+        await answer(measuring)
+        measured = batcher.report()["worker_speeds"]
+        tuner.batches = 1
+        clock.seconds_per_query.update({fast: 0.0005, slow: 0.0005})
+        gate.open_prefix("x")
+        await answer(batcher.submit(["x0", "x1"], 1))
+        return measured
+
+    assert run(scenario, batcher) == [1.0, 0.5]
+    assert batcher.report()["worker_speeds"] == [1.0, 0.5] and [len(call) for call in gate.search.calls[2:]] == [2]
