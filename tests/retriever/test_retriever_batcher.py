@@ -74,6 +74,7 @@ class WatchedCondition(threading.Condition):
 
 class WatchedThread(threading.Thread):
     ended = False
+    join_waits = True  # False: join() only records its timeout (whether the workers stop is checked on its own)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -83,7 +84,8 @@ class WatchedThread(threading.Thread):
 
     def join(self, timeout=None) -> None:
         self.joins.append(timeout)
-        super().join(timeout)
+        if self.join_waits:
+            super().join(timeout)
 
     def run(self) -> None:
         try:
@@ -790,14 +792,17 @@ def test_searches_beyond_what_the_tuner_runs_at_once_are_left_unused():
 
 
 def test_close_gives_the_workers_its_timeout_in_all(monkeypatch):
-    """close() joins each worker for what is left of its timeout (on a clock one second later at each reading)."""
+    """close() joins each worker for what is left of its timeout (on a clock one second later at each reading), and
+    the workers stop."""
     ticks = iter(float(t) for t in range(100, 200))
     monkeypatch.setattr(batcher_module, "time", SimpleNamespace(monotonic=lambda: next(ticks)))
+    monkeypatch.setattr(WatchedThread, "join_waits", False)
     short = DynamicBatcher([RecordingSearch(), RecordingSearch()], tuner=two_single_threaded_workers())
     short.close(timeout=1.5)  # deadline 101.5: read at 101 (0.5 s left), then 102 (none)
     by_default = DynamicBatcher([RecordingSearch(), RecordingSearch()], tuner=two_single_threaded_workers())
     by_default.close()  # deadline 113: read at 104, 105
     assert [thread.joins for thread in _threads] == [[0.5], [0.0], [9.0], [8.0]]
+    assert _wait_until(lambda: all(thread.ended for thread in _threads)), "a worker did not stop"
 
 
 def test_a_failed_batch_runs_none_of_its_requests_other_slices_and_each_failure_is_counted():
