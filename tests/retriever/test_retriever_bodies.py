@@ -37,8 +37,9 @@ JSON = "application/json"
 
 
 class Client:
-    """What the server's receive() hands out: the body in the given chunks, then (if the client left) a disconnect.
-    Counts the messages read."""
+    """What the server's receive() hands out: the body in the given chunks, then (if the client left) a disconnect;
+    after the body, one disconnect (or, for a late body, one after 50 turns of the event loop). Counts the messages
+    read, and fails a read after the disconnect."""
 
     def __init__(self, *chunks: bytes, leaves: bool = False, stalls: bool = False):
         self.messages = [
@@ -54,6 +55,8 @@ class Client:
         self.read += 1
         if self.read <= len(self.messages):
             return self.messages[self.read - 1]
+        if self.messages and self.messages[-1]["type"] == "http.disconnect" or self.read > len(self.messages) + 1:
+            raise AssertionError("read on after the client left")
         if self.stalls:  # the rest of the body is late: it comes after 50 turns of the event loop, cut short
             for _ in range(50):
                 await asyncio.sleep(0)
