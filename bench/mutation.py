@@ -333,11 +333,12 @@ def load_record(path: Path = RECORD) -> tuple[dict[str, Run], dict[str, Outcome]
         for started, run in data["runs"].items()
     }
     by_name = {t.name: t for t in TARGETS}
-    outcomes = {
-        name: Outcome(by_name[name], [Mutant(**m) for m in o["mutants"]], o["seconds"], o["error"], o["run"])
-        for name, o in data["targets"].items()
-        if name in by_name
-    }
+    outcomes = {}
+    for name, o in data["targets"].items():
+        if name in by_name:  # killed mutants are kept as counts: only the others are listed
+            killed = [Mutant("", "", status) for status, count in o["killed"].items() for _ in range(count)]
+            mutants = killed + [Mutant(**m) for m in o["not_killed"]]
+            outcomes[name] = Outcome(by_name[name], mutants, o["seconds"], o["error"], o["run"])
     return runs, outcomes
 
 
@@ -350,8 +351,11 @@ def save_record(runs: dict[str, Run], outcomes: dict[str, Outcome], path: Path =
                 "run": o.run,
                 "seconds": round(o.seconds, 1),
                 "error": o.error,
-                # killed mutants need no diff; equivalence is decided again from the toml when rendering
-                "mutants": [{**asdict(m), "why_equivalent": None} for m in o.mutants],
+                "killed": {status: sum(m.status == status for m in o.mutants) for status in ("killed", "timeout")},
+                # equivalence is decided again from the toml when rendering
+                "not_killed": [
+                    {**asdict(m), "why_equivalent": None} for m in o.mutants if m.status not in ("killed", "timeout")
+                ],
             }
             for name, o in outcomes.items()
         },
