@@ -72,9 +72,8 @@ def tuned_layout(flat_index: Path, corpus_path: Path, model_dir: Path, cache_dir
 def layout_index(flat_index: Path, spec: str) -> Path:
     """The layout built from the Flat index's vectors, with its search parameters, cached beside it."""
     from local_dense_retriever.building.layouts import build_layout, write_index
-    from local_dense_retriever.building.tuner import file_part
     from local_dense_retriever.retrieval.index_files import FlatVectors
-    from local_dense_retriever.retrieval.layouts import parse_layout
+    from local_dense_retriever.retrieval.layouts import file_part, parse_layout
 
     layout = parse_layout(spec)
     path = flat_index.with_name(f"minilm_{file_part(layout.built_as)}.index")  # search parameters aside

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from local_dense_retriever.building.layouts import build_layout, set_search_params, write_index
+from local_dense_retriever.building.layouts import build_layout, new_index, set_search_params, write_index
 from local_dense_retriever.retrieval import cpu_threads
 from local_dense_retriever.retrieval.layouts import Layout
 from local_dense_retriever.retrieval.model_source import check_model_source
@@ -232,9 +232,7 @@ def write_faiss_index(chunks: Iterable[np.ndarray], config: BuildConfig, index_p
     index, pending, added = None, [], 0
     for chunk in chunks:
         if index is None:
-            index = faiss.index_factory(chunk.shape[1], config.faiss_type, metric)
-            if config.hnsw_ef_construction:
-                faiss.downcast_index(index).hnsw.efConstruction = config.hnsw_ef_construction
+            index = new_index(chunk.shape[1], config.faiss_type, metric, config.hnsw_ef_construction)
             if config.faiss_gpu:
                 index = _to_gpu(index)
         if not index.is_trained:  # IVF / PQ: hold back vectors until there are enough to train on

@@ -36,6 +36,16 @@ def train_size_for(layout: Layout, size: int, cap: int) -> int:
     return min(size, max(needed, min(cap, size)) if needed else min(cap, size))
 
 
+def new_index(dim: int, factory: str, metric: int, ef_construction: int | None = None):
+    """An empty `faiss.index_factory` index, its HNSW graph built at `ef_construction` when given."""
+    import faiss
+
+    index = faiss.index_factory(dim, factory, metric)
+    if ef_construction:
+        faiss.downcast_index(index).hnsw.efConstruction = ef_construction
+    return index
+
+
 def build_layout(
     vectors: FlatVectors,
     layout: Layout,
@@ -50,9 +60,7 @@ def build_layout(
 
     started = time.perf_counter()
     metric = faiss.METRIC_INNER_PRODUCT if vectors.metric == "ip" else faiss.METRIC_L2
-    index = faiss.index_factory(vectors.dim, layout.factory, metric)
-    if layout.ef_construction:
-        faiss.downcast_index(index).hnsw.efConstruction = layout.ef_construction
+    index = new_index(vectors.dim, layout.factory, metric, layout.ef_construction)
     if not index.is_trained:
         sample = vectors.sample(train_size_for(layout, vectors.size, train_cap))
         ivf = re.match(r"IVF(\d+),", layout.factory)
@@ -68,8 +76,7 @@ def build_layout(
         for _, chunk in vectors.chunks(ADD_CHUNK_ROWS):
             index.add(chunk)
             bar.update(len(chunk))
-    if layout.params:
-        faiss.ParameterSpace().set_index_parameters(index, layout.params)
+    set_search_params(index, layout.params)
     return Built(index, time.perf_counter() - started)
 
 

@@ -35,6 +35,7 @@ from local_dense_retriever.retrieval.layouts import (
     Layout,
     default_nlist,
     default_pq,
+    file_part,
     index_bytes,
     parse_layout,
 )
@@ -397,7 +398,7 @@ def tune(config: TuneConfig) -> Report:
             if serve:
                 flags = ["--index_path", str(path), *precision_flags]
                 flags += ["--faiss_search_params", layout.params] if layout.params else []
-                log = out_dir / f"server_{layout.spec.replace(',', '_').replace(':', '_')}.log"
+                log = out_dir / f"server_{file_part(layout.spec)}.log"
                 _fill(row, measure_server(config, flags, questions, log))
             rows.append(row)
             overall.update(1)
@@ -428,11 +429,6 @@ def tune(config: TuneConfig) -> Report:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return Report(rows, best.layout if best else None, config.threshold, what, vectors.size, vectors.dim,
                   server_precision, peak, index_file, time.perf_counter() - started)  # fmt: skip
-
-
-def file_part(text: str) -> str:
-    """`HNSW32,SQ8:efConstruction=200` -> `HNSW32_SQ8_efConstruction200`: a layout in a file name."""
-    return text.replace(",", "_").replace(":", "_").replace("=", "")
 
 
 def measure_gpu_layout(

@@ -9,7 +9,7 @@ GPU layouts: `torch-fp16`, `torch-bf16`, `torch-fp32`, `faiss-gpu-fp16`, `faiss-
 vectors split evenly over the GPUs).
 
 The byte counts follow FAISS's own storage (faiss/IndexHNSW.cpp, IndexIVF*.cpp, IndexScalarQuantizer.cpp,
-IndexPQ.cpp); tests/retriever/test_retriever_layouts.py checks them against written indexes.
+IndexPQ.cpp); tests/retriever/test_retriever_memory_plan.py checks them against written indexes.
 """
 
 import math
@@ -58,6 +58,11 @@ class Layout:
 
     def __str__(self) -> str:
         return self.spec
+
+
+def file_part(text: str) -> str:
+    """`HNSW32,SQ8:efConstruction=200` -> `HNSW32_SQ8_efConstruction200`: a layout in a file name."""
+    return text.replace(",", "_").replace(":", "_").replace("=", "")
 
 
 def parse_layout(spec: str) -> Layout:
