@@ -22,21 +22,10 @@ from slime_search_r1.tokens.legacy_router import (
 )
 from slime_search_r1.tokens.manual import EngineProtocolError, EngineUnavailable, Trajectory
 
-PIECES = {1: "<search>", 2: " Paris", 5: "</search>", 6: " x", 9: "\n", 99: "<|im_end|>"}
+from support.piece_tokenizer import TOKENIZER
+
 PROMPT = [101, 102, 103]
 ROUTER = "http://127.0.0.1:30000"
-
-
-class PieceTokenizer:
-    """decode() as a Hugging Face tokenizer has it: special tokens kept unless skip_special_tokens=True."""
-
-    def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        if not isinstance(skip_special_tokens, bool):
-            raise TypeError(f"{skip_special_tokens!r} is not an instance of 'bool'")
-        return "".join(PIECES[i] for i in ids if not (skip_special_tokens and i == 99))
-
-
-TOKENIZER = PieceTokenizer()
 
 
 # ---- the endpoint probe -----------------------------------------------------------------------------------------

@@ -34,34 +34,8 @@ from slime_search_r1.tokens.manual import (
     why_not_continued,
 )
 
+from support.piece_tokenizer import TOKENIZER
 
-class PieceTokenizer:
-    """decode() as a Hugging Face tokenizer has it: special tokens kept unless skip_special_tokens=True (False by
-    default), and the flag must be a bool (the fast tokenizers raise TypeError on None)."""
-
-    PIECES = {
-        1: "<search>",
-        2: " Paris",
-        3: "</sea",
-        4: "rch>",
-        5: "</search>",
-        6: " x",
-        7: "<answer>",
-        8: "</answer>",
-        9: "\n",
-        10: "</ans",
-        11: "wer>",
-        99: "<|im_end|>",
-    }
-    SPECIAL = {99}
-
-    def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        if not isinstance(skip_special_tokens, bool):
-            raise TypeError(f"{skip_special_tokens!r} is not an instance of 'bool'")
-        return "".join(self.PIECES[i] for i in ids if not (skip_special_tokens and i in self.SPECIAL))
-
-
-TOKENIZER = PieceTokenizer()
 STOPS = ("</search>", "</answer>")
 PROMPT = [101, 102, 103]
 # slime adds a finished call's speculative-decoding counters to sample.spec_info only with this flag
