@@ -1230,7 +1230,7 @@ def main(argv: list[str] | None = None) -> int:
             if mode == "layout" and size not in layouts:
                 continue
             runs.append(run_server(size, mode, layouts[size]["flags"] if mode == "layout" else flags, questions, args))
-    text = render(ceilings, runs, sizes, started) + approximate_layouts.render(layouts, runs)
+    text = render(ceilings, runs, sizes, started) + approximate_layouts.render(layouts, runs, ceilings=ceilings)
     print("\n" + text)
     if not args.no_write:
         write_section(text, key=",".join(sizes))

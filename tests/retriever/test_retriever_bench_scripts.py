@@ -49,3 +49,13 @@ def test_layout_targets_pass_and_fail_on_the_figures():
     info["recall_at_3"] = 0.985
     text = approximate_layouts.render({"1m": info}, runs)
     assert "- FAIL: 1m, 256 clients: layout >= 4.0x" in text and "- FAIL: 1m: recall@3" in text
+    assert "bound" not in text  # no ceilings given
+
+
+def test_layout_render_states_the_encoders_bound_on_the_ratio():
+    runs = [SimpleNamespace(mode=p.mode, points=[p]) for p in (point("on", "1m", 100.0), point("layout", "1m", 250.0))]
+    info = {"spec": "HNSW32:efSearch=256", "recall_at_3": 0.993, "bytes": 2**30, "flat_bytes": 2**30}
+    ceilings = {"1m": {"encode_ms": 160.0, "search_ms": 320.0, "batch": 64}}
+    text = approximate_layouts.render({"1m": info}, runs, ceilings=ceilings)
+    assert ("- bound: 1m: the ceiling's encode takes 160 ms and Flat's search 320 ms per 64 queries, so no layout can "
+            "serve more than 3.0x Flat's QPS with this encoder") in text  # fmt: skip
