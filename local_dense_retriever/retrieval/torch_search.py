@@ -144,6 +144,7 @@ def _shard_topk(queries: torch.Tensor, shard: torch.Tensor, k: int, chunk: int) 
     for first in range(0, len(shard), chunk):
         scores = queries @ shard[first : first + chunk].T
         top_scores, top_rows = scores.topk(min(k, scores.shape[1]), dim=1)
+        del scores  # freed before the next chunk's matrix is allocated: one workspace at a time, not two
         top_rows += first
         if best_scores is None:
             best_scores, best_rows = top_scores, top_rows
