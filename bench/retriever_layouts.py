@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         render_markdown(report, command).split("\n", 4)[4],  # the table and the recommendation, without the title
     ]
     if SYNTHETIC_1M_TUNING.exists():
-        chosen = json.loads(SYNTHETIC_1M_TUNING.read_text())["recommended"]
+        tuning = json.loads(SYNTHETIC_1M_TUNING.read_text())
+        chosen = tuning.get("served") or tuning["recommended"]
+        how = "tuned" if tuning["recommended"] else "the highest recall there; none kept the threshold"
         rows = {row.layout: row for row in report.rows}
         if chosen not in rows:
             from local_dense_retriever.retrieval.layouts import parse_layout
@@ -84,8 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             recall = rows[chosen].recall_at_3
         met = "PASS" if recall >= approximate_layouts.THRESHOLD else "FAIL"
-        lines += ["", f"- {met}: the layout tuned on the 1M synthetic corpus, {chosen}, keeps recall@3 {recall:.4f} "
-                  f"against Flat here (target >= {approximate_layouts.THRESHOLD})."]  # fmt: skip
+        lines += ["", f"- {met}: the layout served on the 1M synthetic corpus ({how}), {chosen}, keeps recall@3 "
+                  f"{recall:.4f} against Flat here (target >= {approximate_layouts.THRESHOLD})."]  # fmt: skip
     results_md.report(SECTION, "\n".join(lines) + "\n", write=not args.no_write)
     return 0
 

@@ -76,7 +76,7 @@ MODES = {
 DEFAULT_MODES = ("on", "off", "public")
 NOISE_SIGMA = 0.04
 TOPK = 3
-CHECKED_MODES = ("on",)  # servers whose answers under load are compared with their answers alone
+CHECKED_MODES = ("on", "layout")  # servers whose answers under load are compared with their answers alone
 
 
 @dataclass
