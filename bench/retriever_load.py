@@ -110,6 +110,19 @@ class ServerRun:
 # ---------------------------------------------------------------------------------------------- corpora
 
 
+def synthetic_vectors(real: np.ndarray, n: int, chunk: int = 100_000):
+    """The synthetic corpus's n unit vectors, `chunk` rows at a time: row i is real row i mod len(real), plus
+    Gaussian noise (NOISE_SIGMA per dimension, seed 0) on every row past the real ones, re-normalised."""
+    rng = np.random.default_rng(0)
+    for start in range(0, n, chunk):
+        rows = np.arange(start, min(n, start + chunk))
+        vectors = real[rows % len(real)].copy()
+        copies = rows >= len(real)
+        vectors[copies] += rng.normal(0.0, NOISE_SIGMA, size=(int(copies.sum()), real.shape[1])).astype(np.float32)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        yield vectors
+
+
 def synthetic_corpus(n: int, assets: embedded_default.MiniWikiAssets) -> tuple[Path, Path]:
     """Corpus jsonl + Flat index of n rows derived from the real summaries and their MiniLM vectors (cached)."""
     import faiss
@@ -129,14 +142,8 @@ def synthetic_corpus(n: int, assets: embedded_default.MiniWikiAssets) -> tuple[P
         for row, summary in ((row, summaries[row % base]) for row in range(n))
     )
     mini_wiki.write_corpus(copies, corpus_path)
-    rng = np.random.default_rng(0)
     index = faiss.IndexFlatIP(real.shape[1])
-    for start in range(0, n, 100_000):
-        rows = np.arange(start, min(n, start + 100_000))
-        vectors = real[rows % base].copy()
-        copies = rows >= base
-        vectors[copies] += rng.normal(0.0, NOISE_SIGMA, size=(int(copies.sum()), real.shape[1])).astype(np.float32)
-        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    for vectors in synthetic_vectors(real, n):
         index.add(vectors)
     faiss.write_index(index, str(index_path))
     manifest_path.write_text(json.dumps(manifest))

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
@@ -59,3 +61,36 @@ def test_layout_render_states_the_encoders_bound_on_the_ratio():
     text = approximate_layouts.render({"1m": info}, runs, ceilings=ceilings)
     assert ("- bound: 1m: the ceiling's encode takes 160 ms and Flat's search 320 ms per 64 queries, so no layout can "
             "serve more than 3.0x Flat's QPS with this encoder") in text  # fmt: skip
+
+
+def test_synthetic_vectors_keep_the_real_rows_then_add_noisy_unit_copies():
+    import retriever_load
+
+    rng = np.random.default_rng(5)
+    real = rng.normal(size=(50, 384)).astype(np.float32)
+    real /= np.linalg.norm(real, axis=1, keepdims=True)
+    chunks = list(retriever_load.synthetic_vectors(real, 180, chunk=64))
+    assert [len(chunk) for chunk in chunks] == [64, 64, 52]  # chunked as asked, n rows in all
+    rows = np.concatenate(chunks)
+    np.testing.assert_allclose(rows[:50], real, atol=1e-6)
+    np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, atol=1e-5)
+    cosine = np.sum(rows[50:] * real[np.arange(50, 180) % 50], axis=1)
+    assert 0.7 < cosine.min() and cosine.max() < 0.9  # sigma 0.04 in 384-d: ~0.79 to the source
+    again = np.concatenate(list(retriever_load.synthetic_vectors(real, 180, chunk=100)))
+    np.testing.assert_array_equal(again[:100], rows[:100])  # seeded: the chunk size does not change the first chunk
+
+
+def test_calibration_verdicts_say_which_corpus_is_harder_and_how_fast_it_falls():
+    import synthetic_calibration as calibration
+
+    real = {8_000: [0.94, 0.97, 0.99, 0.996], 16_000: [0.91, 0.96, 0.985, 0.995], 32_000: [0.90, 0.95, 0.975, 0.99]}
+    synthetic = {16_000: [0.87, 0.93, 0.97, 0.988], 32_000: [0.83, 0.91, 0.955, 0.98], 100_000: [0.7, 0.8, 0.9, 0.95]}
+    below, falls = calibration.verdicts(real, synthetic)
+    assert "16,000, 32,000 rows the noisy copies' recall@3 is at or below real text's" in below
+    assert "(at most 0.0700 lower)" in below
+    assert "falls by 0.0150 on the noisy copies and 0.0100 on real text" in falls and "harder faster than" in falls
+    synthetic[32_000][2] = 0.965  # now falls 0.005 per doubling, slower than real text
+    assert "harder no faster than real text" in calibration.verdicts(real, synthetic)[1]
+    synthetic[32_000][3] = 0.995
+    below = calibration.verdicts(real, synthetic)[0]
+    assert "NOT always below" in below and "do not bound real text's" in below
