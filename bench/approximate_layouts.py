@@ -83,6 +83,13 @@ def tuned_layout(flat_index: Path, corpus_path: Path, model_dir: Path, cache_dir
     return served, data
 
 
+def how_chosen(tuning: dict | None) -> str:
+    """How a served layout was chosen, from tuned_layout's record (None: named by the user)."""
+    if tuning is None:
+        return "named"
+    return "tuned" if tuning["recommended"] else f"highest recall, none kept {THRESHOLD}"
+
+
 def cached_layout(flat_index: Path, spec: str) -> tuple[Path, Path, dict]:
     """Where the layout built from this Flat index is cached (search parameters aside), its stamp and manifest."""
     from local_dense_retriever.retrieval.layouts import file_part, parse_layout
@@ -137,7 +144,7 @@ def prepare(choice: str, size: str, flat_index: Path, corpus_path: Path, model_d
     layout = parse_layout(spec)
     path = layout_index(flat_index, spec)
     recall = recall_against_flat(model_dir, flat_index, path, layout.params, questions)
-    how = "named" if tuning is None else "tuned" if tuning["recommended"] else "highest recall, none kept 0.99"
+    how = how_chosen(tuning)
     print(f"  {size}: layout {spec} ({how}), recall@3 against Flat {recall:.4f}", flush=True)
     flags = embedded_default.server_flags(model_dir, path, corpus_path, topk=3)
     flags += ["--faiss_search_params", layout.params] if layout.params else []

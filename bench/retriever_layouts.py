@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     if SYNTHETIC_1M_TUNING.exists():
         tuning = json.loads(SYNTHETIC_1M_TUNING.read_text())
         chosen = tuning.get("served") or tuning["recommended"]
-        how = "tuned" if tuning["recommended"] else "the highest recall there; none kept the threshold"
+        how = approximate_layouts.how_chosen(tuning)
         rows = {row.layout: row for row in report.rows}
         if chosen not in rows:
             from local_dense_retriever.retrieval.layouts import parse_layout
