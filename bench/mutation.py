@@ -92,9 +92,14 @@ TARGETS = (
     ),
     Target(
         "tokens",
-        "token tracking: the trajectory, loss mask and log probs written turn by turn, stop cuts, resumed turns",
-        ("slime_search_r1/tokens/manual.py",),
-        ("tests/rollout/test_token_trajectory.py",),
+        "token tracking: the trajectory, loss mask and log probs written turn by turn, where turns end, resumed "
+        "turns, the engine's answers read",
+        ("slime_search_r1/tokens/manual.py", "slime_search_r1/tokens/engine.py", "slime_search_r1/tokens/turn_end.py"),
+        (
+            "tests/rollout/test_token_trajectory.py",
+            "tests/rollout/test_turn_end.py",
+            "tests/rollout/test_engine_call.py",
+        ),
     ),
     Target(
         "router-tokens",

@@ -111,7 +111,7 @@ async def run_rollouts(args, samples: int, rounds: int, prompt: str, transport: 
 async def run_bare_posts(url: str, samples: int, rounds: int, prompt_ids: list[int], turns_per_sample: int):
     """The same number of engine posts (aiohttp) with the same context sizes, without the plugin."""
     from slime_search_r1.http_client import close_loop_sessions
-    from slime_search_r1.tokens.manual import post_with_retries
+    from slime_search_r1.tokens.engine import post_with_retries
 
     extra = [0, 160]  # the second turn's context: first turn plus a search result, as in the rollout
     cpu_start, wall_start = time.process_time(), time.perf_counter()

@@ -9,12 +9,14 @@ loop.py          how one episode runs: the loop every mode shares, how an episod
                  turn passes through (its docstring: read it first)
 episode.py       what one episode is made of, knows and leaves: Turn, Action, Reply, the EpisodeState, and its record
                  in sample.metadata["search_r1"] (how to read it back too)
-tokens/          where a turn's tokens come from: SGLang with the trajectory written turn by turn (manual.py), or the
-                 old slime router's cache (legacy_router.py)
+tokens/          where a turn's tokens come from: SGLang with the trajectory written turn by turn (manual.py; the
+                 /generate call and its answer read in engine.py, where a turn ends in turn_end.py), or the old slime
+                 router's cache (legacy_router.py)
 protocols/       what the model writes and is shown: XML tags, chat tool calls
 tools/           what the model may call: the tool contract, the search tool with its client, the access tool
 search/          search backends of their own (google.py)
-training/        what slime does with finished samples: group advantages, search metrics in its logs
+training/        what slime does with finished samples: group advantages, the lag mask and staleness against the policy
+                 being trained, search metrics in its logs
 evaluation/      evaluate.py's body: its command lines, the run, the judge's pass, reports, papers' figures beside them
 scoring/         how an answer scores: EM, F1, cover EM (Search-R1's normalisation), an LLM judge; reward and eval
 viewer/          an offline HTML page of slime's dumps and evaluate.py runs (`python -m slime_search_r1.viewer`)

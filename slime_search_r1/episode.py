@@ -14,6 +14,7 @@ keeps samples in its data buffer and dumps them with torch.save. Nothing here im
 records on a machine without it.
 """
 
+import threading
 from argparse import Namespace
 from dataclasses import asdict, dataclass, field
 from enum import Enum
@@ -35,6 +36,9 @@ class Turn:
     log_probs: list[float] | None = None  # the engine's, one per id (manual mode with TRACK_LOG_PROBS)
     meta_info: dict = field(default_factory=dict)  # SGLang's, handed on to slime's append_response_tokens
     message: dict | None = None  # the assistant message, when a server parsed it (router_handler)
+    # (start, end, weight version) over `ids`: which policy sampled which of them (manual mode)
+    versions: list[tuple[int, int, str | None]] = field(default_factory=list)
+    engine_aborted: bool = False  # the engine answered finish_reason abort (the turn may still have ended)
 
 
 @dataclass
@@ -101,6 +105,7 @@ class FinishReason(str, Enum):
     MAX_TURNS = "max_turns"
     TOKEN_BUDGET = "token_budget"
     TOOL_FAILED = "tool_failed"
+    ENGINE_ERROR = "engine_error"  # the engine refused the request (4xx) or answered what cannot be trained on
     ROLLOUT_ABORTED = "rollout_aborted"  # slime's abort flag, seen before a turn or while a tool waited
     ENGINE_ABORT = "engine_abort"  # the engine answered a turn with finish_reason abort
 
@@ -166,6 +171,12 @@ def segment_of(record: dict) -> dict | None:
     return segment if isinstance(segment, dict) else None
 
 
+def first_part_of_episode(record: dict) -> bool:
+    """An episode split into several samples carries its record on each: count it once, on its first part."""
+    segment = segment_of(record)
+    return segment is None or segment.get("index") == 0
+
+
 def tool_counters(record: dict) -> dict[str, dict]:
     """Per tool name: {"calls": finished calls, "failures": calls that failed for good, "seconds": [each call's]}."""
     return record.get("tools") or {}
@@ -223,17 +234,44 @@ def newest_version(spans) -> int | None:
     return max(numbers) if numbers else None
 
 
-def lagging_spans(spans, max_lag: int) -> list[tuple[int, int, str | None]]:
-    """The spans sampled more than `max_lag` versions before the newest of `spans` (the episode's last policy);
-    spans of an unordered version never lag."""
-    newest = newest_version(spans)
-    if newest is None:
+def lagging_spans(spans, max_lag: int, reference: int | None = None) -> list[tuple[int, int, str | None]]:
+    """The spans sampled more than `max_lag` versions before the newest policy: `reference` (the newest version the
+    engines have shown: tokens/engine.py's ENGINE_VERSIONS) or the newest of `spans`, whichever is newer; spans of an
+    unordered version never lag."""
+    known = [number for number in (newest_version(spans), reference) if number is not None]
+    if not known:
         return []
+    newest = max(known)
     return [
         (start, end, version)
         for start, end, version in spans
         if (number := version_number(version)) is not None and newest - number > max_lag
     ]
+
+
+class EngineVersions:
+    """The newest ordered weight version any engine answer has shown in this process (slime's rollout manager,
+    where generate(), the log hooks and the reward post-processing all run). slime pushes new weights to every
+    engine before it trains on, so it is the policy the next batch is trained by, or the one before it where
+    train_async.py forms a batch before its weight update."""
+
+    def __init__(self) -> None:
+        self.newest: int | None = None
+        self._lock = threading.Lock()
+
+    def observe(self, versions) -> None:
+        numbers = [number for version in versions if (number := version_number(version)) is not None]
+        if numbers:
+            with self._lock:
+                self.newest = max([*numbers, *([] if self.newest is None else [self.newest])])
+
+    def forget(self) -> None:
+        """Start over (a new run in the same process: tests, scripts)."""
+        with self._lock:
+            self.newest = None
+
+
+ENGINE_VERSIONS = EngineVersions()
 
 
 # ---- what the episode knows while it runs -----------------------------------------------------------------------
@@ -260,7 +298,8 @@ class EpisodeStats:
     observation_tokens: int = 0
     truncated_observations: int = 0  # tool results cut to fit their tool's observation budget
     tools: dict[str, ToolStats] = field(default_factory=dict)  # by tool name
-    tool_error: str | None = None  # the error that ended the episode FAILED
+    tool_error: str | None = None  # the tool error that ended the episode FAILED
+    engine_error: str | None = None  # what was wrong with the engine's answer, when that ended the episode FAILED
     generated_tokens: int = 0  # model tokens in the response (observations are not)
     resumes: int = 0  # partial rollout: how often an aborted episode was resumed
     earlier_policy_tokens: int = 0  # of generated_tokens, those an earlier policy wrote (before the last resume)
@@ -268,6 +307,9 @@ class EpisodeStats:
     # Aborts counted from the engine's answers (finish_reason abort: slime's abort, or a weight update pausing the
     # engines in fully-async training, where slime's abort flag never turns true), over every attempt.
     engine_aborts: int = 0
+    # Of those, the answers whose tokens had already ended their turn (an abort runs one more step, unchecked): the
+    # turn finished there, as the engine would have finished it.
+    aborts_after_turn_end: int = 0
     restarts: int = 0  # times an aborted episode started over instead of resuming (no --partial-rollout)
     lag_masked_tokens: int = 0  # generated tokens max_version_lag took out of the loss
     # long horizon (force_answer, split_trajectories, page chunks)
@@ -347,6 +389,8 @@ class EpisodeState:
         record = asdict(self.stats)
         record.update(finish_reason=reason.value, evaluation=self.evaluation)
         record[VERSIONS_KEY] = [[start, end, version] for start, end, version in versions]
+        if getattr(self.config, "max_version_lag", None) is not None:  # the lag mask slime's batch gets too
+            record["max_version_lag"] = self.config.max_version_lag
         if self.conversation is not None:
             record["conversation"] = self.conversation
         if resumable:

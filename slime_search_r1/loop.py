@@ -5,7 +5,8 @@ This file is the rollout's map: one XML search episode runs in the files named h
   generate_with_search.generate   settings.py resolves the settings, slime_flags.py checks slime's flags against them
   run_episode (below)             one EpisodeState, the protocol and token driver the settings name, the trajectory;
                                   then per turn:
-    driver.generate()  -> Turn    tokens/manual.py: the trajectory's ids to SGLang's /generate, the sampled ids (and
+    driver.generate()  -> Turn    tokens/manual.py: the trajectory's ids to SGLang's /generate (tokens/engine.py),
+                                  the answer settled into the turn it ends (tokens/turn_end.py), the sampled ids (and
                                   log probs) appended to the trajectory (tokens/legacy_router.py: the router modes)
     protocol.read()    -> Action  protocols/xml_tags.py: Search-R1's tags (protocols/chat.py: OpenAI tool calls)
     run_calls()        -> results tools/contract.py: each call run by its tool and counted under its name;
@@ -19,10 +20,14 @@ holds those names, and what extensions register). How an episode ends:
 
   answer                              COMPLETED  answer
   engine abort, or slime's abort      ABORTED    engine_abort (slime's abort, or a weight update pausing the engines in
-                                                 fully-async training) / rollout_aborted (checked before every turn)
+                                                 fully-async training) / rollout_aborted (checked before every turn);
+                                                 an aborted answer whose tokens already end the turn ends it as the
+                                                 engine would have (tokens/turn_end.py), and the episode goes on
   response or context budget out      TRUNCATED  token_budget (each turn is offered exactly what is left)
   max_turns reached                   TRUNCATED  max_turns; a tool call on the last turn is not run (no turn reads it)
   a tool failing after its retries    FAILED     tool_failed, with remove_sample when drop_failed_samples
+  the engine's answer unusable        FAILED     engine_error (a 4xx, a null log prob, ids and log probs that
+                                                 disagree, ...: the record's engine_error says which), likewise
 
 Long horizons (README: "Fully asynchronous, long horizon"):
   force_answer=final_turn   as Search-R1: max_turns turns run their tool calls, then one more turn whose calls are not
@@ -39,8 +44,9 @@ With slime's --partial-rollout, an ABORTED episode records where it stood (the t
 generated or its tool calls were to run); slime hands the sample back in a later rollout, and the episode resumes
 there: a turn cut mid-generation continues from its last token, calls the abort interrupted run again, and the
 budgets count what was already done. slime's fully-async worker hands an aborted sample back the same way. Each
-engine call's tokens are recorded with the weight version that sampled them (the Trajectory's `versions`);
-max_version_lag masks the oldest out of the loss when the episode ends.
+engine call's tokens are recorded with the weight version that sampled them (the Trajectory's `versions`, per
+token when SGLang reports spans); max_version_lag masks the ones that lag the newest version the engines have shown
+when the episode ends, and again when slime forms the batch (training/advantages.py).
 """
 
 import copy
@@ -53,6 +59,7 @@ from slime.rollout.rm_hub import async_rm
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
 from slime_search_r1.episode import (
+    ENGINE_VERSIONS,
     Action,
     EpisodeState,
     FinishReason,
@@ -68,6 +75,7 @@ from slime_search_r1.protocols.xml_tags import XmlProtocol
 from slime_search_r1.registry import PROTOCOLS, TOKEN_DRIVERS, TOOLS
 from slime_search_r1.settings import ConfigError, SearchR1Config
 from slime_search_r1.tokens.legacy_router import RouterHandlerDriver, RouterRadixDriver
+from slime_search_r1.tokens.engine import EngineProtocolError
 from slime_search_r1.tokens.manual import ManualDriver, Trajectory, why_not_continued
 from slime_search_r1.tools.access import ACCESS
 from slime_search_r1.tools.contract import Tool, ToolAborted, ToolError, run_calls
@@ -214,7 +222,8 @@ async def run_episode(args, sample: Sample, sampling_params: dict, config: Searc
     await driver.finish(status)
     driver.trajectory.decode_response(state.tokenizer)
     if config.max_version_lag is not None and status != Sample.Status.ABORTED:  # an aborted one has more to come
-        state.stats.lag_masked_tokens = driver.trajectory.mask_lagging_spans(config.max_version_lag)
+        lag_mask = driver.trajectory.mask_lagging_spans(config.max_version_lag, ENGINE_VERSIONS.newest)
+        state.stats.lag_masked_tokens = lag_mask
     versions = driver.trajectory.versions
     if not config.split_trajectories or evaluation:  # evaluation scores one sample per episode (slime, evaluate.py)
         return finish(state, status, reason, versions)
@@ -282,10 +291,16 @@ async def _turns(
             if params.get("min_new_tokens"):
                 params["min_new_tokens"] = min(params["min_new_tokens"], params["max_new_tokens"])
             before = driver.response_length
-            turn = await driver.generate(params)
+            try:
+                turn = await driver.generate(params)
+            except EngineProtocolError as exc:
+                stats.engine_error = str(exc)[:500]
+                return Sample.Status.FAILED, FinishReason.ENGINE_ERROR
             stats.generated_tokens += driver.response_length - before
-            if turn.finish_type == "abort":
+            if turn.engine_aborted:
                 stats.engine_aborts += 1
+                stats.aborts_after_turn_end += turn.finish_type != "abort"
+            if turn.finish_type == "abort":
                 return Sample.Status.ABORTED, FinishReason.ENGINE_ABORT
             stats.turns += 1
             action = protocol.read(turn, state)
@@ -302,6 +317,8 @@ async def _turns(
                     return Sample.Status.TRUNCATED, FinishReason.TOKEN_BUDGET
                 return Sample.Status.TRUNCATED, FinishReason.MAX_TURNS
             state.stage = "tool"
+        if budget.left(driver) <= 1:  # no reply fits with a token after it: its calls would run for nothing
+            return Sample.Status.TRUNCATED, FinishReason.TOKEN_BUDGET
         counters = copy.deepcopy(stats.tools)
         try:
             results = await run_calls(action.calls, state.tools, state)

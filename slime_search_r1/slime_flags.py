@@ -50,6 +50,21 @@ def check_slime_args(args, config: SearchR1Config, at_launch: bool = False) -> l
             "--rollout-top-p != 1 replays the engine's nucleus per sampled token; it needs TRACK_LOG_PROBS=true, "
             "LOSS_MASK_MODE=strict and TOKEN_TRACKING_MODE=manual"
         )
+    if config.max_version_lag is not None and getattr(args, "custom_convert_samples_to_train_data_path", None):
+        warnings.append(
+            "--custom-convert-samples-to-train-data-path replaces slime's reward post-processing, so "
+            f"{REWARD_POST_PROCESS_PATH} does not run: SEARCH_R1_MAX_VERSION_LAG then masks each episode when it "
+            "ends only, not again against the policy being trained when slime forms the batch"
+        )
+    elif config.max_version_lag is not None and getattr(args, "custom_reward_post_process_path", None) != (
+        REWARD_POST_PROCESS_PATH
+    ):
+        raise ConfigError(
+            f"SEARCH_R1_MAX_VERSION_LAG={config.max_version_lag} masks the tokens that lag the policy being trained "
+            f"when slime forms the batch, in {REWARD_POST_PROCESS_PATH}, which slime does not call; accepted: "
+            f"--custom-reward-post-process-path {REWARD_POST_PROCESS_PATH} (run_qwen2.5_3B.sh passes it), or "
+            "SEARCH_R1_MAX_VERSION_LAG unset"
+        )
     if getattr(args, "use_rollout_routing_replay", False):
         raise ConfigError(
             "--use-rollout-routing-replay (MoE routed-expert replay) is not supported by this plugin: drop the "

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from slime_search_r1.episode import Action, Reply, ToolCall, Turn, encode_text
-from slime_search_r1.protocols.chat_template import ChatRenderer, chat_template_kwargs
+from slime_search_r1.protocols.chat_template import ChatRenderer, chat_template_kwargs, turn_stop_ids
 from slime_search_r1.protocols.xml_tags import ANSWER_PATTERN
 from slime_search_r1.settings import ConfigError
 from slime_search_r1.tools.contract import Tool, read_call
@@ -172,11 +172,8 @@ class ChatProtocol:
         kwargs = chat_template_kwargs(state.args, state.sample)
         self.renderer = ChatRenderer(state.tokenizer, self.tool_schemas, kwargs, self.messages)
         self.prompt_text = self.renderer.render(self.messages, add_generation_prompt=True)
-        # The assistant turn ends with the template's end-of-turn token (<|im_end|> for Qwen2.5).
-        stop_ids = list(sampling_params.get("stop_token_ids") or [])
-        eot_token = self.renderer.end_of_turn_token
-        if eot_token is not None and eot_token not in stop_ids:
-            stop_ids.append(eot_token)
+        # The assistant turn ends with the template's end-of-turn token (<|im_end|> for Qwen2.5), on any served model.
+        stop_ids = turn_stop_ids(sampling_params, state.tokenizer, self.renderer.end_of_turn_token)
         self.sampling_params = {**sampling_params, "stop_token_ids": stop_ids}
         self.cut_at_stops: tuple[str, ...] = ()
 

@@ -13,6 +13,7 @@ added tokens), so the observations trained on are the ones the served model meet
 import copy
 import json
 import re
+from functools import lru_cache
 
 from slime_search_r1.episode import encode_text
 
@@ -24,6 +25,39 @@ _SLOT_PATTERN = re.compile("\ue000search-r1-slot-(\\d+)\ue001")
 def chat_template_kwargs(args, sample) -> dict:
     """slime's --apply-chat-template-kwargs with the sample's own on top (slime itself never fills the sample's)."""
     return {**(getattr(args, "apply_chat_template_kwargs", None) or {}), **(sample.apply_chat_template_kwargs or {})}
+
+
+def turn_stop_ids(sampling_params: dict, tokenizer, end_of_turn_token: int | None) -> list[int]:
+    """The request's stop_token_ids plus what ends a model turn whatever model serves it: the chat template's
+    end-of-turn token (<|im_end|>, where a template frames the turns) and the tokenizer's EOS. SGLang stops at its
+    served model's EOS set as well, which for a base model (Qwen2.5-3B: <|endoftext|> alone) lacks <|im_end|>."""
+    ids = list(sampling_params.get("stop_token_ids") or [])
+    for token in (end_of_turn_token, tokenizer.eos_token_id):
+        if token is not None and token not in ids:
+            ids.append(token)
+    return ids
+
+
+def template_end_of_turn(tokenizer, template_kwargs: dict | None = None) -> tuple[str, int | None]:
+    """(the text a chat template writes after an assistant message, its special token) for the tokenizer's template;
+    ("", None) when the tokenizer has none."""
+    return _template_end_of_turn(tokenizer, json.dumps(template_kwargs or {}, sort_keys=True, default=str))
+
+
+@lru_cache(maxsize=16)
+def _template_end_of_turn(tokenizer, template_kwargs: str) -> tuple[str, int | None]:
+    if not getattr(tokenizer, "chat_template", None):
+        return "", None
+    messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _ASSISTANT_SENTINEL}]
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, **json.loads(template_kwargs))
+    return _end_of_turn(tokenizer, rendered)
+
+
+def _end_of_turn(tokenizer, rendered: str) -> tuple[str, int | None]:
+    text = rendered[rendered.rindex(_ASSISTANT_SENTINEL) + len(_ASSISTANT_SENTINEL) :]
+    special = set(tokenizer.all_special_ids)
+    ids = encode_text(tokenizer, text, special_tokens_as_text=False)
+    return text, next((i for i in ids if i in special), None)
 
 
 class ChatTemplateError(RuntimeError):
@@ -51,11 +85,9 @@ class ChatRenderer:
         self.template_kwargs = dict(template_kwargs or {})
         # What the template writes after an assistant message's content, e.g. "<|im_end|>\n" for ChatML.
         rendered = self.render([*prompt_messages, {"role": "assistant", "content": _ASSISTANT_SENTINEL}], False)
-        self.end_of_turn_text = rendered[rendered.rindex(_ASSISTANT_SENTINEL) + len(_ASSISTANT_SENTINEL) :]
+        # and the special token that ends an assistant turn (a stop token for generation), if the template has one
+        self.end_of_turn_text, self.end_of_turn_token = _end_of_turn(tokenizer, rendered)
         self.end_of_turn_ids = encode_text(tokenizer, self.end_of_turn_text, special_tokens_as_text=False)
-        # The special token that ends an assistant turn (a stop token for generation), if the template has one.
-        special = set(tokenizer.all_special_ids)
-        self.end_of_turn_token = next((i for i in self.end_of_turn_ids if i in special), None)
         # Where a chat server's tokenizer splits rendered text: every added token (special or not), longest first.
         self.markers: dict[str, int] = tokenizer.get_added_vocab()
         alternatives = "|".join(re.escape(token) for token in sorted(self.markers, key=len, reverse=True))

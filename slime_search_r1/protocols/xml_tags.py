@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from functools import lru_cache
 
 from slime_search_r1.episode import Action, Reply, Turn, encode_text, fixed_text_ids
-from slime_search_r1.protocols.chat_template import chat_template_kwargs
+from slime_search_r1.protocols.chat_template import chat_template_kwargs, template_end_of_turn, turn_stop_ids
 from slime_search_r1.tools.contract import Tool, read_call
 
 logger = logging.getLogger(__name__)
@@ -98,7 +98,9 @@ def _block_within(tokenizer, documents: str, max_tokens: int) -> tuple[list[int]
         block = encode_text(tokenizer, f"{INFORMATION_OPEN}{kept}{INFORMATION_CLOSE}")
         if len(block) <= max_tokens or keep == 0:
             return block, kept, True
-        keep = max(0, keep - (len(block) - max_tokens))  # the cut text merged into more tokens than counted
+        # the cut text merged into more tokens than counted: drop the excess, and at least one token, so every
+        # attempt is shorter than the last and the cut ends within len(doc_ids) attempts whatever it finds
+        keep = max(0, keep - max(1, len(block) - max_tokens))
 
 
 _warned_prompts: set[str] = set()
@@ -139,7 +141,15 @@ class XmlProtocol:
         self.tokenizer = state.tokenizer
         self.tools = state.tools
         self.prompt_text = prompt_text(state.args, state.tokenizer, state.sample, self.tools)
-        self.sampling_params = {**sampling_params, "stop": with_stop_strings(sampling_params.get("stop"), self.tools)}
+        # A chat template that frames the prompt ends the model's turn with its end-of-turn token (<|im_end|>), which
+        # a base model's EOS set lacks: it is sent, with the tokenizer's EOS, so every served model stops there.
+        end_text, end_token = template_end_of_turn(self.tokenizer, chat_template_kwargs(state.args, state.sample))
+        framed = end_token if end_text.strip() and end_text.strip() in self.prompt_text else None
+        self.sampling_params = {
+            **sampling_params,
+            "stop": with_stop_strings(sampling_params.get("stop"), self.tools),
+            "stop_token_ids": turn_stop_ids(sampling_params, self.tokenizer, framed),
+        }
         self.cut_at_stops = stop_strings(self.tools)  # an engine that ignores stop strings is cut after the first
         self.invalid_action_ids = list(fixed_text_ids(self.tokenizer, invalid_action_message(self.tools.values())))
 

@@ -15,7 +15,7 @@ import aiohttp
 from slime.utils.types import Sample
 from slime_search_r1.episode import Turn
 from slime_search_r1.http_client import loop_session
-from slime_search_r1.tokens.manual import EngineProtocolError, EngineUnavailable, base_url, post_with_retries
+from slime_search_r1.tokens.engine import EngineProtocolError, EngineUnavailable, base_url, post_with_retries
 
 _supported: dict[str, bool] = {}
 

@@ -1,42 +1,29 @@
 """TOKEN_TRACKING_MODE=manual: the exact id list being trained goes to SGLang's /generate, its ids and log probs come
 back, and the trajectory on the sample grows by them, turn by turn.
 
-  ManualDriver         the token driver: one engine call per turn, an engine that ran past a stop string cut after it
+  ManualDriver         the token driver: one engine call per turn (tokens/engine.py), its answer settled into the turn
+                       it ends (tokens/turn_end.py: an abort may already have ended it; an engine may run past an end)
   Trajectory           the sample's tokens, loss mask and log probs, kept aligned: the only writer of those fields;
-                       and which weight version sampled which tokens (one span per engine call); with
-                       split_trajectories, the segments an episode is trained as (one sample each)
-  generate_turn        one /generate call (aiohttp, or slime's post()), retried like slime's, its answer checked
+                       and which weight version sampled which tokens (the engine's spans, else one per engine call);
+                       with split_trajectories, the segments an episode is trained as (one sample each)
 
 Nothing is re-tokenized, so every id the engine conditioned on is a prefix of `sample.tokens` (of its segment's
 tokens, once an episode is split). With slime's --partial-rollout a turn the engine aborted keeps what it had
 sampled, and the resumed episode continues that turn from its last token (the engine's context is still the
-trajectory).
+trajectory); an aborted answer whose tokens already end the turn finishes it there instead.
 """
 
-import base64
 import copy
 import logging
 import random
-from array import array
 from dataclasses import dataclass, replace
 
-from tenacity import before_sleep_log, wait_fixed
-
-from slime.rollout.sglang_rollout import get_model_url
-from slime.utils.http_utils import post as slime_post
 from slime.utils.types import Sample
 from slime_search_r1.episode import Turn, episode_record, forget_episode, lagging_spans, version_spans
-from slime_search_r1.http_client import RequestFailed, RetryableRequestFailed, post_json, retrying, unbounded_session
+from slime_search_r1.tokens.engine import engine_url, generate_turn, routing_headers, weight_version_of
+from slime_search_r1.tokens.turn_end import TurnEnds, model_eos_ids, settle
 
 logger = logging.getLogger(__name__)
-
-# Like slime's post(): an engine that restarts or is briefly overloaded gets 60 tries, 1 s apart.
-ENGINE_ATTEMPTS = 60
-ENGINE_RETRY_WAIT_S = 1.0
-
-# slime reads either name of each (slime/utils/types.py)
-_TOP_P_ID_KEYS = ("top_p_token_ids", "top_p_kept_token_ids")
-_TOP_P_OFFSET_KEYS = ("top_p_token_offsets", "top_p_kept_token_offsets")
 
 
 # ---- the driver -------------------------------------------------------------------------------------------------
@@ -60,6 +47,7 @@ class ManualDriver:
         )
         self.headers = routing_headers(state.args, state.sample)
         self.cut_at_stops = protocol.cut_at_stops  # an engine that ignores stop strings is cut after the first
+        self.eos_ids = model_eos_ids(getattr(state.args, "hf_checkpoint", None), state.tokenizer)
         self.state = state
         self.keep_aborted = bool(getattr(state.args, "partial_rollout", False))  # slime resumes them
 
@@ -77,10 +65,11 @@ class ManualDriver:
         return Turn(ids, "stop", text=self.tokenizer.decode(ids, skip_special_tokens=False))
 
     async def generate(self, sampling_params: dict) -> Turn:
-        """The turn under way: what the engine samples now, after what it sampled before an abort (if anything)."""
+        """The turn under way: what the engine samples now, after what it sampled before an abort (if anything),
+        settled into the turn it ends (turn_end.settle)."""
         trajectory = self.trajectory
         written = self.written_turn().ids
-        turn = await generate_turn(
+        answer = await generate_turn(
             self.url,
             trajectory.context(),
             sampling_params,
@@ -88,50 +77,19 @@ class ManualDriver:
             use_slime_post=self.use_slime_post,
             headers=self.headers,
         )
-        if turn.finish_type == "abort" and not (self.keep_aborted and turn.ids):
-            return turn
-        ids = written + turn.ids
-        text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        # a stop string may span the tokens sampled before and after an abort: the engine saw only its own part
-        keep = cut_after_first_stop(ids, self.tokenizer, text, self.cut_at_stops)
-        if keep < len(ids):
-            turn = keep_first_tokens(turn, keep - len(written))
-            ids = written + turn.ids
-            text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        trajectory.add_generated(turn.ids, turn.log_probs, turn.meta_info)
-        return Turn(ids, turn.finish_type, text=text, log_probs=turn.log_probs, meta_info=turn.meta_info)
+        ends = TurnEnds.of(sampling_params, self.cut_at_stops, self.eos_ids)
+        answer = settle(answer, written, ends, sampling_params.get("max_new_tokens"), self.tokenizer)
+        if answer.finish_type == "abort" and not (self.keep_aborted and answer.ids):
+            return answer
+        trajectory.add_generated(answer.ids, answer.log_probs, answer.meta_info, answer.versions)
+        ids = written + answer.ids
+        return replace(answer, ids=ids, text=self.tokenizer.decode(ids, skip_special_tokens=False))
 
     def add_observation(self, ids: list[int], short_ids: list[int] | None = None) -> None:
         self.trajectory.add_observation(ids, short_ids)
 
     async def finish(self, status) -> None:
         """Nothing to fetch: the trajectory was written turn by turn."""
-
-
-def cut_after_first_stop(ids: list[int], tokenizer, text: str, stops: tuple[str, ...]) -> int:
-    """How many of `ids` to keep so the turn ends with the token that completes its first stop string.
-
-    An engine that honours stop strings already ends there; one that ran past them is cut, which keeps
-    every kept token and log prob exact (they are a prefix of what was sampled).
-    """
-    hits = [(pos, stop) for stop in stops if (pos := text.find(stop)) >= 0]
-    if not hits or len(ids) <= 1:
-        return len(ids)
-    pos, stop = min(hits)
-
-    def holds_stop(count: int) -> bool:
-        return tokenizer.decode(ids[:count], skip_special_tokens=False).find(stop) == pos
-
-    if not holds_stop(len(ids) - 1):  # the usual case: the stop string ends in the last token
-        return len(ids)
-    low, high = 1, len(ids) - 1
-    while low < high:
-        mid = (low + high) // 2
-        if holds_stop(mid):
-            high = mid
-        else:
-            low = mid + 1
-    return low
 
 
 # ---- the trajectory on the sample -------------------------------------------------------------------------------
@@ -221,7 +179,11 @@ class Trajectory:
     def response_ids(self) -> list[int]:
         return self.sample.tokens[len(self.prompt_ids) :]
 
-    def add_generated(self, ids: list[int], log_probs: list[float] | None, meta_info: dict | None) -> None:
+    def add_generated(
+        self, ids: list[int], log_probs: list[float] | None, meta_info: dict | None, versions=None
+    ) -> None:
+        """Sampled tokens; `versions`: (start, end, weight version) spans over them (one span of meta_info's
+        weight_version when not given)."""
         start = self.response_length
         for form in self.short_forms:
             form.read = True
@@ -233,15 +195,17 @@ class Trajectory:
             self._extend_untracked(ids, 1)
             if meta_info and "weight_version" in meta_info:  # what slime's append_response_tokens keeps
                 self.sample.weight_versions.append(meta_info["weight_version"])
-        if ids:
-            self.versions.append([start, start + len(ids), weight_version_of(meta_info)])
+        if versions is None:
+            versions = [(0, len(ids), weight_version_of(meta_info))] if ids else []
+        self.versions.extend([start + first, start + end, version] for first, end, version in versions)
 
-    def mask_lagging_spans(self, max_lag: int) -> int:
-        """Loss mask 0 on the generated spans sampled more than `max_lag` weight versions before the episode's
-        newest (log probs unchanged); returns how many trained tokens that took out of the loss."""
+    def mask_lagging_spans(self, max_lag: int, reference: int | None = None) -> int:
+        """Loss mask 0 on the generated spans sampled more than `max_lag` weight versions before `reference` (the
+        newest version the engines have shown; the episode's newest when that is newer or unknown), log probs
+        unchanged; returns how many trained tokens that took out of the loss."""
         mask = self.sample.loss_mask
         masked = 0
-        for start, end, _ in lagging_spans(self.versions, max_lag):
+        for start, end, _ in lagging_spans(self.versions, max_lag, reference):
             masked += sum(mask[start:end])
             mask[start:end] = [0] * (end - start)
         return masked
@@ -399,136 +363,3 @@ def reset_response_fields(sample: Sample, tokens: list[int], track_log_probs: bo
     sample.remove_sample = False
     sample.status = Sample.Status.PENDING
     forget_episode(sample)
-
-
-# ---- the engine call --------------------------------------------------------------------------------------------
-
-
-class EngineProtocolError(RuntimeError):
-    """The engine rejected the request (4xx) or answered without what token-exact training needs."""
-
-
-class EngineUnavailable(RuntimeError):
-    """The engine kept failing (connection errors, 5xx) for every attempt."""
-
-
-def engine_url(args, model: str) -> str:
-    return get_model_url(args, model, "/generate")
-
-
-def routing_headers(args, sample) -> dict | None:
-    """Keep every turn of a sample on one engine when slime's router hashes on a key (prefix cache hits)."""
-    if getattr(args, "router_policy", None) == "consistent_hashing" and getattr(sample, "session_id", None):
-        return {"X-SMG-Routing-Key": sample.session_id}
-    return None
-
-
-def base_url(args, model: str) -> str:
-    """The policy's router (sglang-router in front of the engines, or the old slime router), found as slime finds
-    it: `model`'s router from --sglang-config, else --sglang-router-ip/--sglang-router-port."""
-    return get_model_url(args, model, endpoint="")
-
-
-async def post_with_retries(url: str, payload: dict, headers: dict | None = None) -> object:
-    """POST to the engine or router over aiohttp, retried like slime's post() on 5xx, 429 and connection errors."""
-    session = unbounded_session("sglang")
-    try:
-        async for attempt in retrying(
-            ENGINE_ATTEMPTS,
-            wait=wait_fixed(ENGINE_RETRY_WAIT_S),
-            before_sleep=before_sleep_log(logger, logging.WARNING),
-        ):
-            with attempt:
-                return await post_json(session, url, payload, None, headers=headers)
-    except RetryableRequestFailed as exc:
-        raise EngineUnavailable(f"SGLang did not answer after {ENGINE_ATTEMPTS} attempts: {exc}") from exc
-    except RequestFailed as exc:
-        raise EngineProtocolError(str(exc)) from exc
-
-
-async def generate_turn(
-    url: str,
-    input_ids: list[int],
-    sampling_params: dict,
-    return_logprob: bool,
-    *,
-    use_slime_post: bool = False,
-    headers: dict | None = None,
-) -> Turn:
-    """One /generate call; slime's own post() when asked (e.g. its Ray-distributed posts), else aiohttp."""
-    payload = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": return_logprob}
-    if use_slime_post:
-        output = await slime_post(url, payload, headers=headers)
-    else:
-        output = await post_with_retries(url, payload, headers)
-    turn = parse_engine_output(output, return_logprob)
-    seen = turn.meta_info.get("prompt_tokens")
-    # An abort before prefill reports 0 prompt tokens on some SGLang versions: only check finished turns.
-    if turn.finish_type != "abort" and isinstance(seen, int) and seen != len(input_ids):
-        raise EngineProtocolError(
-            f"the engine conditioned on {seen} tokens but {len(input_ids)} were sent, so the trajectory would not "
-            "be what it saw: something rewrote or truncated input_ids (the old slime router's radix middleware "
-            "rewrites them: use TOKEN_TRACKING_MODE=router_radix with it; SGLang's allow_auto_truncate cuts them)"
-        )
-    return turn
-
-
-def parse_engine_output(output: object, return_logprob: bool) -> Turn:
-    """The sampled ids (and log probs) of a /generate answer; the text is the driver's to decode."""
-    if not isinstance(output, dict) or not isinstance(output.get("meta_info"), dict):
-        raise EngineProtocolError(f"/generate answered without meta_info: {str(output)[:200]}")
-    meta_info = output["meta_info"]
-    finish = meta_info.get("finish_reason") or {}
-    finish_type = finish.get("type") if isinstance(finish, dict) else str(finish)
-    if finish_type == "abort":  # SGLang answers with what it had sampled (nothing when aborted before prefill)
-        if return_logprob:
-            pairs = meta_info.get("output_token_logprobs") or []
-            return Turn(
-                [int(p[1]) for p in pairs], "abort", log_probs=[float(p[0]) for p in pairs], meta_info=meta_info
-            )
-        return Turn([int(i) for i in output.get("output_ids") or []], "abort", meta_info=meta_info)
-    if return_logprob:
-        pairs = meta_info.get("output_token_logprobs")
-        if pairs is None:
-            raise EngineProtocolError("/generate answered without meta_info.output_token_logprobs")
-        ids, log_probs = [int(p[1]) for p in pairs], [float(p[0]) for p in pairs]
-        return Turn(ids, finish_type, log_probs=log_probs, meta_info=meta_info)
-    ids = output.get("output_ids")
-    if ids is None:
-        raise EngineProtocolError(
-            "/generate answered without output_ids; this SGLang version only returns generated ids with "
-            "log probs, so set TRACK_LOG_PROBS=true (re-tokenizing the text would not be token-exact)"
-        )
-    return Turn([int(i) for i in ids], finish_type, meta_info=meta_info)
-
-
-def weight_version_of(meta_info: dict | None) -> str | None:
-    """The weight version SGLang reports for an answer (meta_info["weight_version"], a string), or None."""
-    version = (meta_info or {}).get("weight_version")
-    return None if version is None else str(version)
-
-
-def int32_values(value) -> list[int]:
-    """An int32 array as SGLang's top-p replay sends it (base64 of native int32, bytes, or a list) as ints."""
-    if isinstance(value, str):
-        value = base64.b64decode(value)
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return array("i", bytes(value)).tolist()
-    return [int(v) for v in (value.tolist() if hasattr(value, "tolist") else value)]
-
-
-def keep_first_tokens(turn: Turn, count: int) -> Turn:
-    """The turn cut after its first `count` tokens (what a stop at that token would have returned)."""
-    meta_info = dict(turn.meta_info)
-    meta_info["finish_reason"] = {"type": "stop"}
-    if "output_token_logprobs" in meta_info:
-        meta_info["output_token_logprobs"] = meta_info["output_token_logprobs"][:count]
-    id_key = next((k for k in _TOP_P_ID_KEYS if meta_info.get(k) is not None), None)
-    offsets_key = next((k for k in _TOP_P_OFFSET_KEYS if meta_info.get(k) is not None), None)
-    if id_key and offsets_key:
-        # the nucleus of token i is ids[offsets[i]:offsets[i + 1]]; slime reads lists as well as base64
-        offsets = int32_values(meta_info[offsets_key])[: count + 1]
-        meta_info[offsets_key] = offsets
-        meta_info[id_key] = int32_values(meta_info[id_key])[: offsets[-1]]
-    log_probs = None if turn.log_probs is None else turn.log_probs[:count]
-    return replace(turn, ids=turn.ids[:count], finish_type="stop", log_probs=log_probs, meta_info=meta_info)

@@ -24,12 +24,18 @@ STD_NORMALIZED_ESTIMATORS = ("grpo", "gspo", "cispo")
 
 def post_process_rewards(args, samples) -> tuple[list[float], list[float]]:
     """(raw rewards, rewards to train on) for slime's flat sample list, as slime computes them minus removed ones,
-    one value per trajectory.
+    one value per trajectory; first, SEARCH_R1_MAX_VERSION_LAG's mask against the policy being trained
+    (training/staleness.py), as slime forms the batch right after this.
 
     Groups are formed as slime forms them, over trajectories: consecutive runs of n_samples_per_prompt when the
     batch holds n_samples_per_prompt * rollout_batch_size of them, otherwise the whole batch as one group.
     """
-    import torch  # here, not at the top: the launch check reads the estimator names above without loading torch
+    # here, not at the top: the launch check reads the estimator names above without loading torch or the rollout
+    import torch
+
+    from slime_search_r1.training.staleness import mask_lagging_tokens
+
+    mask_lagging_tokens(samples)
 
     raw_rewards = [sample.get_reward_value(args) for sample in samples]
     if args.advantage_estimator not in GROUP_NORMALIZED_ESTIMATORS or not args.rewards_normalization:

@@ -24,10 +24,20 @@ from slime.rollout.data_source import RolloutDataSource, RolloutDataSourceWithBu
 from slime.rollout.fully_async_rollout import AsyncRolloutWorker, generate_rollout_fully_async
 from slime.utils.http_utils import get_rollout_num_engines
 from slime.utils.types import Sample
-from slime_search_r1.episode import lagging_spans, part_spans, token_versions, version_number, version_spans
+from slime_search_r1.episode import (
+    ENGINE_VERSIONS,
+    lagging_spans,
+    part_spans,
+    token_versions,
+    version_number,
+    version_spans,
+)
 from slime_search_r1.settings import ConfigError, resolve_config, search_r1_configs
+from slime_search_r1.slime_flags import REWARD_POST_PROCESS_PATH
 from slime_search_r1.tokens.manual import Trajectory
-from slime_search_r1.training.metrics import TRAIN_PREFIX, search_metrics, staleness_metrics
+from slime_search_r1.training.metrics import TRAIN_PREFIX, search_metrics
+from slime_search_r1.training.advantages import post_process_rewards
+from slime_search_r1.training.staleness import mask_lagging_tokens, staleness_metrics
 from slime_search_r1.viewer.page import versions_view
 from support import slime_compat
 from support.episodes import (
@@ -47,6 +57,7 @@ FULLY_ASYNC = "slime.rollout.fully_async_rollout.generate_rollout_fully_async"
 SCRIPTS = TWO_SEARCHES_THEN_ANSWER
 XML_SCRIPT = SCRIPTS["generate"]
 CUT_AFTER = 7  # tokens the interrupted turn had sampled when the weight update came
+ABORT_STEP = 1  # the one more decode step an abort runs, its token kept unchecked (SGLang's scheduler, to_finish)
 
 
 # ---- slime's fully-async rollout, driven as train_async.py drives it ------------------------------------------------
@@ -136,6 +147,7 @@ def async_args(make_args, search_config):
             prompt_data=None,
             buffer_filter_path=None,
             rollout_shuffle=False,
+            custom_reward_post_process_path=REWARD_POST_PROCESS_PATH,  # as run_qwen2.5_3B.sh passes it
         )
         slime_compat.reset_generate_state()
         return args
@@ -204,7 +216,8 @@ async def test_a_turn_cut_by_a_weight_update_resumes_token_exactly_with_partial_
     assert pause.reached.is_set() and pause.aborted
     assert (pause.version_before, pause.version_after) == ("1", "2")
     calls = engine.calls[calls_before:]
-    cut = len(calls[1].input_ids) - prompt_length(mode, tokenizer) + CUT_AFTER  # response tokens before the update
+    # response tokens before the update
+    cut = len(calls[1].input_ids) - prompt_length(mode, tokenizer) + CUT_AFTER + ABORT_STEP
     assert_resumed_exactly(sample, baseline, masked_before=cut if masked else None)
     record = info(sample)
     assert (record["resumes"], record["resumed_at"], record["engine_aborts"], record["restarts"]) == (1, [cut], 1, 0)
@@ -223,6 +236,41 @@ async def test_a_turn_cut_by_a_weight_update_resumes_token_exactly_with_partial_
     assert (metrics["versions/lag/max"], metrics["versions/mixed_share"]) == (1, 1.0)
     trained_old = 0 if masked else cut - sum(1 - m for m in baseline.loss_mask[:cut])  # model tokens before the cut
     assert metrics["versions/stale_trained_token_share"] == pytest.approx(trained_old / sum(sample.loss_mask))
+
+
+@pytest.mark.parametrize("partial", [True, False], ids=["partial-rollout", "no-partial-rollout"])
+@pytest.mark.parametrize(("mode", "turn"), [("chat", 0), ("chat", 2), ("generate", 0), ("generate", 2)])
+async def test_a_weight_update_one_token_before_a_turns_end_finishes_the_turn_there(
+    partial, mode, turn, async_args, tokenizer, engine, policy, retriever
+):
+    """slime pauses the engines (abort mode) one token before a turn's end: the abort's one more step samples that
+    last token (<|im_end|>, or the one completing </search> or </answer>). The turn ends there as the engine would
+    have ended it, and the episode goes on under the new weights, whatever --partial-rollout says: nothing is
+    resumed, nothing started over, and the reward is the uninterrupted episode's."""
+    policy.scripts[QUESTION + "?"] = SCRIPTS[mode]
+    calls_before = len(engine.calls)
+    baseline = await baseline_of(async_args, mode, tokenizer, partial=partial)
+    uninterrupted = engine.calls[calls_before:]
+    args = async_args(mode, partial=partial)
+    calls_before = len(engine.calls)
+    pause = engine.pause_at(calls_before + turn + 1, len(uninterrupted[turn].output_ids) - 1)
+    sample = (await fully_async_rollout_of(args, [new_sample(mode, tokenizer)]))[0][0]
+
+    assert pause.aborted and engine.calls[calls_before + turn].finish["type"] == "abort"
+    assert_resumed_exactly(sample, baseline)
+    assert sample.reward == baseline.reward == 1.0
+    record = info(sample)
+    assert (record["engine_aborts"], record["aborts_after_turn_end"], record["resumes"], record["restarts"]) == (
+        1,
+        1,
+        0,
+        0,
+    )
+    assert len(engine.calls) - calls_before == len(uninterrupted)  # no request went on past a turn's end
+    metrics = search_metrics([sample])
+    assert (metrics["engine_aborts/mean"], metrics["aborts_after_turn_end/mean"]) == (1, 1)
+    # the turn's tokens, its last one included, were sampled before the update; the turns after it, after
+    assert [version for _, _, version in version_spans(record)] == ["1"] * (turn + 1) + ["2"] * (2 - turn)
 
 
 async def test_without_partial_rollout_a_restarted_episode_holds_only_versions_from_after_the_restart(
@@ -398,7 +446,7 @@ def finished(spans: list[list], mask: list[int], **record) -> Sample:
 def test_staleness_metrics_of_a_hand_built_batch(make_args):
     batch = [
         finished([[0, 4, "5"], [6, 10, "7"]], [1, 1, 1, 1, 0, 0, 1, 1, 1, 1]),  # lag 7-5 = 2, two versions
-        finished([[0, 4, "6"]], [0, 0, 1, 1], lag_masked_tokens=2),  # lag 1; two of its tokens masked
+        finished([[0, 4, "6"]], [0, 0, 1, 1], max_version_lag=0),  # lag 1: the lag mask covers its 4 tokens
         finished([[0, 2, "7"]], [1, 1], engine_aborts=2, restarts=1),  # newest
         finished([[0, 2, "7"]], [1, 1]),  # removed (below): its tokens are not trained
         finished([[0, 3, "default"]], [1, 1, 1]),  # unordered: no lag, not counted as older
@@ -410,9 +458,9 @@ def test_staleness_metrics_of_a_hand_built_batch(make_args):
         "versions/lag/mean": pytest.approx((2 + 1 + 0 + 0) / 4),
         "versions/lag/max": 2,
         "versions/mixed_share": 1 / 4,
-        # trained tokens: 8 + 2 + 2 + 3 ("default"); older than 7: the first sample's 4 of version 5 and the 2 of 6
-        "versions/stale_trained_token_share": pytest.approx(6 / 15),
-        "versions/lag_masked_share": pytest.approx(2 / (8 + 4 + 2 + 2)),
+        # trained tokens, the lag mask's taken out: 8 + 0 + 2 + 3 ("default"); older than 7: the first one's 4
+        "versions/stale_trained_token_share": pytest.approx(4 / 13),
+        "versions/lag_masked_share": pytest.approx(4 / (8 + 4 + 2 + 2)),
     }
     with record_tracking() as logged:
         args = make_args(use_wandb=True, custom_rollout_log_function_path="generate_with_search.log_rollout_metrics")
@@ -421,6 +469,25 @@ def test_staleness_metrics_of_a_hand_built_batch(make_args):
     assert plugin[TRAIN_PREFIX + "versions/lag/max"] == 2
     assert plugin[TRAIN_PREFIX + "engine_aborts/mean"] == pytest.approx(2 / 5)
     assert plugin[TRAIN_PREFIX + "restarted_share"] == pytest.approx(1 / 5)
+
+
+def test_a_batch_that_waited_across_an_update_lags_the_newest_version_the_engines_have_shown(make_args):
+    """Finished groups wait in slime's fully-async queue across weight updates: a batch sampled wholly at version 4
+    and trained by version 5 lags by one, which only the engines' answers say (here, one from version 5)."""
+    batch = [finished([[0, 4, "4"]], [1, 1, 1, 1], max_version_lag=0), finished([[0, 2, "4"]], [1, 1])]
+    for sample in batch:
+        sample.reward = 1.0
+    ENGINE_VERSIONS.observe(["5"])
+    metrics = staleness_metrics([(sample, info(sample)) for sample in batch])
+    assert (metrics["versions/newest"], metrics["versions/lag/max"], metrics["versions/lag/mean"]) == (5, 1, 1)
+    assert metrics["versions/stale_trained_token_share"] == pytest.approx(2 / 2)  # the first one's are masked
+    assert metrics["versions/lag_masked_share"] == pytest.approx(4 / 6)
+    # slime forms the batch: the lag mask of the sample that asked for it, counted in its record
+    assert post_process_rewards(make_args(n_samples_per_prompt=1, rollout_batch_size=2), batch)[0] == [1.0, 1.0]
+    assert batch[0].loss_mask == [0, 0, 0, 0] and info(batch[0])["lag_masked_tokens"] == 4
+    assert batch[1].loss_mask == [1, 1] and "lag_masked_tokens" not in info(batch[1])
+    # a mask taken once stays taken: forming the batch again masks nothing more
+    assert mask_lagging_tokens(batch) == 0 and info(batch[0])["lag_masked_tokens"] == 4
 
 
 def test_a_split_episode_counts_the_trained_tokens_of_every_part_once(make_args):

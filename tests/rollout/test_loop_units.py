@@ -14,6 +14,7 @@ import pytest
 from slime.utils.types import Sample
 from slime_search_r1 import loop
 from slime_search_r1.episode import (
+    ENGINE_VERSIONS,
     Action,
     EpisodeState,
     FinishReason,
@@ -25,6 +26,7 @@ from slime_search_r1.episode import (
     write_episode,
 )
 from slime_search_r1.settings import ConfigError
+from slime_search_r1.tokens.engine import EngineProtocolError
 from slime_search_r1.tools.access import ChunkResult
 from slime_search_r1.tools.contract import Tool, ToolAborted, ToolError
 
@@ -123,8 +125,8 @@ class FakeTrajectory:
     def decode_response(self, tokenizer) -> None:
         self.decoded_with.append(tokenizer)
 
-    def mask_lagging_spans(self, lag) -> int:
-        self.lag_calls.append(lag)
+    def mask_lagging_spans(self, lag, reference=None) -> int:
+        self.lag_calls.append((lag, reference))
         return self.lag_masked
 
     def segment_samples(self, tokenizer):
@@ -132,7 +134,9 @@ class FakeTrajectory:
 
 
 class ScriptedDriver:
-    """Each generate() takes the next scripted turn: (text, number of ids, finish_type)."""
+    """Each generate() takes the next scripted turn: (text, number of ids, finish_type), or with a fourth item
+    whether the engine said abort (an abort whose tokens had already ended the turn); finish_type "abort" implies it;
+    an exception instead is raised."""
 
     resumable = True
     prepared: list = []
@@ -153,11 +157,15 @@ class ScriptedDriver:
 
     async def generate(self, sampling_params: dict) -> Turn:
         self.params.append(sampling_params)
-        text, length, finish_type = self.script.pop(0)
+        step = self.script.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        text, length, finish_type, *engine_aborted = step
         self.response_length += length
         self.context_length += length
         self.trajectory.response_length = self.response_length
-        self.written = Turn(ids=[1] * length, finish_type=finish_type, text=text)
+        aborted = engine_aborted[0] if engine_aborted else finish_type == "abort"
+        self.written = Turn(ids=[1] * length, finish_type=finish_type, text=text, engine_aborted=aborted)
         return self.written
 
     def written_turn(self) -> Turn:
@@ -278,6 +286,26 @@ async def test_an_engine_abort_counts_and_aborts():
     assert protocol.reads == []
 
 
+async def test_an_abort_whose_tokens_ended_the_turn_is_counted_and_the_episode_goes_on():
+    # the engine said abort, but its last token ended the turn (turn_end.settle made it a stop): read, run, answered
+    state, protocol, driver, budget = episode([(SEARCH, 4, "stop", True), (ANSWER, 3, "stop", True)])
+    assert await turns(state, protocol, driver, budget) == (Sample.Status.COMPLETED, FinishReason.ANSWER)
+    assert state.stats.engine_aborts == 2 and state.stats.aborts_after_turn_end == 2
+    assert state.stats.turns == 2 and len(protocol.reads) == 2 and len(driver.observations) == 1
+
+
+async def test_an_engine_answer_that_cannot_be_trained_on_fails_the_episode_with_its_reason():
+    problem = EngineProtocolError("the engine's log prob of output token 3 (id 7) is null: ...")
+    state, protocol, driver, budget = episode([(SEARCH, 4, "stop"), problem])
+    assert await turns(state, protocol, driver, budget) == (Sample.Status.FAILED, FinishReason.ENGINE_ERROR)
+    assert state.stats.engine_error == str(problem)
+    assert state.stats.turns == 1 and state.stats.generated_tokens == 4
+    long = EngineProtocolError("x" * 900)
+    state, protocol, driver, budget = episode([long])
+    await turns(state, protocol, driver, budget)
+    assert state.stats.engine_error == "x" * 500
+
+
 async def test_slime_s_abort_flag_stops_before_the_engine_is_called():
     state = make_state(aborted=True)
     state, protocol, driver, budget = episode([(ANSWER, 3, "stop")], state=state)
@@ -337,6 +365,19 @@ async def test_a_reply_that_leaves_no_token_to_generate_is_not_shown():
         if not shown:
             assert reason == FinishReason.TOKEN_BUDGET
             assert driver.observations == [] and state.stats.observation_tokens == 0
+
+
+@pytest.mark.parametrize(("left", "runs", "answers"), [(8, True, True), (2, True, False), (1, False, False)])
+async def test_a_call_is_not_run_when_no_reply_could_fit_with_one_more_token(left, runs, answers):
+    # the turn ends with a call (an engine may complete it with the last allowed token) and leaves `left` tokens; its
+    # reply takes 2 + 5 ids: with 2 left the call runs and its reply is too long, with 1 no reply of any length fits
+    state, protocol, driver, budget = episode([(SEARCH, 20 - left, "stop"), (ANSWER, 1, "stop")], budget=(20, 1000))
+    status, reason = await turns(state, protocol, driver, budget)
+    assert (TOOL in state.stats.tools) is runs
+    if answers:
+        assert (status, reason) == (Sample.Status.COMPLETED, FinishReason.ANSWER)
+    else:
+        assert (status, reason) == (Sample.Status.TRUNCATED, FinishReason.TOKEN_BUDGET)
 
 
 async def test_truncated_results_are_counted_over_the_episode():
@@ -800,10 +841,18 @@ async def test_run_episode_masks_lagging_tokens_of_an_ended_episode(wired, monke
         self.lag_masked = 6
 
     monkeypatch.setattr(FakeTrajectory, "__init__", with_lag)
+    answered = list(EpisodeDriver.script)
     sample = await run(config=config)
     EpisodeDriver.script = [(SEARCH, 2, "abort")]
     aborted = await run(config=config)  # an aborted episode has more to come: nothing is masked yet
-    assert wired.trajectories[0].lag_calls == [2] and episode_record(sample)["lag_masked_tokens"] == 6
+    assert wired.trajectories[0].lag_calls == [(2, None)] and episode_record(sample)["lag_masked_tokens"] == 6
+    ENGINE_VERSIONS.observe(["7"])  # the engines have shown version 7: the mask measures against it
+    EpisodeDriver.script = answered
+    try:
+        await run(config=config)
+    finally:
+        ENGINE_VERSIONS.forget()
+    assert wired.trajectories[2].lag_calls == [(2, 7)]
     assert wired.trajectories[1].lag_calls == [] and episode_record(aborted)["lag_masked_tokens"] == 0
 
 

@@ -3,6 +3,7 @@
 own settings reaching the rollout."""
 
 import copy
+import re
 import json
 import shutil
 
@@ -17,8 +18,8 @@ from slime_search_r1.settings import ConfigError
 from slime_search_r1.slime_flags import REWARD_POST_PROCESS_PATH
 from slime_search_r1.data import search_r1_prompt
 from slime_search_r1.tools.search import SEARCH_SCHEMA
-from slime_search_r1.tokens import manual as sglang_engine
-from slime_search_r1.tokens.manual import EngineProtocolError, EngineUnavailable
+from slime_search_r1.tokens import engine as sglang_engine
+from slime_search_r1.tokens.engine import EngineUnavailable
 from slime_search_r1.tokens.legacy_router import RouterTrackingError
 from support.episodes import (
     ANSWER_TURN,
@@ -189,7 +190,9 @@ async def test_the_test_engine_speaks_openai_chat_completions_with_tools(tokeniz
     import httpx
 
     policy.scripts[QUESTION + "?"] = [CALL, CHAT_ANSWER]
+    # the chat protocol's stop ids: <|im_end|> ends the turn although the served base model's EOS set lacks it
     request = {"model": "default", "messages": chat_messages(), "tools": [SEARCH_SCHEMA], "max_tokens": 200}
+    request["stop_token_ids"] = [tokenizer.convert_tokens_to_ids("<|im_end|>")]
     async with httpx.AsyncClient() as client:
         first = (await client.post(engine.url + "/v1/chat/completions", json=request)).json()
         choice = first["choices"][0]
@@ -236,11 +239,13 @@ async def test_engine_5xx_is_retried_until_it_recovers(make_args, tokenizer, eng
     assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids)
 
 
-async def test_engine_4xx_fails_fast_with_the_engine_message(make_args, tokenizer, engine, search_config):
+async def test_engine_4xx_fails_the_sample_fast_with_the_engine_message(make_args, tokenizer, engine, search_config):
     engine.fail_next(1, status=400)
-    with pytest.raises(EngineProtocolError, match="HTTP 400: .*injected failure"):
-        await rollout(make_args, tokenizer)
-    assert engine.failures_left == 0
+    _, sample, _ = await rollout(make_args, tokenizer)
+    assert engine.failures_left == 0 and len(engine.calls) == 0  # not retried
+    assert sample.status == Sample.Status.FAILED and sample.remove_sample
+    assert info(sample)["finish_reason"] == "engine_error"
+    assert re.search(r"HTTP 400: .*injected failure", info(sample)["engine_error"])
 
 
 async def test_an_engine_that_never_recovers_raises_after_its_attempts(

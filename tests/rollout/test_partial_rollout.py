@@ -25,6 +25,7 @@ from slime_search_r1.episode import resume_point
 from slime_search_r1.training.metrics import search_metrics
 from support.episodes import (
     CHAT_LABEL,
+    NO_ACTION_TURN,
     QUESTION,
     TWO_SEARCHES_THEN_ANSWER,
     chat_messages,
@@ -158,7 +159,8 @@ async def test_an_episode_aborted_mid_turn_continues_from_its_last_token(
         "conversation_start": 2 if mode == "chat" else 0,
     }  # fmt: skip
     written = sample.response_length
-    assert sample.tokens[-7:] == engine.calls[calls_before + 1].output_ids  # the 7 tokens the engine had sampled
+    # the 7 tokens the engine had sampled when the abort came, and the one more step every abort runs (unchecked)
+    assert sample.tokens[-8:] == engine.calls[calls_before + 1].output_ids
     resumed = (await run_rollout(args, buffered))[0][0]
     assert_resumed_exactly(resumed, baseline, masked_before=written if masked else None)
     # every engine context a prefix of the tokens, sampled tokens with their own log probs
@@ -222,13 +224,35 @@ async def test_an_episode_aborted_at_the_budget_edge_resumes_with_what_is_left(
     baseline = await baseline_of(mode, rollout_args, tokenizer, rollout_max_response_len=budget)
     assert info(baseline)["finish_reason"] == "token_budget"
     args = rollout_args(mode, rollout_max_response_len=budget)
-    # aborted one token before the budget: the resumed turn is offered exactly one
-    buffered = await rollout_aborted_mid_generation(engine, args, [[new_sample(mode, tokenizer)]], 3, answer - 6, 0)
-    assert buffered[0][0].response_length == budget - 1
+    # aborted one token before the budget (with the abort's one more step): the resumed turn is offered exactly one
+    buffered = await rollout_aborted_mid_generation(engine, args, [[new_sample(mode, tokenizer)]], 3, answer - 7, 0)
+    assert buffered[0][0].status == Sample.Status.ABORTED and buffered[0][0].response_length == budget - 1
     assert_resumed_exactly((await run_rollout(args, buffered))[0][0], baseline)
 
 
-@pytest.mark.parametrize("short", [1, 3], ids=["one token short of its stop", "three tokens short"])
+@pytest.mark.parametrize("mode", MODES)
+async def test_an_abort_whose_last_token_uses_up_the_budget_ends_the_episode_there(
+    mode, rollout_args, tokenizer, engine, policy, retriever
+):
+    policy.scripts[QUESTION + "?"] = SCRIPTS[mode]
+    calls_before = len(engine.calls)
+    full = await baseline_of(mode, rollout_args, tokenizer)
+    answer = len(engine.calls[calls_before + 2].output_ids)
+    budget = full.response_length - 5
+    baseline = await baseline_of(mode, rollout_args, tokenizer, rollout_max_response_len=budget)
+    args = rollout_args(mode, rollout_max_response_len=budget)
+    # the abort's one more step samples the last token the budget allows: the engine would have said length
+    buffered = await rollout_aborted_mid_generation(engine, args, [[new_sample(mode, tokenizer)]], 3, answer - 6, 0)
+    ended = buffered[0][0]
+    assert ended.status == Sample.Status.TRUNCATED and info(ended)["finish_reason"] == "token_budget"
+    assert info(ended)["engine_aborts"] == info(ended)["aborts_after_turn_end"] == 1
+    calls_before = len(engine.calls)
+    done = (await run_rollout(args, buffered))[0][0]
+    assert len(engine.calls) == calls_before  # nothing left to generate: slime hands it on as it is
+    assert_resumed_exactly(done, baseline)
+
+
+@pytest.mark.parametrize("short", [2, 3], ids=["two tokens short of its stop", "three tokens short"])
 async def test_a_turn_resumed_after_an_abort_is_cut_at_its_stop_string_as_the_uninterrupted_one_is(
     short, rollout_args, tokenizer, engine, policy, retriever
 ):
@@ -238,7 +262,8 @@ async def test_a_turn_resumed_after_an_abort_is_cut_at_its_stop_string_as_the_un
     policy.scripts[QUESTION + "?"] = [XML_SCRIPT[0] + " and then <answer> Rome </answer> junk", *XML_SCRIPT[1:]]
     baseline = await baseline_of("generate", rollout_args, tokenizer)
     args = rollout_args("generate")
-    sampled = len(tokenizer.encode(XML_SCRIPT[0])) - short  # what the first turn had sampled when slime aborted
+    # what the first turn had sampled when slime aborted, before the one more step of the abort
+    sampled = len(tokenizer.encode(XML_SCRIPT[0])) - short
     buffered = await rollout_aborted_mid_generation(engine, args, [[new_sample("generate", tokenizer)]], 1, sampled, 0)
     assert buffered[0][0].status == Sample.Status.ABORTED
     calls_before = len(engine.calls)
@@ -262,6 +287,99 @@ async def test_an_episode_aborted_twice_resumes_twice(mode, rollout_args, tokeni
     assert_resumed_exactly(resumed, baseline, masked_before=written)
     assert info(resumed)["resumes"] == 2
     assert info(resumed)["resumed_at"] == [first, written]
+
+
+# ---- an abort whose one more step ends the turn ---------------------------------------------------------------------
+# SGLang's abort runs one more decode step and keeps its token with no stop check (tests/support/sglang_rules.py), so
+# a turn held one token before its end comes back aborted and already ended: with <|im_end|>, with the token that
+# completes </search> or </answer>, or with EOS. It must end there, as the engine would have ended it, and never be
+# continued past its end.
+
+NO_ACTION_FIRST = {"generate": [NO_ACTION_TURN, XML_SCRIPT[2]]}  # an XML turn that ends on <|im_end|>, not a tag
+
+
+@pytest.mark.parametrize(
+    ("mode", "script", "turn"),
+    [
+        ("chat", SCRIPTS, 0),
+        ("chat", SCRIPTS, 2),
+        ("generate", SCRIPTS, 0),
+        ("generate", SCRIPTS, 2),
+        ("generate", NO_ACTION_FIRST, 0),
+    ],
+    ids=[
+        "chat-call-ends-on-im_end",
+        "chat-answer-ends-on-im_end",
+        "xml-call-ends-on-search-tag",
+        "xml-answer-ends-on-answer-tag",
+        "xml-no-action-ends-on-im_end",
+    ],
+)
+async def test_an_abort_whose_one_more_step_ends_the_turn_finishes_it_and_never_goes_past_its_end(
+    mode, script, turn, rollout_args, tokenizer, engine, policy, retriever
+):
+    policy.scripts[QUESTION + "?"] = script[mode]
+    calls_before = len(engine.calls)
+    baseline = await baseline_of(mode, rollout_args, tokenizer)
+    uninterrupted = engine.calls[calls_before:]
+    args = rollout_args(mode)
+    calls_before = len(engine.calls)
+    held = len(uninterrupted[turn].output_ids) - 1  # sampled when slime aborts: the abort's step samples the last
+    buffered = await rollout_aborted_mid_generation(engine, args, [[new_sample(mode, tokenizer)]], turn + 1, held, 0)
+    aborted_call, ended = engine.calls[calls_before + turn], buffered[0][0]
+    assert aborted_call.finish["type"] == "abort" and aborted_call.output_ids == uninterrupted[turn].output_ids
+    assert info(ended)["engine_aborts"] == info(ended)["aborts_after_turn_end"] == 1
+    if turn == len(script[mode]) - 1:  # the answer: the episode ended with it, slime hands it on as it is
+        assert ended.status == Sample.Status.COMPLETED
+    elif script is SCRIPTS:  # its call is still to run: slime's abort stopped the episode before the search
+        assert ended.status == Sample.Status.ABORTED and resume_point(info(ended))["stage"] == "tool"
+    else:  # no action: the invalid-action reply was written, and slime's abort stopped the next turn
+        assert ended.status == Sample.Status.ABORTED
+        assert (resume_point(info(ended))["turn_index"], resume_point(info(ended))["stage"]) == (turn + 1, "turn")
+    done = (await run_rollout(args, buffered))[0][0]
+    assert_resumed_exactly(done, baseline)
+    assert info(done)["engine_aborts"] == 1
+    # one engine request per turn, as without the abort: none asked to continue a turn that had ended
+    assert [len(call.input_ids) for call in engine.calls[calls_before:]] == [len(c.input_ids) for c in uninterrupted]
+
+
+@pytest.mark.parametrize(
+    "tracking",
+    [{"return_logprob": False}, {"engine_transport": "slime"}],
+    ids=["without-log-probs", "through-slimes-post"],
+)
+@pytest.mark.parametrize("mode", MODES)
+async def test_a_turn_an_abort_ended_is_finished_there_in_every_token_tracking_setting(
+    mode, tracking, rollout_args, tokenizer, engine, policy, retriever, search_config
+):
+    search_config.update(tracking)
+    policy.scripts[QUESTION + "?"] = SCRIPTS[mode]
+    calls_before = len(engine.calls)
+    baseline = await baseline_of(mode, rollout_args, tokenizer)
+    first_turn = len(engine.calls[calls_before].output_ids)
+    args = rollout_args(mode)
+    buffered = await rollout_aborted_mid_generation(
+        engine, args, [[new_sample(mode, tokenizer)]], 1, first_turn - 1, 0
+    )
+    assert info(buffered[0][0])["aborts_after_turn_end"] == 1
+    assert_resumed_exactly((await run_rollout(args, buffered))[0][0], baseline)
+
+
+async def test_every_abort_the_engine_answers_is_counted_also_after_a_resumed_turn_ran_past_its_tag(
+    rollout_args, tokenizer, engine, policy, retriever
+):
+    engine.honor_stop_strings = False  # it samples on past </search>: the turn is cut after the tag
+    policy.scripts[QUESTION + "?"] = [XML_SCRIPT[0] + " and then <answer> Rome </answer> junk", *XML_SCRIPT[1:]]
+    baseline = await baseline_of("generate", rollout_args, tokenizer)
+    args = rollout_args("generate")
+    buffered = await rollout_aborted_mid_generation(engine, args, [[new_sample("generate", tokenizer)]], 1, 3, 0)
+    # resumed, the turn runs past its tag and is aborted again there: cut after the tag, it is a whole turn
+    tag_end = len(tokenizer.encode(XML_SCRIPT[0]))
+    buffered = await rollout_aborted_mid_generation(engine, args, buffered, 1, tag_end - 4 + 3, 1)
+    assert resume_point(info(buffered[0][0]))["stage"] == "tool"
+    done = (await run_rollout(args, buffered))[0][0]
+    assert_resumed_exactly(done, baseline)
+    assert (info(done)["engine_aborts"], info(done)["aborts_after_turn_end"], info(done)["resumes"]) == (2, 1, 2)
 
 
 # ---- what does not resume -----------------------------------------------------------------------------------------

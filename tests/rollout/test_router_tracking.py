@@ -20,7 +20,8 @@ from slime_search_r1.tokens.legacy_router import (
     openai_sampling,
     router_response,
 )
-from slime_search_r1.tokens.manual import EngineProtocolError, EngineUnavailable, Trajectory
+from slime_search_r1.tokens.engine import EngineProtocolError, EngineUnavailable
+from slime_search_r1.tokens.manual import Trajectory
 
 from support.piece_tokenizer import TOKENIZER
 

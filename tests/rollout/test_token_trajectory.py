@@ -1,14 +1,13 @@
 """TOKEN_TRACKING_MODE=manual piece by piece, in process: the trajectory's tokens, loss mask, log probs and weight
-versions as each turn and observation is written, the cut after a stop string the engine ran past, a turn resumed
-after an abort, the segments a split episode is trained as, the checks on a sample handed back by slime, and the
-/generate call with its answer parsed and checked. No server and no real tokenizer: the engine is a recorded
-function and the tokenizer a small vocabulary of multi-character pieces, so every expected value is written out.
+versions as each turn and observation is written, a turn resumed after an abort, the segments a split episode is
+trained as, the checks on a sample handed back by slime, and the driver that writes each answer. No server and no
+real tokenizer: the engine is a recorded function and the tokenizer a small vocabulary of multi-character pieces, so
+every expected value is written out (test_turn_end.py: where a turn ends; test_engine_call.py: the /generate call and
+its answer read).
 (test_fidelity.py and test_partial_rollout.py check the same properties end to end, on random episodes.)"""
 
-import base64
-import logging
 from argparse import Namespace
-from array import array
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -16,23 +15,17 @@ import torch
 
 from slime.utils.types import Sample
 from slime_search_r1.episode import METADATA_KEY, VERSIONS_KEY, Turn
-from slime_search_r1.http_client import RequestFailed, RetryableRequestFailed
-from slime_search_r1.tokens import manual
+from slime_search_r1.tokens import engine, manual
 from slime_search_r1.tokens.manual import (
-    EngineProtocolError,
-    EngineUnavailable,
     ManualDriver,
     Segment,
     ShortForm,
     Trajectory,
-    cut_after_first_stop,
-    int32_values,
-    keep_first_tokens,
-    parse_engine_output,
     reset_response_fields,
     shared_rollout_id,
     why_not_continued,
 )
+from slime_search_r1.tokens.turn_end import int32_values
 
 from support.piece_tokenizer import TOKENIZER
 
@@ -58,120 +51,6 @@ def meta(version=None, finish="stop", **more) -> dict:
     if version is not None:
         info["weight_version"] = version
     return info
-
-
-# ---- the stop-string cut ----------------------------------------------------------------------------------------
-
-
-def cut(ids, stops=STOPS):
-    return cut_after_first_stop(ids, TOKENIZER, TOKENIZER.decode(ids), stops)
-
-
-@pytest.mark.parametrize("length", range(2, 8))
-def test_a_turn_is_cut_right_after_the_token_that_completes_its_stop_string(length):
-    # the stop string completed by the token at each position of a turn of `length` tokens, with filler after it
-    for end in range(1, length + 1):
-        ids = [6] * (end - 1) + [5] + [6] * (length - end)
-        assert cut(ids) == end, (ids, end)
-        split = [6] * (end - 1) + [3, 4] + [6] * (length - end)  # the stop string spread over two tokens
-        assert cut(split) == end + 1, (split, end)
-
-
-def test_a_turn_without_its_stop_string_or_without_stops_is_kept_whole():
-    assert cut([1, 2, 6, 6]) == 4
-    assert cut([1, 2, 5, 6], stops=()) == 4
-    assert cut([5, 6, 6], stops=("</answer>",)) == 3
-    assert cut([3, 6, 4]) == 3  # the pieces of a stop string apart are no stop string
-
-
-def test_the_first_stop_string_in_the_text_wins_whichever_is_listed_first():
-    assert cut([7, 8, 6, 5, 6]) == 2
-    assert cut([7, 8, 6, 5, 6], stops=("</search>", "</answer>")) == 2
-    assert cut([5, 6, 8, 6], stops=("</answer>", "</search>")) == 1
-    assert cut([6, 10, 11, 6, 5]) == 3
-
-
-def test_a_stop_string_written_twice_cuts_after_its_first_occurrence():
-    assert cut([5, 6, 5, 6]) == 1
-    assert cut([5, 5, 6]) == 1
-    assert cut([6, 3, 4, 5]) == 3
-
-
-def test_a_one_token_turn_is_never_cut():
-    assert cut([5]) == 1
-    assert cut([]) == 0
-
-
-def test_the_stop_cut_decodes_special_tokens_as_the_engine_wrote_them():
-    # "<|im_end|>" as a stop string: a decode that skipped special tokens would never find it
-    assert cut([6, 99, 6, 6], stops=("<|im_end|>",)) == 2
-
-
-# ---- keep_first_tokens, int32_values, weight_version_of ---------------------------------------------------------
-
-
-def test_keep_first_tokens_cuts_ids_log_probs_and_top_p_arrays_and_reports_a_stop():
-    info = meta(
-        "4",
-        "length",
-        output_token_logprobs=[[-0.1, 5], [-0.2, 6], [-0.3, 6]],
-        top_p_token_ids=[5, 7, 6, 6, 8, 6],
-        top_p_token_offsets=[0, 2, 3, 6],
-        prompt_tokens=3,
-    )
-    turn = Turn([5, 6, 6], "length", text="ignored", log_probs=[-0.1, -0.2, -0.3], meta_info=info)
-    kept = keep_first_tokens(turn, 2)
-    assert kept.ids == [5, 6]
-    assert kept.log_probs == [-0.1, -0.2]
-    assert kept.finish_type == "stop"
-    assert kept.text == "ignored"
-    assert kept.meta_info == {
-        "finish_reason": {"type": "stop"},
-        "weight_version": "4",
-        "output_token_logprobs": [[-0.1, 5], [-0.2, 6]],
-        "top_p_token_ids": [5, 7, 6],
-        "top_p_token_offsets": [0, 2, 3],
-        "prompt_tokens": 3,
-    }
-    # the engine's answer itself is left as it was
-    assert info["finish_reason"] == {"type": "length"}
-    assert info["top_p_token_offsets"] == [0, 2, 3, 6]
-    assert len(info["output_token_logprobs"]) == 3
-
-
-def test_keep_first_tokens_reads_the_kept_top_p_names_and_base64_and_leaves_half_a_pair_alone():
-    ids = base64.b64encode(array("i", [5, 7, 6, 8]).tobytes()).decode()
-    offsets = base64.b64encode(array("i", [0, 2, 3, 4]).tobytes()).decode()
-    info = {"top_p_kept_token_ids": ids, "top_p_kept_token_offsets": offsets, "top_p_token_ids": None}
-    kept = keep_first_tokens(Turn([5, 6, 8], "stop", meta_info=info), 1)
-    assert kept.meta_info["top_p_kept_token_offsets"] == [0, 2]
-    assert kept.meta_info["top_p_kept_token_ids"] == [5, 7]
-    assert kept.meta_info["top_p_token_ids"] is None
-    assert kept.log_probs is None
-    assert kept.ids == [5]
-    # ids without offsets (or offsets without ids) cannot be cut consistently: left as the engine sent them
-    only_ids = keep_first_tokens(Turn([5, 6], "stop", meta_info={"top_p_token_ids": [5, 6]}), 1).meta_info
-    assert only_ids == {"finish_reason": {"type": "stop"}, "top_p_token_ids": [5, 6]}
-    only_offsets = keep_first_tokens(Turn([5, 6], "stop", meta_info={"top_p_token_offsets": [0, 1, 2]}), 1)
-    assert only_offsets.meta_info == {"finish_reason": {"type": "stop"}, "top_p_token_offsets": [0, 1, 2]}
-
-
-def test_int32_values_reads_every_form_sglang_sends():
-    raw = array("i", [0, -3, 70000]).tobytes()
-    assert int32_values(base64.b64encode(raw).decode()) == [0, -3, 70000]
-    assert int32_values(raw) == [0, -3, 70000]
-    assert int32_values(bytearray(raw)) == [0, -3, 70000]
-    assert int32_values(memoryview(raw)) == [0, -3, 70000]
-    assert int32_values(torch.tensor([4, 5], dtype=torch.int32)) == [4, 5]
-    values = int32_values([4.0, 5])
-    assert values == [4, 5] and all(type(v) is int for v in values)
-
-
-def test_the_weight_version_is_sglangs_as_a_string():
-    assert manual.weight_version_of({"weight_version": 7}) == "7"
-    assert manual.weight_version_of({"weight_version": "default"}) == "default"
-    assert manual.weight_version_of({}) is None
-    assert manual.weight_version_of(None) is None
 
 
 # ---- the trajectory on the sample -------------------------------------------------------------------------------
@@ -572,181 +451,6 @@ def test_a_sample_with_no_loss_mask_and_no_response_lines_up():
     assert why_not_continued(sample, PROMPT, False) is None
 
 
-# ---- the /generate answer ---------------------------------------------------------------------------------------
-
-
-def test_an_answer_with_log_probs_gives_ids_and_log_probs():
-    info = {"finish_reason": {"type": "length"}, "output_token_logprobs": [[-0.5, "5", None], [-1, 6, None]]}
-    turn = parse_engine_output({"meta_info": info, "output_ids": [0, 0]}, True)
-    assert turn == Turn([5, 6], "length", log_probs=[-0.5, -1.0], meta_info=info)
-    assert type(turn.log_probs[1]) is float and type(turn.ids[0]) is int
-
-
-def test_an_answer_without_log_probs_gives_its_output_ids():
-    info = {"finish_reason": "stop"}
-    turn = parse_engine_output({"meta_info": info, "output_ids": ["5", 6]}, False)
-    assert turn == Turn([5, 6], "stop", meta_info=info)
-
-
-def test_an_answer_with_no_finish_reason_has_no_finish_type():
-    assert parse_engine_output({"meta_info": {}, "output_ids": []}, False).finish_type is None
-    assert parse_engine_output({"meta_info": {"finish_reason": None}, "output_ids": []}, False).finish_type is None
-    assert parse_engine_output({"meta_info": {"finish_reason": {}}, "output_ids": []}, False).finish_type is None
-
-
-def test_an_aborted_answer_keeps_what_was_sampled_before_the_abort():
-    pairs = [[-0.5, 5, None], [-0.25, 6, None]]
-    info = {"finish_reason": {"type": "abort"}, "output_token_logprobs": pairs}
-    assert parse_engine_output({"meta_info": info}, True) == Turn(
-        [5, 6], "abort", log_probs=[-0.5, -0.25], meta_info=info
-    )
-    info = {"finish_reason": {"type": "abort"}, "output_token_logprobs": None}
-    assert parse_engine_output({"meta_info": info}, True) == Turn([], "abort", log_probs=[], meta_info=info)
-    info = {"finish_reason": {"type": "abort"}}
-    assert parse_engine_output({"meta_info": info, "output_ids": ["5"]}, False) == Turn([5], "abort", meta_info=info)
-    assert parse_engine_output({"meta_info": info, "output_ids": None}, False) == Turn([], "abort", meta_info=info)
-    assert parse_engine_output({"meta_info": info}, False) == Turn([], "abort", meta_info=info)
-
-
-@pytest.mark.parametrize(
-    ("output", "return_logprob", "message"),
-    [
-        ([1, 2], False, r"^/generate answered without meta_info: \[1, 2\]$"),
-        ({"text": "x" * 300}, False, r"^/generate answered without meta_info: \{'text': 'x{190}$"),
-        ({"meta_info": "stop"}, True, r"^/generate answered without meta_info: \{'meta_info': 'stop'\}$"),
-        (
-            {"meta_info": {"finish_reason": {"type": "stop"}}, "output_ids": [1]},
-            True,
-            r"^/generate answered without meta_info\.output_token_logprobs$",
-        ),
-        (
-            {"meta_info": {"finish_reason": {"type": "stop"}}},
-            False,
-            r"^/generate answered without output_ids; this SGLang version only returns generated ids with log probs, "
-            r"so set TRACK_LOG_PROBS=true \(re-tokenizing the text would not be token-exact\)$",
-        ),
-    ],
-)
-def test_an_answer_without_what_exact_training_needs_is_refused(output, return_logprob, message):
-    with pytest.raises(EngineProtocolError, match=message):
-        parse_engine_output(output, return_logprob)
-
-
-# ---- the /generate call -----------------------------------------------------------------------------------------
-
-
-class RecordedEngine:
-    """Stands in for the POST: records each request and answers from a list, the last answer repeating (an
-    exception is raised)."""
-
-    def __init__(self, *answers):
-        self.answers = list(answers)
-        self.calls = []
-
-    def next_answer(self):
-        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    async def post_json(self, session, url, payload, timeout, **kwargs):
-        self.calls.append(dict(session=session, url=url, payload=payload, timeout=timeout, **kwargs))
-        return self.next_answer()
-
-    async def post(self, url, payload, headers=None):
-        self.calls.append(dict(url=url, payload=payload, headers=headers))
-        return self.next_answer()
-
-
-def answer(ids, finish="stop", prompt_tokens=None, **info):
-    meta_info = {"finish_reason": {"type": finish}, "output_token_logprobs": [[-0.5, i] for i in ids], **info}
-    if prompt_tokens is not None:
-        meta_info["prompt_tokens"] = prompt_tokens
-    return {"meta_info": meta_info, "output_ids": list(ids)}
-
-
-@pytest.fixture
-def sglang(monkeypatch):
-    """The engine behind post_with_retries and slime's post() (this module's, no server); retries do not wait."""
-    sglang = RecordedEngine(answer([5]))
-    waits, real_wait_fixed = [], manual.wait_fixed
-
-    def wait_fixed(seconds):
-        waits.append(seconds)
-        return real_wait_fixed(0)
-
-    monkeypatch.setattr(manual, "post_json", sglang.post_json)
-    monkeypatch.setattr(manual, "slime_post", sglang.post)
-    monkeypatch.setattr(manual, "wait_fixed", wait_fixed)
-    sglang.waits = waits
-    return sglang
-
-
-async def test_a_turn_is_one_generate_call_with_the_ids_the_sampling_params_and_the_log_prob_flag(sglang):
-    sglang.answers = [answer([5, 6], prompt_tokens=3)]
-    turn = await manual.generate_turn("http://e/generate", [1, 2, 3], {"temperature": 1.0}, True, headers={"h": "v"})
-    assert turn.ids == [5, 6] and turn.log_probs == [-0.5, -0.5] and turn.finish_type == "stop"
-    (call,) = sglang.calls
-    assert call["url"] == "http://e/generate"
-    assert call["payload"] == {"input_ids": [1, 2, 3], "sampling_params": {"temperature": 1.0}, "return_logprob": True}
-    assert call["timeout"] is None  # a long generation is not cut off by a client timeout
-    assert call["headers"] == {"h": "v"}
-    assert call["session"] is manual.unbounded_session("sglang")
-    assert sglang.waits == [1.0]
-
-
-async def test_slimes_post_carries_the_call_when_asked(sglang):
-    sglang.answers = [answer([5], prompt_tokens=2)]
-    turn = await manual.generate_turn("http://e/generate", [1, 2], {}, False, use_slime_post=True, headers={"k": "1"})
-    assert turn == Turn([5], "stop", meta_info=sglang.answers[0]["meta_info"])
-    assert sglang.calls == [
-        {
-            "url": "http://e/generate",
-            "payload": {"input_ids": [1, 2], "sampling_params": {}, "return_logprob": False},
-            "headers": {"k": "1"},
-        }
-    ]
-
-
-async def test_an_engine_that_conditioned_on_other_tokens_than_were_sent_is_refused(sglang):
-    sglang.answers = [answer([5], prompt_tokens=4)]
-    message = (
-        r"^the engine conditioned on 4 tokens but 3 were sent, so the trajectory would not be what it saw: something "
-        r"rewrote or truncated input_ids \(the old slime router's radix middleware rewrites them: use "
-        r"TOKEN_TRACKING_MODE=router_radix with it; SGLang's allow_auto_truncate cuts them\)$"
-    )
-    with pytest.raises(EngineProtocolError, match=message):
-        await manual.generate_turn("http://e/generate", [1, 2, 3], {}, True)
-    # an abort before prefill reports 0 prompt tokens on some SGLang versions; a count that is no int is no claim
-    for reply in (answer([], "abort", prompt_tokens=0), answer([5], prompt_tokens="3"), answer([5])):
-        sglang.answers = [reply]
-        await manual.generate_turn("http://e/generate", [1, 2, 3], {}, True)
-
-
-async def test_an_engine_that_is_down_is_retried_60_times_1_s_apart_then_reported(sglang, caplog):
-    sglang.answers = [RetryableRequestFailed("HTTP 503")]
-    with caplog.at_level(logging.WARNING, logger=manual.logger.name):
-        with pytest.raises(EngineUnavailable, match=r"^SGLang did not answer after 60 attempts: HTTP 503$"):
-            await manual.generate_turn("http://e/generate", [1], {}, True)
-    assert len(sglang.calls) == 60
-    assert sglang.waits == [1.0]
-    retries = [r for r in caplog.records if r.name == manual.logger.name and r.levelno == logging.WARNING]
-    assert len(retries) == 59 and "HTTP 503" in retries[0].getMessage()
-
-
-async def test_an_engine_that_recovers_answers_the_same_call(sglang):
-    sglang.answers = [RetryableRequestFailed("HTTP 503"), RetryableRequestFailed("HTTP 429"), answer([5])]
-    turn = await manual.generate_turn("http://e/generate", [1], {}, True)
-    assert turn.ids == [5] and len(sglang.calls) == 3
-
-
-async def test_a_rejected_request_is_not_retried(sglang):
-    sglang.answers = [RequestFailed("http://e/generate rejected the request with HTTP 400: bad")]
-    with pytest.raises(EngineProtocolError, match=r"^http://e/generate rejected the request with HTTP 400: bad$"):
-        await manual.generate_turn("http://e/generate", [1], {}, True)
-    assert len(sglang.calls) == 1
-
-
 # ---- the driver -------------------------------------------------------------------------------------------------
 
 
@@ -768,8 +472,8 @@ def test_the_driver_finds_the_engine_the_transport_and_the_routing_as_slime_does
     assert plain.cut_at_stops == STOPS
     routed = driver(sglang_model_routers={"policy": ("10.0.0.2", 31000), "ref": ("10.0.0.3", 1)})
     assert routed.url == "http://10.0.0.2:31000/generate"
-    assert manual.base_url(routed.state.args, "policy") == "http://10.0.0.2:31000"
-    assert manual.base_url(routed.state.args, "judge") == "http://127.0.0.1:30000"
+    assert engine.base_url(routed.state.args, "policy") == "http://10.0.0.2:31000"
+    assert engine.base_url(routed.state.args, "judge") == "http://127.0.0.1:30000"
     assert driver(transport="slime").use_slime_post is True
     assert driver(use_distributed_post=True).use_slime_post is True
     assert driver(use_distributed_post=False).use_slime_post is False
@@ -779,7 +483,7 @@ def test_the_driver_finds_the_engine_the_transport_and_the_routing_as_slime_does
     assert driver(router_policy="round_robin").headers is None
     assert driver(router_policy="consistent_hashing", sample=Sample()).headers is None
     # a Sample without session_id (slime before it had one) is routed as slime routes it: no key
-    assert manual.routing_headers(Namespace(router_policy="consistent_hashing"), SimpleNamespace()) is None
+    assert engine.routing_headers(Namespace(router_policy="consistent_hashing"), SimpleNamespace()) is None
 
 
 class ScriptedEngine:
@@ -795,16 +499,18 @@ class ScriptedEngine:
 
 
 def engine_turn(ids, finish="stop", version="1"):
-    return Turn(list(ids), finish, log_probs=[-0.25 * (i + 1) for i in range(len(ids))], meta_info=meta(version))
+    """An answer as engine.parse_engine_output reads it."""
+    log_probs = [-0.25 * (i + 1) for i in range(len(ids))]
+    versions = [(0, len(ids), version)] if ids else []
+    return Turn(list(ids), finish, log_probs=log_probs, meta_info=meta(version), versions=versions)
 
 
 async def test_a_turn_appends_what_the_engine_sampled_to_the_trajectory(monkeypatch):
     d = driver(router_policy="consistent_hashing", use_distributed_post=True)
     engine = ScriptedEngine(monkeypatch, engine_turn([1, 2, 5]), engine_turn([7, 6, 8], version="2"))
     turn = await d.generate({"max_new_tokens": 9})
-    assert turn == Turn(
-        [1, 2, 5], "stop", text="<search> Paris</search>", log_probs=[-0.25, -0.5, -0.75], meta_info=meta("1")
-    )
+    text, log_probs = "<search> Paris</search>", [-0.25, -0.5, -0.75]
+    assert turn == Turn([1, 2, 5], "stop", text=text, log_probs=log_probs, meta_info=meta("1"), versions=[(0, 3, "1")])
     d.add_observation([6, 6, 6], [9])
     d.state.turn_start = 6
     turn = await d.generate({"max_new_tokens": 4})
@@ -838,7 +544,7 @@ async def test_a_turn_that_ran_past_its_stop_string_is_cut_after_it(monkeypatch)
     assert turn.text == "<search> Paris</search>"
     assert turn.finish_type == "stop"
     assert turn.log_probs == [-0.25, -0.5, -0.75, -1.0]
-    assert turn.meta_info["finish_reason"] == {"type": "stop"}
+    assert turn.meta_info["finish_reason"] == {"type": "stop", "matched": "</search>"}
     sample = d.trajectory.sample
     assert sample.tokens == PROMPT + [1, 2, 3, 4]
     assert sample.loss_mask == [1, 1, 1, 1]
@@ -847,9 +553,8 @@ async def test_a_turn_that_ran_past_its_stop_string_is_cut_after_it(monkeypatch)
 
 async def test_without_partial_rollout_an_aborted_turn_writes_nothing(monkeypatch):
     d = driver()
-    aborted = engine_turn([1, 2], finish="abort")
-    ScriptedEngine(monkeypatch, aborted)
-    assert await d.generate({}) is aborted
+    ScriptedEngine(monkeypatch, engine_turn([1, 2], finish="abort"))
+    assert await d.generate({}) == replace(engine_turn([1, 2], finish="abort"), engine_aborted=True)
     assert d.trajectory.sample.tokens == PROMPT and d.trajectory.versions == []
 
 

@@ -1,16 +1,24 @@
 """A loopback stand-in for SGLang's native /generate, driven by a scripted policy and a real tokenizer.
 
-It speaks the protocol the plugin relies on: `input_ids` (or `text`) in; `output_ids`, `text` and
-`meta_info` (finish_reason stop/length/abort with `matched`, prompt/completion token counts,
-`output_token_logprobs` as [logprob, id, text], the `weight_version` that sampled it) out; stop strings checked on
-the detokenized tail with the matching token kept (slime sends no_stop_trim), stop_token_ids and EOS,
-max_new_tokens, `/abort_request`, and SGLang's 400 for a context that does not fit. Every call is recorded so tests
-can check what the engine conditioned on and what it sampled.
+It answers as SGLang's source says (tests/support/sglang_rules.py holds the rules, each with its version and file):
+`input_ids` (or `text`) in; `output_ids`, `text` and `meta_info` (finish_reason stop/length/abort with `matched`,
+prompt/completion token counts, `output_token_logprobs` as [logprob, id, null], the `weight_version` that sampled
+it, and on 0.5.23 the `weight_versions` spans) out. `version` picks 0.5.15.post1 (slime's image, the default) or
+0.5.23: they order the finish checks differently at the last allowed token. Stop strings end the output at the token
+that completes them; stop_token_ids and the served model's EOS set (the base Qwen2.5-3B's, <|endoftext|> alone, by
+default) end it at the matched token, kept. `speculative_run=k` accepts k tokens per step, so an EOS can sit inside
+the output before a stop string completed later in the same run. A NaN log prob reaches the client as null
+(`null_log_prob_at`). Every call is recorded so tests can check what the engine conditioned on and what it sampled.
 
-Weight updates as slime makes them: `push_weights()` moves the version on (what a request answers from then on);
-`pause_at(call, tokens)` is slime's update in fully-async training, at a chosen request: /pause_generation in
-SGLang's default "abort" mode answers every request in flight with finish_reason abort and what it had sampled
-(with the version that sampled it), then the new weights come with the next version.
+The scripted model ends each turn the way a chat model does: inside a ChatML assistant turn with <|im_end|>, after
+which, if nothing stops it, it goes on writing (AFTER_TURN, then <|endoftext|>); anywhere else with <|endoftext|>.
+
+Aborts as SGLang answers them: a running request that slime's abort reaches (`hold_call`, POST /abort_request) or a
+weight update in the default "abort" mode (`pause_at`) runs one more step, whose token is appended with no stop
+check, and answers finish_reason abort with everything sampled; a request still waiting (`aborted`, e.g. arriving
+while slime aborts) answers no tokens and no prompt_tokens. Weight updates as slime makes them: `push_weights()`
+moves the version on; `pause_at(call, tokens, mode)` is slime's update in fully-async training at a chosen request;
+the "in_place" and "retract" modes let the request go on under the new weights (two versions in one answer).
 """
 
 import asyncio
@@ -26,7 +34,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+
+from support.sglang_rules import (
+    SGLANG_0_5_15,
+    VERSIONS,
+    WAITING_ABORT,
+    Decoded,
+    FinishRules,
+    abort_running,
+    decode_steps,
+    trimmed_text,
+    weight_version_spans,
+)
 
 QUESTION_PATTERN = re.compile(r"Question: (.*?)(?:\n|<\|im_end\|>)")
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -51,7 +71,7 @@ def question_of(context_text: str) -> str:
 
 
 class ScriptedPolicy:
-    """The 'model': for each question, the text it writes on each turn (the engine then adds EOS)."""
+    """The 'model': for each question, the text it writes on each turn (the engine then ends the turn)."""
 
     def __init__(self, scripts: dict[str, list[str]] | None = None, default: list[str] | None = None):
         self.scripts = dict(scripts or {})
@@ -61,6 +81,13 @@ class ScriptedPolicy:
         turns = self.scripts.get(question_of(context_text), self.default)
         index = turn_index(context_text)
         return turns[min(index, len(turns) - 1)]
+
+
+# What the scripted model writes after <|im_end|> when nothing stops it there (a base model served with a chat
+# template does not take <|im_end|> for EOS): it makes up the user's next message.
+AFTER_TURN = "\n<|im_start|>user\nThank you!<|im_end|>\n"
+# The base Qwen2.5-3B's EOS set (config.json, generation_config.json and the tokenizer all say <|endoftext|>).
+BASE_MODEL_EOS = (151643,)
 
 
 def fake_log_prob(context_length: int, token_id: int) -> float:
@@ -78,7 +105,8 @@ class EngineCall:
     log_probs: list[float] = field(default_factory=list)
     finish: dict = field(default_factory=dict)
     headers: dict = field(default_factory=dict)
-    weight_version: str = ""  # the version of the weights that sampled it
+    weight_version: str = ""  # the version of the weights that sampled it (the newest, if two did)
+    meta_info: dict = field(default_factory=dict)  # the answer's, as sent
 
 
 class Gate:
@@ -115,15 +143,25 @@ class Hold:
         self._released.set()
 
 
-class Pause:
-    """A weight update at a chosen request: it samples `tokens` tokens, then the engines pause (that request and
-    every held one answer abort) and the weight version moves on. `reached` is set once the update happened;
-    `aborted` says whether the request was cut (a turn of `tokens` tokens or fewer finishes first)."""
+PAUSE_MODES = ("abort", "in_place", "retract")  # POST /pause_generation's modes (managers/io_struct.py, 0.5.23)
 
-    def __init__(self, tokens: int):
+
+class Pause:
+    """A weight update at a chosen request, after it sampled `tokens` tokens. slime pauses in the default "abort" mode:
+    that request (and every held one) answers abort, with the one more unchecked token every abort brings, then the
+    version moves on. "in_place" and "retract" keep it running: it finishes under the new version, and on 0.5.23 its
+    answer's weight_versions says which tokens each version sampled. `reached` is set once the update happened;
+    `aborted` says whether the request was cut, `split` whether two versions sampled it (a turn of `tokens` tokens or
+    fewer finishes first: neither)."""
+
+    def __init__(self, tokens: int, mode: str = "abort"):
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode {mode!r}; SGLang has {PAUSE_MODES}")
         self.tokens = tokens
+        self.mode = mode
         self.reached = threading.Event()
         self.aborted = False
+        self.split = False
         self.version_before: str | None = None
         self.version_after: str | None = None
 
@@ -139,22 +177,29 @@ class FakeSGLangEngine:
         tokenizer,
         policy: Callable[[str], str],
         *,
-        eos_ids: tuple[int, ...] = (151645, 151643),
+        version: str = SGLANG_0_5_15,
+        eos_ids: tuple[int, ...] = BASE_MODEL_EOS,
         context_length: int = 32768,
         honor_stop_strings: bool = True,
         record: bool = True,
         split_every: int = 0,
+        speculative_run: int = 1,
         top_p_replay: str | None = None,
         weight_version: str = "1",
     ):
-        """`top_p_replay`: None, "list" or "base64" (with slime's top-p patch, the nucleus of each sampled token)."""
+        """`version`: the SGLang whose answers it gives (sglang_rules.VERSIONS); `eos_ids`: the served model's EOS set;
+        `top_p_replay`: None, "list" or "base64" (with slime's top-p patch, the nucleus of each sampled token)."""
+        if version not in VERSIONS:
+            raise ValueError(f"SGLang version {version!r}; the engine answers as {VERSIONS}")
         self.tokenizer = tokenizer
         self.policy = policy
+        self.version = version
         self.eos_ids = eos_ids
         self.context_length = context_length
         self.honor_stop_strings = honor_stop_strings
         self.record = record
         self.split_every = split_every
+        self.speculative_run = speculative_run
         self.top_p_replay = top_p_replay
         # slime pushes the trained weights before the first rollout (train.py, train_async.py): its first version
         self.weight_version = weight_version
@@ -162,12 +207,15 @@ class FakeSGLangEngine:
         self.calls: list[EngineCall] = []
         self.failures_left = 0
         self.failure_status = 500
-        self.aborted = False
+        self.failure_body: str | None = None  # a 200 answer with this body instead of JSON (fail_next)
+        self.aborted = False  # requests that arrive now wait in the queue and are aborted there
         self.gate: Gate | None = None
         self.url = ""  # set by whoever serves it (its /workers answer names it, as a router would)
         self.holds: dict[int, Hold] = {}  # call number -> where that request waits for slime's abort
         self.held: set[Hold] = set()  # requests waiting now (what /v1/loads counts)
         self.continuations: dict[tuple[int, ...], tuple[list[int], int]] = {}
+        self.null_log_prob_at: dict[int, int] = {}  # call number -> the position whose log prob is NaN (sent as null)
+        self.rewrite_next: Callable[[dict], dict] | None = None  # the next answer's body, as a broken engine sends it
         self._arrivals: list[tuple[int, threading.Event]] = []  # (call count, set once that many have arrived)
         # (context ids, sampled ids) -> the sampled ids' log probs; None: fake_log_prob by position and token
         self.log_probs_of: Callable[[list[int], list[int]], list[float]] | None = None
@@ -181,8 +229,9 @@ class FakeSGLangEngine:
 
     def hold_call(self, call: int, tokens: int) -> "Hold":
         """The `call`-th /generate request (counting from 1 over the engine's life) samples `tokens` tokens and then
-        waits, in flight, until slime's abort reaches it; it answers those tokens with finish_reason abort. A turn
-        shorter than that is not held (`reached` is set and `skipped` is true)."""
+        waits, running, until slime's abort reaches it; it answers those tokens plus the one more step every abort
+        runs, with finish_reason abort. A turn that ends within `tokens` tokens is not held (`reached` is set and
+        `skipped` is true)."""
         hold = self.holds[call] = Hold(tokens)
         return hold
 
@@ -204,23 +253,31 @@ class FakeSGLangEngine:
         self.weight_version = next_version(self.weight_version)
         return self.weight_version
 
-    def pause_at(self, call: int, tokens: int) -> Pause:
+    def pause_at(self, call: int, tokens: int, mode: str = "abort") -> Pause:
         """The `call`-th /generate request (counting from 1 over the engine's life) brings a weight update after
         sampling `tokens` tokens (see Pause)."""
-        pause = self.pauses[call] = Pause(tokens)
+        pause = self.pauses[call] = Pause(tokens, mode)
         return pause
 
-    def fail_next(self, count: int, status: int = 500) -> None:
-        self.failures_left, self.failure_status = count, status
+    def fail_next(self, count: int, status: int = 500, body: str | None = None) -> None:
+        """The next `count` requests fail: HTTP `status`, or with `body` an HTTP 200 whose body is that text."""
+        self.failures_left, self.failure_status, self.failure_body = count, status, body
 
     def calls_for(self, prompt_ids: list[int]) -> list[EngineCall]:
         return [c for c in self.calls if c.input_ids[: len(prompt_ids)] == prompt_ids]
 
-    # ---- generation ----------------------------------------------------------------------------
+    # ---- what the model writes -----------------------------------------------------------------
     @functools.cached_property
     def _vocab(self) -> dict[str, int]:
         # built only by engines that split tokens (the property tests): 0.15 s per engine otherwise wasted
         return self.tokenizer.get_vocab()
+
+    @functools.cached_property
+    def _turn_ends(self) -> tuple[list[int], list[int]]:
+        """(how a turn ends inside a ChatML assistant turn, how it ends anywhere else)."""
+        ids = self.tokenizer.convert_tokens_to_ids
+        after = self.tokenizer.encode(AFTER_TURN, add_special_tokens=False)
+        return [ids("<|im_end|>"), *after, ids("<|endoftext|>")], [ids("<|endoftext|>")]
 
     def _split(self, token: int) -> list[int]:
         """Two smaller tokens that decode to the same bytes, if the vocabulary has them."""
@@ -241,33 +298,119 @@ class FakeSGLangEngine:
         return out
 
     def _planned(self, input_ids: list[int]) -> list[int]:
-        """What the policy writes next. A request that extends an aborted one (its context plus the tokens it had
+        """What the model writes next. A request that extends an aborted one (its context plus the tokens it had
         sampled) continues the same plan: the policy is asked about the turn's context, not its own partial text."""
         context, already = self.continuations.get(tuple(input_ids), (input_ids, 0))
         context_text = self.tokenizer.decode(context, skip_special_tokens=False)
         planned = self._non_canonical(self.tokenizer.encode(self.policy(context_text), add_special_tokens=False))
-        return [*planned, self.eos_ids[0]][already:]
+        in_chat_turn, elsewhere = self._turn_ends
+        return [*planned, *(in_chat_turn if ASSISTANT_MARKER in context_text else elsewhere)][already:]
 
-    def _sample(self, input_ids: list[int], params: dict) -> tuple[list[int], dict]:
-        tok = self.tokenizer
-        planned = self._planned(input_ids)
-        stops = params.get("stop") or []
-        stops = [stops] if isinstance(stops, str) else list(stops)
-        stop_ids = set(params.get("stop_token_ids") or []) | (set() if params.get("ignore_eos") else set(self.eos_ids))
-        max_new = params.get("max_new_tokens", 128)
-        out: list[int] = []
-        for token in planned:
-            if len(out) >= max_new:
-                return out, {"type": "length", "length": len(out)}
-            out.append(token)
-            if token in stop_ids:
-                return out, {"type": "stop", "matched": token}
-            if self.honor_stop_strings and stops:
-                tail = tok.decode(out[-24:], skip_special_tokens=False)
-                for stop in stops:
-                    if stop in tail:
-                        return out, {"type": "stop", "matched": stop}
-        return out, {"type": "length", "length": len(out)}
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    # ---- generation ----------------------------------------------------------------------------
+    async def _run(self, input_ids: list[int], params: dict) -> tuple[Decoded, list[tuple[str, int]], int]:
+        """One request from its first decode step to its answer: (what it answers, the weight-version changes it lived
+        through as (old version, tokens then), retractions)."""
+        number = len(self.calls)
+        plan = self._planned(input_ids)
+        rules = FinishRules.of(self.version, self._decode, params, self.eos_ids)
+        if not self.honor_stop_strings:
+            rules.stop_strs = []
+        run = self.speculative_run
+        hold, pause = self.holds.pop(number, None), self.pauses.pop(number, None)
+        until = hold.tokens if hold else pause.tokens if pause else None
+        decoded = decode_steps(plan, rules, run=run, until=until)
+        events: list[tuple[str, int]] = []
+        if hold is not None:
+            if decoded.finished:
+                hold.skipped = True
+                hold.reached.set()
+            else:
+                self.held.add(hold)
+                await hold.wait()
+                decoded = abort_running(plan, decoded, rules.max_new_tokens, run=run)
+        if pause is None:
+            return decoded, events, 0
+        pause.version_before = self.weight_version
+        if pause.mode == "abort":  # every request in flight is aborted; the update comes once they answered
+            if not decoded.finished:
+                decoded = abort_running(plan, decoded, rules.max_new_tokens, run=run)
+                pause.aborted = True
+            for held in self.held:
+                held.abort()
+            self.held.clear()
+            pause.version_after = self.push_weights()
+            pause.reached.set()
+            return decoded, events, 0
+        # in place or retracted: the weights change under the running request, which then goes on to its end
+        # (0.5.23: scheduler.py record_weight_version_change adds an event to every live request)
+        pause.version_after = self.push_weights()
+        if not decoded.finished:
+            events.append((pause.version_before, len(decoded.ids)))
+            decoded = decode_steps(plan, rules, run=run, out=decoded.ids)
+            pause.split = True
+        pause.reached.set()
+        return decoded, events, int(pause.mode == "retract" and pause.split)
+
+    def _answer(self, call: EngineCall, decoded: Decoded, events, retractions: int, params: dict) -> dict:
+        """The JSON body SGLang answers a finished (or aborted running) request with."""
+        out, finish = decoded.ids, decoded.finish
+        version = self.weight_version if events else call.weight_version
+        call.output_ids, call.finish = out, finish
+        call.log_probs = (
+            self.log_probs_of(call.input_ids, out)
+            if self.log_probs_of
+            else [fake_log_prob(len(call.input_ids) + i, t) for i, t in enumerate(out)]
+        )
+        meta = {
+            "id": uuid.uuid4().hex,
+            "finish_reason": finish,
+            "prompt_tokens": len(call.input_ids),
+            "weight_version": version,
+            "num_retractions": retractions,
+            "reasoning_tokens": 0,
+            "completion_tokens": len(out),
+            "cached_tokens": 0,
+            "e2e_latency": 0.01,
+        }
+        if self.version != SGLANG_0_5_15:
+            meta["weight_versions"] = weight_version_spans(events, version, len(out))
+        if call.return_logprob:
+            log_probs: list[float | None] = list(call.log_probs)
+            nan_at = self.null_log_prob_at.pop(len(self.calls), None)
+            if nan_at is not None and nan_at < len(log_probs):
+                log_probs[nan_at] = None  # orjson writes NaN and infinities as null
+            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(log_probs, out, strict=True)]
+            meta["output_token_logprobs_length"] = len(out)
+        if self.top_p_replay:
+            nucleus = [[t, (t + 1) % 151643] for t in out]  # the sampled token and one more per position
+            ids = [i for kept in nucleus for i in kept]
+            offsets = [2 * i for i in range(len(out) + 1)]
+            if self.top_p_replay == "base64":
+                ids, offsets = (base64.b64encode(array("i", v).tobytes()).decode() for v in (ids, offsets))
+            meta["top_p_kept_token_ids"], meta["top_p_kept_token_offsets"] = ids, offsets
+        call.weight_version = version
+        call.meta_info = meta
+        skip = bool(params.get("skip_special_tokens", True))
+        text = trimmed_text(lambda ids: self.tokenizer.decode(ids, skip_special_tokens=skip), out, finish, params)
+        return {"text": text, "output_ids": out, "meta_info": meta}
+
+    def _waiting_abort(self, call: EngineCall) -> dict:
+        """A request aborted before it ran (managers/tokenizer_manager.py, _handle_abort_req, both versions): no
+        tokens, and meta_info without prompt_tokens and cached_tokens."""
+        call.finish = dict(WAITING_ABORT)
+        call.weight_version = self.weight_version
+        meta = {"id": uuid.uuid4().hex, "finish_reason": call.finish, "weight_version": self.weight_version}
+        meta["e2e_latency"] = 0.0
+        if self.version != SGLANG_0_5_15:
+            meta["weight_versions"] = weight_version_spans([], self.weight_version, 0)
+        if call.return_logprob:
+            meta.update(input_token_logprobs=[], output_token_logprobs=[], output_token_logprobs_length=0)
+        meta["completion_tokens"] = 0
+        call.meta_info = meta
+        return {"text": "", "output_ids": [], "meta_info": meta}
 
     def _build_app(self) -> FastAPI:
         app = FastAPI()
@@ -312,6 +455,8 @@ class FakeSGLangEngine:
             body = await request.json()
             if self.failures_left > 0:
                 self.failures_left -= 1
+                if self.failure_body is not None:
+                    return Response(self.failure_body, media_type="application/json")
                 return JSONResponse({"error": {"message": "injected failure"}}, status_code=self.failure_status)
             params = body.get("sampling_params") or {}
             if "input_ids" in body:
@@ -344,67 +489,18 @@ class FakeSGLangEngine:
             if self.gate is not None and len(self.calls) > self.gate.after:
                 await self.gate.wait()
             if self.aborted:
-                call.finish = {"type": "abort", "message": "Abort before prefill"}
-                # older SGLang reports 0 prompt tokens for a request aborted in the waiting queue
-                meta = {"id": uuid.uuid4().hex, "finish_reason": call.finish, "prompt_tokens": 0}
-                meta.update(completion_tokens=0, weight_version=self.weight_version)
-                return {"text": "", "output_ids": [], "meta_info": meta}
-            version = call.weight_version = self.weight_version  # the weights that sample this request
-            out, finish = self._sample(input_ids, params)
-            hold = self.holds.pop(len(self.calls), None)
-            if hold is not None:
-                if len(out) > hold.tokens:
-                    self.held.add(hold)
-                    await hold.wait()
-                    out, finish = self._cut(input_ids, out, hold.tokens, "Abort by the rollout's abort")
-                else:
-                    hold.skipped = True
-                    hold.reached.set()
-            pause = self.pauses.pop(len(self.calls), None)
-            if pause is not None:
-                if len(out) > pause.tokens:
-                    out, finish = self._cut(input_ids, out, pause.tokens, "Abort by /pause_generation")
-                    pause.aborted = True
-                for held in self.held:  # everything else in flight is aborted too
-                    held.abort()
-                self.held.clear()
-                pause.version_before, pause.version_after = version, self.push_weights()
-                pause.reached.set()
-            call.output_ids, call.finish = out, finish
-            call.log_probs = (
-                self.log_probs_of(input_ids, out)
-                if self.log_probs_of
-                else [fake_log_prob(len(input_ids) + i, t) for i, t in enumerate(out)]
-            )
-            skip = bool(params.get("skip_special_tokens", True))
-            meta = {
-                "id": uuid.uuid4().hex,
-                "finish_reason": finish,
-                "prompt_tokens": len(input_ids),
-                "completion_tokens": len(out),
-                "cached_tokens": 0,
-                "weight_version": version,
-            }
-            if return_logprob:
-                meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(call.log_probs, out, strict=True)]
-            if self.top_p_replay:
-                nucleus = [[t, (t + 1) % 151643] for t in out]  # the sampled token and one more per position
-                ids = [i for kept in nucleus for i in kept]
-                offsets = [2 * i for i in range(len(out) + 1)]
-                if self.top_p_replay == "base64":
-                    ids, offsets = (base64.b64encode(array("i", v).tobytes()).decode() for v in (ids, offsets))
-                meta["top_p_kept_token_ids"], meta["top_p_kept_token_offsets"] = ids, offsets
-            return {"text": self.tokenizer.decode(out, skip_special_tokens=skip), "output_ids": out, "meta_info": meta}
+                return self._waiting_abort(call)
+            call.weight_version = self.weight_version  # the weights that start sampling it
+            decoded, events, retractions = await self._run(input_ids, params)
+            if decoded.finish.get("type") == "abort":  # a later request that extends it continues the same plan
+                base, already = self.continuations.get(tuple(input_ids), (input_ids, 0))
+                self.continuations[tuple(input_ids + decoded.ids)] = (base, already + len(decoded.ids))
+            body = self._answer(call, decoded, events, retractions, params)
+            if self.rewrite_next is not None:
+                body, self.rewrite_next = self.rewrite_next(body), None
+            return body
 
         return app
-
-    def _cut(self, input_ids: list[int], out: list[int], tokens: int, message: str) -> tuple[list[int], dict]:
-        """The request aborted after its first `tokens` tokens; a request that later extends it (its context plus
-        those tokens) continues the same plan."""
-        base, already = self.continuations.get(tuple(input_ids), (input_ids, 0))
-        out = out[:tokens]
-        self.continuations[tuple(input_ids + out)] = (base, already + len(out))
-        return out, {"type": "abort", "message": message}
 
 
 def render_openai_messages(tokenizer, messages: list[dict], tools, add_generation_prompt: bool) -> str:

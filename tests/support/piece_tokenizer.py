@@ -20,6 +20,8 @@ SPECIAL = {99}
 
 
 class PieceTokenizer:
+    eos_token_id = None  # no EOS of its own: a test names the stop ids it sends
+
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         if not isinstance(skip_special_tokens, bool):
             raise TypeError(f"{skip_special_tokens!r} is not an instance of 'bool'")

@@ -88,7 +88,8 @@ LONG_HORIZON_KEYS = {
     "forced_answer": {"mode": "inject", "turn": 3, "trigger": "max_turns", "tokens": 18},
     "page_chunks": 2,
 }
-RESUMED_AFTER = 6  # tokens of the second turn sampled before the abort
+RESUMED_AFTER = 6  # tokens of the second turn sampled when the abort came
+ABORT_STEP = 1  # the one more decode step an abort runs: its token is the aborted answer's last
 EVAL_EPISODES = [
     Episode("eval right", "generate", [SEARCH_TURN, ANSWER_TURN], "nq"),
     Episode("eval chat", "chat", [CALL, CHAT_ANSWER], "bamboogle"),

@@ -214,6 +214,7 @@ async def test_rollout_metrics_of_a_mixed_batch_reach_slimes_tracking_call(mixed
         "max_turns": pytest.approx(1 / n),
         "token_budget": pytest.approx(1 / n),
         "tool_failed": pytest.approx(1 / n),
+        "engine_error": 0.0,
         "aborted": pytest.approx(1 / n),
     }
     # 7 scored samples: EM right, invalid_then_right, chat; well-formed: right, wrong; retrieval hit: same two

@@ -24,7 +24,7 @@ from slime_search_r1.viewer.samples import ViewSample
 from slime_search_r1.viewer.steps import steps_of, tool_calls
 from slime_search_r1.viewer.summary import hook_metrics, viewer_metrics
 from slime_search_r1.viewer.vocabulary import TokenTexts
-from support.viewer_dumps import GAP, HOSTILE_TEXT, RESUMED_AFTER, train_log_probs
+from support.viewer_dumps import ABORT_STEP, GAP, HOSTILE_TEXT, RESUMED_AFTER, train_log_probs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -191,10 +191,10 @@ def test_a_resumed_sample_says_which_response_tokens_earlier_rollouts_sampled(vi
     detail = sample_detail(sample, TokenTexts(tokenizer))
     resumed_at = record["resumed_at"]
     assert len(resumed_at) == 1 and detail["earlier_before"] == resumed_at[0]
-    # the first turn, its search results and the second turn's first RESUMED_AFTER tokens
+    # the first turn, its search results and the second turn's tokens up to the abort's (one more step)
     model_steps = [(start, end) for kind, start, end in detail["steps"] if kind == "model"]
-    assert resumed_at[0] == model_steps[1][0] + RESUMED_AFTER
-    assert record["earlier_policy_tokens"] == (model_steps[0][1] - model_steps[0][0]) + RESUMED_AFTER
+    assert resumed_at[0] == model_steps[1][0] + RESUMED_AFTER + ABORT_STEP
+    assert record["earlier_policy_tokens"] == (model_steps[0][1] - model_steps[0][0]) + RESUMED_AFTER + ABORT_STEP
     assert "resumed_at" not in detail["record_more"] and "resume" not in detail["record_more"]
     assert sample_row(sample)["resumes"] == 1
     assert sample_row(runs["rollout"].samples[viewer_dumps.names.index("right")])["resumes"] == 0

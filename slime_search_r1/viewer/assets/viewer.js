@@ -319,6 +319,7 @@
     if (row.removed) badges.push(h("span", { class: "badge bad", text: "remove_sample: kept out of the loss" }));
     if (record.reward && record.reward.unscored) badges.push(h("span", { class: "badge bad", text: "the judge gave no verdict: unscored, kept out of training", data: { field: "unscored" } }));
     if (record.tool_error) badges.push(h("span", { class: "badge bad", text: `tool error: ${record.tool_error}` }));
+    if (record.engine_error) badges.push(h("span", { class: "badge bad", text: `engine error: ${record.engine_error}` }));
     if (row.resumes) badges.push(h("span", { class: "badge", text: `resumed ${row.resumes}× (partial rollout): ${record.earlier_policy_tokens} of ${record.generated_tokens} sampled tokens from earlier rollouts`, data: { field: "resumes" } }));
     view.appendChild(h("div", { class: "badges" }, badges));
     if (detail.versions) view.appendChild(versionBadges(detail.versions));
@@ -339,7 +340,9 @@
     rewardRows.push(h("tr", null, [h("td", { text: "sample.reward" }), h("td", { class: "value", text: typeof detail.reward === "object" && detail.reward !== null ? JSON.stringify(detail.reward) : fmt(detail.reward) })]));
     rewardRows.push(h("tr", null, [h("td", { text: "gold answers" }), h("td", { class: "value", text: (detail.answers || []).join(" | ") || "-" })]));
     const counted = ["turns", "invalid_actions", "observation_tokens", "truncated_observations"];
-    for (const k of ["engine_aborts", "restarts", "lag_masked_tokens"]) if (record[k]) counted.push(k); // fully-async
+    for (const k of ["engine_aborts", "aborts_after_turn_end", "restarts", "max_version_lag", "lag_masked_tokens"]) {
+      if (record[k] !== undefined && record[k] !== null && (record[k] || k === "max_version_lag")) counted.push(k); // fully-async
+    }
     for (const k of ["page_chunks", "short_form_tokens_saved"]) if (record[k]) counted.push(k); // long horizon
     if (record.segments > 1) counted.push("segments");
     const counters = counted.map((k) =>
