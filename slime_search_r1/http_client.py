@@ -13,6 +13,7 @@ this machine against ~0.6 ms for aiohttp (bench/rollout_overhead.py), so the hot
 import asyncio
 import atexit
 import codecs
+import datetime
 import email.utils
 import json
 import math
@@ -69,7 +70,9 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
             when = email.utils.parsedate_to_datetime(value.strip())
         except (TypeError, ValueError, IndexError):
             return None
-        seconds = when.timestamp() - (time.time() if now is None else now)  # an HTTP date is GMT (a naive one too)
+        if when.tzinfo is None:  # "-0000": an HTTP date is GMT all the same
+            when = when.replace(tzinfo=datetime.timezone.utc)
+        seconds = when.timestamp() - (time.time() if now is None else now)
     return max(0.0, seconds) if math.isfinite(seconds) else None
 
 

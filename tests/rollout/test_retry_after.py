@@ -37,12 +37,23 @@ def http_date(unix_time: float) -> str:
     return email.utils.formatdate(unix_time, usegmt=True)
 
 
-def test_retry_after_is_read_as_seconds_or_an_http_date():
+@pytest.fixture
+def local_time_not_gmt(monkeypatch):
+    """A local time zone 8 hours off GMT, so that a date read as local time would be off."""
+    monkeypatch.setenv("TZ", "Asia/Shanghai")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def test_retry_after_is_read_as_seconds_or_an_http_date(local_time_not_gmt):
     now = 1_700_000_000
     assert retry_after_seconds("3") == 3.0
     assert retry_after_seconds(" 2.5 ") == 2.5
     assert retry_after_seconds(http_date(now + 7), now=now) == 7.0
     assert retry_after_seconds(http_date(now - 7), now=now) == 0.0  # a date gone by: at once
+    assert retry_after_seconds(http_date(now + 7).replace("GMT", "-0000"), now=now) == 7.0  # GMT under any name
     assert retry_after_seconds("-4") == 0.0
     for unreadable in (None, "", "soon", "nan", "inf", "Mon, 99 Foo 2024"):
         assert retry_after_seconds(unreadable) is None, unreadable
