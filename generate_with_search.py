@@ -61,7 +61,7 @@ def _warn_once(message: str) -> None:
 async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample | list[Sample]:
     """One episode; with SEARCH_R1_SPLIT_TRAJECTORIES=true (training) a list of samples, one per context."""
     config = resolve_config(SEARCH_R1_CONFIGS)
-    for warning in check_slime_args(args, config):
+    for warning in check_slime_args(args, config, evaluation=evaluation):
         _warn_once(warning)
     return await run_episode(args, sample, sampling_params, config, evaluation)
 

@@ -292,7 +292,7 @@ for _setting in (
             "local retrieval server, or Google through serper.dev"),
     Setting("search_timeout", 30.0, Number(0.1), "SEARCH_R1_SEARCH_TIMEOUT", "seconds per attempt"),
     Setting("search_attempts", 3, Integer(1, 20), "SEARCH_R1_SEARCH_ATTEMPTS",
-            "tries per call, the first included, on connection errors, timeouts, 5xx and 429"),
+            "tries per call, the first included, on connection errors, timeouts, 5xx and 429 (Retry-After obeyed)"),
     Setting("drop_failed_samples", True, Flag(), "SEARCH_R1_DROP_FAILED_SAMPLES",
             "remove_sample on FAILED samples (a tool still failing after its retries)"),
     Setting("local.search_url", ("http://127.0.0.1:8000/retrieve",), Urls("/retrieve"), "RETRIEVAL_SERVER_URL",
@@ -322,6 +322,8 @@ for _setting in (
     Setting("judge.concurrency", 32, Integer(1), None, "judge requests in flight per rollout process"),
     Setting("judge.timeout", 60.0, Number(0.1), None, "seconds per judge request"),
     Setting("judge.attempts", 4, Integer(1, 20), None, "tries per answer, the first included, before it is marked"),
+    Setting("judge.max_tokens", 1024, Integer(1), None,
+            "max_tokens of the judge's reply; one cut off there is marked invalid (a reasoning judge needs room)"),
     # ---- extending
     Setting("extensions", [], Names(None), "SEARCH_R1_EXTENSIONS",
             "modules imported first: they register tools, search backends, token-tracking modes or settings"),

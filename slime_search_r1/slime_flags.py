@@ -29,8 +29,10 @@ def _flag_names(args, names: tuple[str, ...]) -> list[str]:
     return ["--" + name.replace("_", "-") for name in names if getattr(args, name, False)]
 
 
-def check_slime_args(args, config: SearchR1Config, at_launch: bool = False) -> list[str]:
-    """slime flags that cannot work with these settings raise ConfigError; returns warnings for the rest."""
+def check_slime_args(args, config: SearchR1Config, at_launch: bool = False, evaluation: bool = False) -> list[str]:
+    """slime flags that cannot work with these settings raise ConfigError; returns warnings for the rest.
+    `evaluation`: the sample is an evaluation's (evaluate.py, slime's eval rollout), which no advantage reads, so
+    the warnings about advantages are left out."""
     refusals, warnings = fully_async_problems(args)
     if refusals and at_launch:
         raise ConfigError(refusals[0])
@@ -92,7 +94,7 @@ def check_slime_args(args, config: SearchR1Config, at_launch: bool = False) -> l
         *(["FAILED samples (a tool still failing after its retries)"] if config.drop_failed_samples else []),
         *(["samples the judge could not score"] if config.reward == "judge" else []),
     ]
-    if removed and normalized:
+    if removed and normalized and not evaluation:
         if getattr(args, "custom_convert_samples_to_train_data_path", None):
             warnings.append(
                 "--custom-convert-samples-to-train-data-path replaces slime's reward post-processing, so "

@@ -62,6 +62,7 @@ from slime_search_r1.evaluation.runner import (
     run_config,
     write_viewer,
 )
+from slime_search_r1.http_client import RETRY_AFTER_MAX_S
 from slime_search_r1.scoring.answers import rule_scores
 from slime_search_r1.scoring.judge import DEFAULT_PROMPT, JudgeClient, JudgeConfig, JudgePrompt, JudgeSetupError
 from slime_search_r1.settings import ConfigError, resolve_config
@@ -109,9 +110,19 @@ def add_judge_arguments(parser: argparse.ArgumentParser) -> None:
         help="prompt file with {question} {gold_answers} {prediction}",
     )
     group.add_argument("--judge-concurrency", type=positive_int, default=32, help="judge requests in flight")
-    group.add_argument("--judge-attempts", type=positive_int, default=4, help="tries per answer (retries included)")
+    group.add_argument(
+        "--judge-attempts",
+        type=positive_int,
+        default=4,
+        help=f"tries per answer (retries included; a server's Retry-After is obeyed, up to {RETRY_AFTER_MAX_S:g} s)",
+    )
     group.add_argument("--judge-timeout", type=positive_float, default=60.0, help="seconds per judge request")
-    group.add_argument("--judge-max-tokens", type=positive_int, default=1024, help="max_tokens of the judge's reply")
+    group.add_argument(
+        "--judge-max-tokens",
+        type=positive_int,
+        default=1024,
+        help="max_tokens of the judge's reply; a reply cut off there is marked invalid (give a reasoning judge room)",
+    )
 
 
 def judge_from_args(parser: argparse.ArgumentParser, args: Namespace) -> JudgeClient | None:
@@ -333,12 +344,11 @@ def report(
     summary = summarize(records, selected_per_source, samples_per_question, described)
     comparisons = beside_paper(summary, reference) if reference is not None else None
     write_reports(output_dir, summary, settings, comparisons)
-    print(json.dumps({s: v["em"] for s, v in summary["data_sources"].items()} | {"average": summary["average_em"]}))
-    print(markdown_report(summary, settings))
+    print(markdown_report(summary, settings))  # stdout is results.md; results.json is the file for scripts
     if comparisons:
         print(references_markdown(comparisons, samples_per_question))
     try:
-        chart = f", {write_em_chart(output_dir, summary, settings).name}"
+        chart = f", {write_em_chart(output_dir, summary, settings, comparisons).name}"
     except ImportError as exc:  # the results are written; only the picture is missing
         chart = ""
         print(f"evaluate.py: warning: no chart ({exc}); pip install matplotlib", file=sys.stderr)

@@ -2,9 +2,12 @@
 judgements.jsonl, and join the verdicts into the trajectories for the reports.
 
 judgements.jsonl has one line per judged trajectory (the latest line of a key wins): its key, the judge's identity
-(model and the prompt's sha256), the answer judged, and the Verdict (status, score, the judge's reply, the error,
-the attempts). A run is re-scored from it without generating again (`evaluate.py rescore DIR`); a trajectory whose
-verdict is missing, comes from another judge or prompt, or is marked (error, invalid) is asked again on the next run.
+(model and the prompt's sha256), what it judged (the question, the gold answers and the answer), and the Verdict
+(status, score, the judge's reply, the error, the attempts). A verdict counts for a trajectory only when it judged
+what the trajectory holds now: a row run again on resume (after a failed search) with a new answer is judged again,
+never scored by the verdict on its old answer. A run is re-scored from it without generating again (`evaluate.py
+rescore DIR`); a trajectory whose verdict is missing, comes from another judge or prompt, judged another answer, or
+is marked (error, invalid) is asked again on the next run.
 """
 
 import asyncio
@@ -20,19 +23,35 @@ JUDGEMENTS = "judgements.jsonl"
 JUDGE_JSON = "judge.json"  # the judge whose verdicts the reports count (written when a judge last ran here)
 
 
-def usable(line: dict | None, identity: dict) -> bool:
-    """A verdict of this judge that carries a score (correct, incorrect, or no answer to judge)."""
-    return line is not None and line.get("judge") == identity and line.get("status") in SCORED
+JUDGED = ("question", "golden_answers", "answer")  # what the judge is shown of a trajectory
+
+
+def judged(record: dict) -> dict:
+    """What the judge is shown of this trajectory (a verdict line records it, and counts only for it)."""
+    return {field: record.get(field) for field in JUDGED}
+
+
+def verdict_for(line: dict | None, record: dict, identity: dict) -> dict | None:
+    """The line when it is this judge's verdict on what `record` holds now, else None."""
+    if line is None or line.get("judge") != identity:
+        return None
+    return line if {field: line.get(field) for field in JUDGED} == judged(record) else None
+
+
+def usable(line: dict | None, record: dict, identity: dict) -> bool:
+    """This judge's verdict on the record's answer, and one that carries a score (correct, incorrect, no answer)."""
+    mine = verdict_for(line, record, identity)
+    return mine is not None and mine.get("status") in SCORED
 
 
 def pending(records: list[dict], verdicts: dict[str, dict], identity: dict) -> list[dict]:
     """The trajectories this judge has no usable verdict for. Lines written before evaluate.py recorded the answer
     ("answer" absent) cannot be judged and stay unjudged."""
-    return [r for r in records if "answer" in r and not usable(verdicts.get(r["key"]), identity)]
+    return [r for r in records if "answer" in r and not usable(verdicts.get(r["key"]), r, identity)]
 
 
 def verdict_line(record: dict, identity: dict, verdict: Verdict) -> dict:
-    return {"key": record["key"], "judge": identity, "answer": record.get("answer"), **verdict.as_dict()}
+    return {"key": record["key"], "judge": identity, **judged(record), **verdict.as_dict()}
 
 
 async def judge_records(client: JudgeClient, records: list[dict], store, progress=None) -> list[dict]:
@@ -53,15 +72,15 @@ async def judge_records(client: JudgeClient, records: list[dict], store, progres
 
 
 def with_verdicts(records: list[dict], verdicts: dict[str, dict], identity: dict) -> list[dict]:
-    """The records with "judge" (1.0, 0.0, or None when unjudged or marked) and "judge_status" from this judge."""
+    """The records with "judge" (1.0, 0.0, or None when unjudged or marked) and "judge_status" from this judge's
+    verdict on each record's answer."""
     joined = []
     for record in records:
-        line = verdicts.get(record["key"])
-        mine = line is not None and line.get("judge") == identity
-        score = line.get("score") if mine else None
+        mine = verdict_for(verdicts.get(record["key"]), record, identity)
+        score = mine.get("score") if mine else None
         if score is not None and not (isinstance(score, (int, float)) and math.isfinite(score)):
             score = None
-        joined.append(record | {"judge": score, "judge_status": line.get("status") if mine else "unjudged"})
+        joined.append(record | {"judge": score, "judge_status": mine.get("status") if mine else "unjudged"})
     return joined
 
 

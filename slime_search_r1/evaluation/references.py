@@ -18,6 +18,7 @@ paper, its arXiv version and the table.
 """
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,10 @@ from slime_search_r1.data import SEARCH_R1_DATA_SOURCES
 
 TABLES = Path(__file__).with_name("tables")
 SCORE_NAMES = ("em", "f1", "cover_em", "judge")
+# A source evaluated on fewer questions than this is flagged beside the paper: a score over n questions is uncertain
+# by up to +-0.98/sqrt(n) (a 95% interval of a proportion), +-0.10 at 100, where a paper's test set has hundreds to
+# thousands of questions per source.
+FEW_QUESTIONS = 100
 _KEYS = {"method", "source", "table", "notes", "scores", "averages"}
 
 
@@ -142,6 +147,7 @@ def beside_paper(summary: dict, reference: Reference) -> list[dict]:
             run, paper = stats.get(score), figures.get(source)
             rows[source] = {
                 "n": stats["n"],
+                "questions": stats.get("questions", stats["n"]),
                 "run": run,
                 "paper": paper,
                 "difference": _minus(run, paper),
@@ -215,6 +221,14 @@ def beside_paper_markdown(comparisons: list[dict], labels: dict[str, str], run_l
     ]
     if first.get("notes"):
         lines.append(f"- notes: {first['notes']}")
+    few = [(source, row["questions"]) for source, row in first["rows"].items() if row["questions"] < FEW_QUESTIONS]
+    if few:
+        lines.append(
+            f"- **few questions** (under {FEW_QUESTIONS}): "
+            + ", ".join(f"{source} {count} (±{0.98 / math.sqrt(max(count, 1)):.2f})" for source, count in few)
+            + ". A score over n questions is uncertain by up to ±0.98/√n (95%), and a paper's test set has "
+            "hundreds to thousands of questions per source: these differences say little."
+        )
     if missing:
         lines.append(f"- this run has no {', '.join(missing)} scores (a judge needs --judge-url and --judge-model).")
     return "\n".join(lines) + "\n"

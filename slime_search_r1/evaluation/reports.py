@@ -2,9 +2,11 @@
 and a bar chart, and the comparison of several evaluations (one per checkpoint) as Markdown tables and line charts.
 
 Scores: em (the plugin's reward_func, pure exact match), f1 and cover_em (scoring/answers.py), judge (an LLM judge's
-verdicts, scoring/judge.py). With k samples per question each is avg@k (the mean of a question's k scores) and gets a
-pass@k beside it (the best of a question's k scores: 1 when any sample is right); both are means over the questions of
-a data source, and the average is the mean over data sources (Search-R1's "Avg").
+verdicts, scoring/judge.py). With k samples per question each is avg@k (the mean of a question's scored samples) and
+gets a pass@k beside it: the expected best score of k samples drawn from a question's n >= k scored ones (pass_at_k;
+for 0/1 scores Chen et al.'s unbiased estimator, 1 - C(n-c, k) / C(n, k) with c right). A question with fewer than k
+scored samples (unjudged, or the run incomplete) has no pass@k: it is left out of it and counted (`{key}_short`).
+Both are means over the questions of a data source, and the average is the mean over data sources (Search-R1's "Avg").
 
 Charts are drawn with matplotlib's Agg canvas (no display needed); matplotlib is imported only to draw them.
 """
@@ -119,6 +121,18 @@ def source_order(sources) -> list[str]:
     return known + sorted(set(sources) - set(known))
 
 
+def pass_at_k(values: list[float], k: int) -> float | None:
+    """The expected best of k samples drawn without replacement from a question's n scored samples `values`: the
+    i-th smallest of n is the best of k with probability C(i-1, k-1) / C(n, k). For 0/1 scores with c right this is
+    Chen et al.'s (2021) unbiased pass@k, 1 - C(n-c, k) / C(n, k); at n = k it is the best of the n. None when n < k:
+    fewer samples than k say nothing about the best of k."""
+    n = len(values)
+    if n < k:
+        return None
+    draws = math.comb(n, k)
+    return sum(value * math.comb(i, k - 1) for i, value in enumerate(sorted(values))) / draws
+
+
 def _questions(records: list[dict]) -> list[list[dict]]:
     """The records grouped by question (their row in the data file), in first-seen order."""
     groups: dict[object, list[dict]] = {}
@@ -127,15 +141,20 @@ def _questions(records: list[dict]) -> list[list[dict]]:
     return list(groups.values())
 
 
-def _question_scores(questions: list[list[dict]], score: str) -> tuple[list[float], list[float]]:
-    """(avg@k, pass@k) of each question that has this score on at least one sample."""
-    averages, best = [], []
+def _question_scores(questions: list[list[dict]], score: str, k: int) -> tuple[list[float], list[float], int]:
+    """avg@k of each question that has this score on at least one sample, pass@k of each that has it on k or more,
+    and how many questions have it on fewer than k (left out of pass@k)."""
+    averages, best, short = [], [], 0
     for samples in questions:
         values = [float(r[score]) for r in samples if r.get(score) is not None]
         if values:
             averages.append(fmean(values))
-            best.append(max(values))
-    return averages, best
+        passed = pass_at_k(values, k)
+        if passed is None:
+            short += 1
+        else:
+            best.append(passed)
+    return averages, best, short
 
 
 def present_scores(records: list[dict], judged: bool) -> list[str]:
@@ -163,11 +182,12 @@ def summarize(
         questions = _questions(done)
         stats = {"n": len(done), "selected": selected_per_source.get(source, len(done)), "questions": len(questions)}
         for score in base:
-            averages, best = _question_scores(questions, score)
+            averages, best, short = _question_scores(questions, score, k)
             stats[score] = _mean_or_none(averages)
             everything[score] += averages
             if k > 1:
                 stats[pass_key(score, k)] = _mean_or_none(best)
+                stats[f"{pass_key(score, k)}_short"] = short
                 everything[pass_key(score, k)] += best
         if judge is not None:
             stats["unjudged"] = sum(r.get("judge") is None for r in done)
@@ -182,6 +202,8 @@ def summarize(
         # mean over data sources, as in Search-R1's tables; and over all questions
         summary[f"average_{key}"] = _mean_or_none([s[key] for s in sources.values() if s[key] is not None])
         summary[f"micro_{key}"] = _mean_or_none(everything[key])
+        if "_pass@" in key:
+            summary[f"{key}_short"] = sum(s[f"{key}_short"] for s in sources.values())
     summary |= {
         "n": len(records),
         "selected": sum(selected_per_source.values()),
@@ -247,12 +269,26 @@ def markdown_report(summary: dict, run_config: dict) -> str:
     )
     micro = ", ".join(f"{label} {_fmt(summary.get(f'micro_{key}'))}" for key, label in zip(keys, labels, strict=True))
     lines += ["", f"Mean over all questions: {micro}.", ""]
+    lines += [
+        "n: trajectories (questions x samples); searches / sample, turns / sample: means over them; not completed: "
+        "trajectories whose status is not completed (truncated, failed, aborted: each counted in results.json).",
+        "",
+    ]
     if k > 1:
         lines += [
-            f"avg@{k}: the mean of a question's {k} scores; pass@{k}: the best of them (1 when any sample is right; "
-            "the best F1 for F1). Both are averaged over the questions of a data source.",
+            f"avg@{k}: the mean of a question's scores; pass@{k}: the expected best of {k} samples drawn from a "
+            f"question's n >= {k} scored ones (Chen et al.'s unbiased pass@k for 0/1 scores; with n = {k} samples the "
+            "best of them: 1 when any is right, the best F1 for F1). Both are averaged over the questions of a data "
+            "source.",
             "",
         ]
+        short = [f"{score_label(key)} {summary[f'{key}_short']}" for key in keys if summary.get(f"{key}_short")]
+        if short:
+            lines += [
+                f"**Left out of pass@{k}:** questions with fewer than {k} scored samples (unjudged, or the run "
+                f"incomplete): {', '.join(short)}.",
+                "",
+            ]
     return "\n".join(lines)
 
 
@@ -286,41 +322,59 @@ def _save_png(figure, path: Path) -> None:
     figure.savefig(path, dpi=120, bbox_inches="tight")
 
 
-def em_bar_figure(summary: dict, title: str):
+def em_bar_figure(summary: dict, title: str, references: list[dict] | None = None):
     """Every score per data source, grouped (EM first), and their mean (Search-R1's "Avg") as the last group; a
-    score not there yet shows "-"."""
+    score not there yet shows "-". `references` (references.py's beside_paper) puts the paper's figure for a score
+    beside it, as a hatched bar of the same colour ("-" where the paper gives none)."""
     from matplotlib.figure import Figure
 
     keys = summary.get("scores", ["em"])
     k = summary.get("samples_per_question", 1)
     names = [*summary["data_sources"], "average"]
-    width = 0.8 / len(keys)
-    figure = Figure(figsize=(max(4.0, 1.0 + (0.5 + 0.4 * len(keys)) * len(names)), 4.0))
-    axes = figure.subplots()
-    for position, key in enumerate(keys):
+    papers = {comparison["score"]: comparison for comparison in references or []}
+    series = []  # (label, values, the paper's comparison when the values are the paper's)
+    for key in keys:
         values = [stats.get(key) for stats in summary["data_sources"].values()] + [summary.get(f"average_{key}")]
+        series.append((score_label(key, k), values, None))
+        paper = papers.get(key)
+        if paper is not None:
+            figures = [paper["rows"].get(source, {}).get("paper") for source in summary["data_sources"]]
+            series.append((f"paper: {score_label(key)}", figures + [paper["average"]["paper"]], paper))
+    width = 0.8 / len(series)
+    figure = Figure(figsize=(max(4.0, 1.0 + (0.5 + 0.4 * len(series)) * len(names)), 4.0))
+    axes = figure.subplots()
+    color = None
+    for position, (label, values, paper) in enumerate(series):
         heights = [0.0 if value is None else value for value in values]  # with "-" above it
-        offsets = [i + (position - (len(keys) - 1) / 2) * width for i in range(len(names))]
-        colors = None if len(keys) > 1 else ["tab:blue"] * (len(names) - 1) + ["tab:gray"]
-        bars = axes.bar(offsets, heights, width=width, color=colors, label=score_label(key, k))
-        axes.bar_label(bars, labels=[_fmt(value) for value in values], padding=2, fontsize=8 if len(keys) > 1 else 10)
+        offsets = [i + (position - (len(series) - 1) / 2) * width for i in range(len(names))]
+        if paper is None:
+            colors = None if len(series) > 1 else ["tab:blue"] * (len(names) - 1) + ["tab:gray"]
+            bars = axes.bar(offsets, heights, width=width, color=colors, label=label)
+            color = bars.patches[0].get_facecolor()
+        else:
+            bars = axes.bar(offsets, heights, width=width, color="white", edgecolor=color, hatch="//", label=label)
+        fontsize = 8 if len(series) > 1 else 10
+        axes.bar_label(bars, labels=[_fmt(value) for value in values], padding=2, fontsize=fontsize)
     axes.set_xticks(range(len(names)), names)
     axes.set_ylim(0, 1.1)
     axes.set_ylabel("exact match" if keys == ["em"] else "score")
     axes.set_title(title)
     axes.tick_params(axis="x", labelrotation=30)
-    if len(keys) > 1:
+    if len(series) > 1:
         axes.legend(loc="center left", bbox_to_anchor=(1.01, 0.5))
     return figure
 
 
-def write_em_chart(output_dir: Path, summary: dict, run_config: dict) -> Path:
-    """em_by_source.png next to results.md; raises ImportError when matplotlib is not installed."""
+def write_em_chart(output_dir: Path, summary: dict, run_config: dict, references: list[dict] | None = None) -> Path:
+    """em_by_source.png next to results.md (with the paper's bars when `references` are given); raises ImportError
+    when matplotlib is not installed."""
     model = Path(str(run_config.get("hf_checkpoint") or "")).name or "model"
     what = "EM" if summary.get("scores", ["em"]) == ["em"] else "scores"
     title = f"{model}: {what} per data source ({summary['n']} of {summary['selected']} trajectories)"
+    if references:
+        title += f"\nbeside {references[0]['method']}"
     path = output_dir / RESULTS_PNG
-    _save_png(em_bar_figure(summary, title), path)
+    _save_png(em_bar_figure(summary, title, references), path)
     return path
 
 

@@ -1,22 +1,31 @@
 """An LLM judge behind any OpenAI-compatible chat endpoint: does this answer state a gold answer's fact?
 
 The prompt is a text file (judge_prompt.txt beside this module, or one of your own) with three placeholders,
-{question}, {gold_answers} and {prediction}, filled in one pass (other braces stay as written). The judge is asked
-to end with "Verdict: correct" or "Verdict: incorrect"; the last such line of its reply, after any <think>…</think>,
-is the verdict.
+{question}, {gold_answers} and {prediction}, filled in one pass (other braces stay as written). The default prompt
+fences the prediction between <prediction> and </prediction> and tells the judge it is data to grade, not
+instructions; those two tags are taken out of the prediction, so an answer cannot close its own fence.
+
+The judge is asked to end with "Verdict: correct" or "Verdict: incorrect". read_verdict reads every reply: the
+verdict is the last line, after any <think>...</think>, that is a verdict and nothing else (markdown and quotes
+around it allowed), so a note that quotes a verdict inside a sentence does not count. A reply cut off at max_tokens
+(finish_reason "length", or a <think> never closed) is refused whatever it holds: its thinking may carry a tentative
+verdict.
 
 Every call ends in a Verdict whose status says what happened, never a silent 0:
 
   correct, incorrect  the judge's verdict (score 1.0 or 0.0)
   no_answer           the model gave no answer: 0.0 without asking the judge
-  invalid             the judge replied, but no verdict could be read after every attempt (the replies are kept)
+  invalid             the judge replied, but no verdict could be read: no verdict line after every attempt, or a
+                      reply cut off at max_tokens (not retried: the same prompt would be cut off again); the reply is
+                      kept
   error               no reply after every attempt (HTTP 429/5xx, a timeout, a broken connection), or an error that
                       retrying cannot fix (another HTTP 4xx); the message says which
 
-Errors worth another try and unreadable replies are retried with tenacity (jittered exponential backoff), `attempts`
-tries in all; at most `concurrency` requests are in flight per event loop, and a waiting retry holds no place. The API
-key is read from the environment variable `api_key_env` names and sent as a bearer token; it is never written to a
-Verdict, a result or a log line.
+Errors worth another try and replies without a verdict line are retried by http_client.retrying, the policy the
+engine and search clients share: the server's Retry-After when it sends one (at most
+http_client.RETRY_AFTER_MAX_S), else jittered exponential backoff; `attempts` tries in all. At most `concurrency`
+requests are in flight per event loop, and a waiting retry holds no place. The API key is read from the environment
+variable `api_key_env` names and sent as a bearer token; it is never written to a Verdict, a result or a log line.
 """
 
 import asyncio
@@ -42,8 +51,10 @@ from slime_search_r1.http_client import (
 DEFAULT_PROMPT = Path(__file__).with_name("judge_prompt.txt")
 PLACEHOLDERS = ("question", "gold_answers", "prediction")
 _PLACEHOLDER = re.compile(r"\{(" + "|".join(PLACEHOLDERS) + r")\}")
-_THINKING = re.compile(r"<think>.*?</think>", re.DOTALL)
-_VERDICT = re.compile(r"verdict[\s*_`\"':=-]*(correct|incorrect)\b", re.IGNORECASE)
+# The fence of the prediction in the default prompt; a prediction that writes these tags has them taken out.
+_FENCE_TAG = re.compile(r"</?\s*prediction\s*>", re.IGNORECASE)
+# A line that is a verdict and nothing else: "Verdict: correct", "**Verdict:** Incorrect.", '{"verdict": "correct"}'
+_VERDICT_LINE = re.compile(r"[\s*_`\"'{#-]*verdict[\s*_`\"':=-]*(correct|incorrect)[\s*_`\"'}.!]*", re.IGNORECASE)
 _REFUSED = re.compile(r"HTTP 40[13]\b")
 _KEPT_REPLY_CHARS = 4000  # a verdict line keeps this much of the judge's reply
 
@@ -101,14 +112,44 @@ class JudgePrompt:
         return hashlib.sha256(self.template.encode("utf-8")).hexdigest()
 
     def render(self, question: str, golden_answers: list[str], prediction: str) -> str:
-        values = {"question": question, "gold_answers": " | ".join(golden_answers), "prediction": prediction}
+        values = {
+            "question": question,
+            "gold_answers": " | ".join(golden_answers),
+            "prediction": _FENCE_TAG.sub("", prediction),
+        }
         return _PLACEHOLDER.sub(lambda match: values[match.group(1)], self.template)
 
 
-def read_verdict(reply: str) -> bool | None:
-    """True for correct, False for incorrect, None when the reply holds no verdict line (after its thinking)."""
-    matches = _VERDICT.findall(_THINKING.sub(" ", reply).rsplit("</think>", 1)[-1])
-    return None if not matches else matches[-1].lower() == "correct"
+class UnreadableReply(RetryableRequestFailed):
+    """The judge replied, but with no verdict line in it (or not in the OpenAI shape): worth another try."""
+
+    def __init__(self, message: str, reply: str | None):
+        super().__init__(message)
+        self.reply = reply
+
+
+class CutOffReply(RequestFailed):
+    """The judge's reply was cut off at max_tokens: not retried, the same prompt would be cut off again."""
+
+    def __init__(self, message: str, reply: str | None):
+        super().__init__(message)
+        self.reply = reply
+
+
+def read_verdict(reply: str, finish_reason: str | None = None) -> bool:
+    """True for correct, False for incorrect: the last verdict line of a finished reply, after its thinking.
+
+    Raises CutOffReply for a reply cut off at max_tokens (finish_reason "length", or an unclosed <think>), and
+    UnreadableReply when no line after the thinking is a verdict and nothing else."""
+    after_thinking = reply.rsplit("</think>", 1)[-1]
+    if finish_reason == "length" or "<think>" in after_thinking:
+        where = "finish_reason length" if finish_reason == "length" else "its <think> never closed"
+        more = "give it more: --judge-max-tokens, or judge.max_tokens in training"
+        raise CutOffReply(f"the reply was cut off at max_tokens ({where}); {more}", reply)
+    verdicts = [line.group(1) for line in map(_VERDICT_LINE.fullmatch, after_thinking.splitlines()) if line]
+    if not verdicts:
+        raise UnreadableReply("no line that is only 'Verdict: correct' or 'Verdict: incorrect'", reply)
+    return verdicts[-1].lower() == "correct"
 
 
 @dataclass(frozen=True)
@@ -154,14 +195,6 @@ class Verdict:
         return asdict(self)
 
 
-class UnreadableReply(RetryableRequestFailed):
-    """The judge replied, but with no verdict in it (or not in the OpenAI shape): worth another try."""
-
-    def __init__(self, message: str, reply: str | None):
-        super().__init__(message)
-        self.reply = reply
-
-
 class JudgeClient:
     """judge(question, golds, prediction) -> Verdict, for evaluate.py and for a judge-based reward alike."""
 
@@ -194,7 +227,8 @@ class JudgeClient:
     def _redact(self, text: str) -> str:
         return text.replace(self._api_key, "***") if self._api_key else text
 
-    async def _ask(self, prompt: str) -> str:
+    async def _ask(self, prompt: str) -> tuple[str, str | None]:
+        """The reply's content and finish_reason."""
         payload = {
             "model": self.config.model,
             "messages": [{"role": "user", "content": prompt}],
@@ -213,13 +247,16 @@ class JudgeClient:
                     raise UnreadableReply(str(exc), None) from exc
                 raise
         try:
-            content = body["choices"][0]["message"]["content"]
-        except (KeyError, IndexError, TypeError):
-            content = None
+            choice = body["choices"][0]
+            content, finish_reason = choice["message"]["content"], choice.get("finish_reason")
+        except (KeyError, IndexError, TypeError, AttributeError):
+            content = finish_reason = None
+        if finish_reason == "length" and content is None:  # a reasoning parser kept the unfinished thinking apart
+            content = ""
         if not isinstance(content, str):
             raw = json.dumps(body, ensure_ascii=False)[:_KEPT_REPLY_CHARS]
             raise UnreadableReply(f"{self.endpoint} answered without choices[0].message.content: {raw[:200]}", raw)
-        return content
+        return content, finish_reason if isinstance(finish_reason, str) else None
 
     async def judge(self, question: str, golden_answers: list[str], prediction: str | None) -> Verdict:
         if prediction is None or not prediction.strip():
@@ -230,11 +267,9 @@ class JudgeClient:
             async for attempt in retrying(self.config.attempts, wait=self._wait):
                 with attempt:
                     attempts = attempt.retry_state.attempt_number
-                    reply = await self._ask(prompt)
-                    verdict = read_verdict(reply)
-                    if verdict is None:
-                        raise UnreadableReply("no 'Verdict: correct' or 'Verdict: incorrect' line", reply)
-        except UnreadableReply as exc:
+                    reply, finish_reason = await self._ask(prompt)
+                    verdict = read_verdict(reply, finish_reason)
+        except (UnreadableReply, CutOffReply) as exc:
             reply = None if exc.reply is None else self._redact(exc.reply)[:_KEPT_REPLY_CHARS]
             return Verdict("invalid", None, reply=reply, error=self._redact(str(exc)), attempts=attempts)
         except RequestFailed as exc:

@@ -25,7 +25,8 @@ from slime_search_r1.http_client import RequestFailed, RetryableRequestFailed, p
 
 logger = logging.getLogger(__name__)
 
-# Like slime's post(): an engine that restarts or is briefly overloaded gets 60 tries, 1 s apart.
+# Like slime's post(): an engine that restarts or is briefly overloaded gets 60 tries, 1 s apart (or as long as its
+# Retry-After asks, up to http_client.RETRY_AFTER_MAX_S).
 ENGINE_ATTEMPTS = 60
 ENGINE_RETRY_WAIT_S = 1.0
 FINISH_TYPES = ("stop", "length", "abort")

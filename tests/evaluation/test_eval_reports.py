@@ -14,8 +14,16 @@ import pytest
 
 import evaluate
 from slime_search_r1.data import SEARCH_R1_DATA_SOURCES
-from slime_search_r1.evaluation.references import load_reference, shipped
-from slime_search_r1.evaluation.reports import comparison_figure, em_bar_figure, load_results, summarize, write_reports
+from slime_search_r1.evaluation.references import beside_paper, load_reference, shipped
+from slime_search_r1.evaluation.reports import (
+    comparison_figure,
+    em_bar_figure,
+    load_results,
+    pass_at_k,
+    references_markdown,
+    summarize,
+    write_reports,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -250,3 +258,55 @@ def test_two_papers_beyond_search_r1_give_f1_or_judge_on_the_seven_sources():
         )
     }
     assert {"ASearcher", "DeepResearcher"} <= papers
+
+
+def sampled(index: int, ems: list[float]) -> list[dict]:
+    """The samples of one nq question, one record per EM (None: a sample without the score)."""
+    return [
+        {"data_source": "nq", "index": index, "key": f"{index}#{i}", "status": "completed", "em": em, "searches": 1}
+        for i, em in enumerate(ems)
+    ]
+
+
+def test_pass_at_k_is_the_unbiased_estimator_over_n_samples_and_needs_k_of_them(tmp_path):
+    # 8 samples, 1 right: of the 70 ways to draw 4, 35 hold it; the best of all 8 (1.0) would be pass@8
+    records = sampled(0, [1.0] + [0.0] * 7) + sampled(1, [1.0, 1.0, 1.0])  # the second has 3 of 4: no pass@4
+    summary = summarize(records, {"nq": 12}, samples_per_question=4)
+    nq = summary["data_sources"]["nq"]
+    assert (nq["em_pass@4"], nq["em_pass@4_short"], summary["em_pass@4_short"]) == (0.5, 1, 1)
+    assert nq["em"] == pytest.approx((1 / 8 + 1.0) / 2)  # avg@4 keeps the mean of what each question has
+    write_reports(tmp_path, summary, {"hf_checkpoint": "/ckpt/m", "temperature": 0.7})
+    markdown = (tmp_path / "results.md").read_text()
+    assert "**Left out of pass@4:** questions with fewer than 4 scored samples" in markdown
+    assert "incomplete): EM pass@4 1." in markdown
+
+
+def test_pass_at_k_agrees_with_chen_et_al_for_0_1_scores_and_is_the_best_at_n_equal_k():
+    for n in range(1, 9):
+        for right in range(n + 1):
+            values = [1.0] * right + [0.0] * (n - right)
+            for k in range(1, n + 1):
+                chen = 1 - math.comb(n - right, k) / math.comb(n, k)
+                assert pass_at_k(values, k) == pytest.approx(chen), (n, right, k)
+            assert pass_at_k(values, n + 1) is None
+    f1s = [0.2, 0.9, 0.5]
+    assert pass_at_k(f1s, 3) == pytest.approx(0.9)
+    assert pass_at_k(f1s, 1) == pytest.approx(sum(f1s) / 3)
+    assert pass_at_k(f1s, 2) == pytest.approx((0.5 + 0.9 + 0.9) / 3)  # the best of each pair
+
+
+def test_the_chart_draws_the_paper_s_bars_beside_the_run_s():
+    summary = summarize(records({"nq": [1.0, 0.0], "hotpotqa": [0.0]}), {"nq": 2, "hotpotqa": 1})
+    comparisons = beside_paper(summary, load_reference("search-r1-base-grpo"))
+    axes = em_bar_figure(summary, "model", comparisons).axes[0]
+    assert [text.get_text() for text in axes.get_legend().get_texts()] == ["EM", "paper: EM"]
+    heights = [patch.get_height() for patch in axes.patches]
+    assert heights == pytest.approx([0.5, 0.0, 0.25, 0.421, 0.297, (0.421 + 0.297) / 2])
+    assert [patch.get_hatch() for patch in axes.patches] == [None] * 3 + ["//"] * 3
+
+
+def test_the_paper_table_says_which_sources_have_few_questions():
+    summary = summarize(records({"nq": [1.0] * 100, "hotpotqa": [0.0] * 99}), {"nq": 100, "hotpotqa": 99})
+    markdown = references_markdown(beside_paper(summary, load_reference("search-r1-base-grpo")))
+    assert "- **few questions** (under 100): hotpotqa 99 (±0.10). A score over n questions" in markdown
+    assert "nq 100" not in markdown

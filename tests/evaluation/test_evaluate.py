@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 import evaluate
+import generate_with_search
 import oai_format_data_preprocess
+from slime_search_r1.evaluation import reports
 from support.interrupt import interruptible
 from support.loopback import free_port
 from support.slime_compat import subprocess_pythonpath
@@ -298,18 +300,40 @@ def test_chat_mode_keeps_the_messages_and_reads_tools_from_the_file(
     assert json.loads((out / "run_config.json").read_text())["llm_api_mode"] == "chat"
 
 
-def test_reference_puts_the_paper_s_figures_beside_the_run_s(
-    data_file, engine, scripted, retriever, search_config, tokenizer_dir, tmp_path, capsys
+def test_stdout_says_what_each_figure_is_and_no_training_warning_is_printed(
+    data_file, engine, scripted, retriever, search_config, tokenizer_dir, tmp_path, capsys, caplog, monkeypatch
 ):
+    monkeypatch.setattr(generate_with_search, "_warned", set())  # each warning is logged once per process
+    assert evaluate.main(cli(data_file, engine, tokenizer_dir, tmp_path / "out")) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("# Search-R1 evaluation\n")  # results.md, no unlabelled figures before it
+    header = "| data source | n | EM | F1 | cover EM | searches / sample | turns / sample | not completed |"
+    assert header in captured.out
+    assert "n: trajectories (questions x samples)" in captured.out
+    # evaluation trains nothing: slime's reward post-processing and FAILED samples' advantages are no concern here
+    assert "post-process" not in captured.err + caplog.text
+
+
+def test_reference_puts_the_paper_s_figures_beside_the_run_s(
+    data_file, engine, scripted, retriever, search_config, tokenizer_dir, tmp_path, capsys, monkeypatch
+):
+    charted, real_figure = [], reports.em_bar_figure
+
+    def em_bar_figure(summary, title, references=None):
+        charted.append(references)
+        return real_figure(summary, title, references)
+
+    monkeypatch.setattr(reports, "em_bar_figure", em_bar_figure)
     out = tmp_path / "out"
     assert evaluate.main(cli(data_file, engine, tokenizer_dir, out, "--reference", "search-r1-base-grpo")) == 0
+    assert charted == [json.loads((out / "results.json").read_text())["references"]]  # the paper's bars drawn
     [reference] = json.loads((out / "results.json").read_text())["references"]  # one per score the paper gives
     assert (reference["name"], reference["table"]) == ("search-r1-base-grpo", "Table 3 (GRPO)")
     assert reference["score"] == "em"
     assert reference["rows"] == {
-        "nq": {"n": 2, "run": 1.0, "paper": 0.421, "difference": pytest.approx(1.0 - 0.421)},
-        "hotpotqa": {"n": 1, "run": 0.0, "paper": 0.297, "difference": pytest.approx(-0.297)},
-        "bamboogle": {"n": 1, "run": 0.0, "paper": 0.128, "difference": pytest.approx(-0.128)},
+        "nq": {"n": 2, "questions": 2, "run": 1.0, "paper": 0.421, "difference": pytest.approx(1.0 - 0.421)},
+        "hotpotqa": {"n": 1, "questions": 1, "run": 0.0, "paper": 0.297, "difference": pytest.approx(-0.297)},
+        "bamboogle": {"n": 1, "questions": 1, "run": 0.0, "paper": 0.128, "difference": pytest.approx(-0.128)},
     }
     # three of the seven sources: the paper's Avg column is not comparable, its figures for the same three are
     average = reference["average"]
@@ -321,6 +345,7 @@ def test_reference_puts_the_paper_s_figures_beside_the_run_s(
         "| nq | 2 | 1.000 | 0.421 | +0.579 |",
         "Search-R1 (Jin et al., arXiv 2503.09516 v5), Table 3 (GRPO), Qwen2.5-3B, Search-R1-base, GRPO",
         "third-party transcriptions of the paper's tables, not checked against the PDF",
+        "- **few questions** (under 100): nq 2 (±0.69), hotpotqa 1 (±0.98), bamboogle 1 (±0.98).",
     ):
         assert text in printed
         assert text in (out / "results.md").read_text()

@@ -8,7 +8,7 @@ import pytest
 
 import evaluate
 from slime_search_r1.scoring.answers import exact_match
-from support.fake_judge import default_rule
+from support.fake_judge import default_rule, prediction_of
 from support.fake_sglang import ScriptedPolicy, question_of
 from support.search_r1_data import write_search_r1_parquet
 
@@ -137,6 +137,40 @@ def test_a_judge_that_is_down_marks_the_samples_and_rescore_asks_again_without_g
     assert results(out)["average_judge"] == pytest.approx(2 / 3)
 
 
+def test_a_row_run_again_with_a_new_answer_is_judged_again_not_scored_by_its_old_verdict(
+    data_file, engine, retriever, search_config, tokenizer_dir, judge_server, tmp_path, monkeypatch
+):
+    """Run 1: the search is down, the sample fails without an answer and is judged (no answer: 0, nobody asked).
+    Run 2 resumes the failed row: it searches and answers Paris (EM 1). Its old verdict judged another answer."""
+    engine.policy = ScriptedPolicy(
+        {
+            "What is the capital of France?": [
+                "<think>Let me check.</think>\n<search> capital of France </search>",
+                "<think>Paris.</think>\n<answer> Paris </answer>",
+            ]
+        }
+    )
+    monkeypatch.setitem(search_config, "search_attempts", 1)
+    out = tmp_path / "out"
+    first = cli(data_file, engine, tokenizer_dir, out, "--data-sources", "nq", "--limit", "1")
+    retriever.down = True
+    assert evaluate.main([*first, *judge_flags(judge_server)]) == 0
+    [verdict] = lines(out / "judgements.jsonl")
+    assert (verdict["status"], verdict["answer"], results(out)["average_judge"]) == ("no_answer", None, 0.0)
+
+    retriever.down = False
+    assert evaluate.main(first) == 0  # resumed without the judge flags: the judge that ran here is reported
+    summary = results(out)
+    assert (summary["average_em"], summary["unjudged"], summary["average_judge"]) == (1.0, 1, None)
+
+    assert evaluate.main(["rescore", str(out), *judge_flags(judge_server)]) == 0
+    assert len(judge_server.bodies) == 1  # asked about "Paris", the answer the trajectory holds now
+    assert prediction_of(judge_server.bodies[0]["messages"][0]["content"]) == "Paris"
+    summary = results(out)
+    assert (summary["average_em"], summary["unjudged"], summary["average_judge"]) == (1.0, 0, 1.0)
+    assert lines(out / "judgements.jsonl")[-1]["answer"] == "Paris"
+
+
 def test_another_judge_prompt_is_asked_again_and_its_verdicts_counted(
     data_file, engine, policy, retriever, search_config, tokenizer_dir, judge_server, tmp_path
 ):
@@ -196,7 +230,7 @@ def test_a_reference_file_puts_f1_and_judge_figures_beside_the_run(
     assert (f1["score"], judge["score"]) == ("f1", "judge")
     assert f1["rows"]["nq"]["difference"] == pytest.approx(5 / 6 - 0.5)
     assert f1["average"]["sources"] == ["nq", "hotpotqa"]
-    assert judge["rows"]["nq"] == {"n": 2, "run": 1.0, "paper": 0.75, "difference": 0.25}
+    assert judge["rows"]["nq"] == {"n": 2, "questions": 2, "run": 1.0, "paper": 0.75, "difference": 0.25}
     printed = capsys.readouterr().out
     assert "| data source | n | F1 (this run) | paper: F1 | difference | judge (this run) | paper: judge |" in printed
     assert "| nq | 2 | 0.833 | 0.500 | +0.333 | 1.000 | 0.750 | +0.250 |" in printed
@@ -301,7 +335,7 @@ README_ANSWERS = {  # the test engine's four samples of each question (README: E
 def readme_judge(prompt: str) -> str:
     """The stand-in judge of the README's run: a gold answer inside the answer, or a short form of one."""
     reply = default_rule(prompt)
-    if reply.endswith("incorrect") and "System's answer: van Rossum\n" in prompt:
+    if reply.endswith("incorrect") and prediction_of(prompt) == "van Rossum":
         return "The surname names the same person.\nVerdict: correct"
     return reply
 

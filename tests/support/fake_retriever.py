@@ -64,6 +64,7 @@ class FakeRetriever:
         self.queries: list[str] = []
         self.failures_left = 0
         self.failure_status = 503
+        self.failure_retry_after: str | None = None  # the Retry-After header of the injected failures
         self.down = False
         self.requests = 0
         self.in_flight = 0
@@ -79,8 +80,8 @@ class FakeRetriever:
         self.answer_topk: int | None = None
         self.app = self._build_app()
 
-    def fail_next(self, count: int, status: int = 503) -> None:
-        self.failures_left, self.failure_status = count, status
+    def fail_next(self, count: int, status: int = 503, retry_after: str | None = None) -> None:
+        self.failures_left, self.failure_status, self.failure_retry_after = count, status, retry_after
 
     def rank(self, query: str, topk: int) -> list[tuple[dict, float]]:
         words = set(_WORD.findall(query.lower()))
@@ -160,7 +161,8 @@ class FakeRetriever:
             return JSONResponse({"detail": "down"}, status_code=503)
         if self.failures_left > 0:
             self.failures_left -= 1
-            return JSONResponse({"detail": "injected failure"}, status_code=self.failure_status)
+            headers = {"Retry-After": self.failure_retry_after} if self.failure_retry_after else None
+            return JSONResponse({"detail": "injected failure"}, status_code=self.failure_status, headers=headers)
         queries = body.get("queries")
         if not isinstance(queries, list) or not queries or not all(isinstance(q, str) and q for q in queries):
             return JSONResponse({"detail": "queries must be a non-empty list of non-empty strings"}, 422)

@@ -13,7 +13,8 @@ class FakeSerper:
         self.requests: list[dict] = []
         self.seen_keys: list[str | None] = []
         self.pages_served: list[str] = []
-        self.failures_left = 0
+        self.failures_left = 0  # the next requests answer HTTP 429 (with `retry_after` as Retry-After when set)
+        self.retry_after: str | None = None
         self.raw_answer: tuple[bytes, int] | None = None  # a fixed answer (body bytes, status) on demand
         self.app = self._build_app()
 
@@ -27,7 +28,8 @@ class FakeSerper:
                 return JSONResponse({"message": "Unauthorized."}, status_code=403)
             if self.failures_left > 0:
                 self.failures_left -= 1
-                return JSONResponse({"message": "busy"}, status_code=429)
+                headers = {"Retry-After": self.retry_after} if self.retry_after else None
+                return JSONResponse({"message": "busy"}, status_code=429, headers=headers)
             body = await request.json()
             self.requests.append(body)
             if self.raw_answer is not None:

@@ -26,7 +26,7 @@ from slime_search_r1.scoring.rewards import REWARDS, grade, judge_client, questi
 from slime_search_r1.settings import ConfigError, resolve_config, search_r1_configs
 from slime_search_r1.slime_flags import check_slime_args
 from support.episodes import MODE_IDS, MODES, QUESTION, SEARCH, info, label, run_episode
-from support.fake_judge import default_rule
+from support.fake_judge import default_rule, prediction_of
 from support.fake_sglang import question_of as question_of_context
 from support.slime_group_math import _method_source, slime_post_process_rewards
 from support.slime_rollout import chat_prompt, log_rollout_data
@@ -411,7 +411,7 @@ async def test_a_judge_reward_through_slime_s_reward_path_keeps_an_unjudged_samp
     make_args, tokenizer, engine, judged, group_rm
 ):
     def judge_but_not_lyon(prompt: str) -> str:
-        if "System's answer: Lyon" in prompt:
+        if prediction_of(prompt) == "Lyon":
             return "Hmm."  # no verdict, every time: the sample stays unscored
         return default_rule(prompt)
 
