@@ -13,6 +13,11 @@ Output: parquet with
 Train with --input-key prompt --label-key reward_model --tool-key tools and WITHOUT --apply-chat-template.
 --keep-prompt keeps every input column as it is (XML mode's Search-R1 prompt) and only adds `metadata`.
 
+A row whose reward_model and golden_answers hold different gold answers (as EM compares them: normalised, in any
+order) stops the conversion before anything is written, the message counting such rows: the reward reads
+reward_model, and a reader of golden_answers would score other answers. --gold-answers reward_model (or
+golden_answers) resolves them: that column's answers go into both, and the count is printed.
+
     python oai_format_data_preprocess.py --input PeterJinGo/nq_hotpotqa_train --split train --output train.parquet
     python oai_format_data_preprocess.py --input test.parquet --output test_chat.parquet --data-sources nq,hotpotqa
     python oai_format_data_preprocess.py --input test.parquet --output test_xml.parquet --keep-prompt
@@ -31,6 +36,7 @@ from tqdm import tqdm
 
 from slime_search_r1.data import CHAT_SYSTEM_PROMPT, chat_question, golden_answers
 from slime_search_r1.registry import TOOLS
+from slime_search_r1.scoring.answers import normalize_answer
 from slime_search_r1.tools.access import ACCESS
 from slime_search_r1.tools.search import SEARCH
 
@@ -38,6 +44,8 @@ from slime_search_r1.tools.search import SEARCH
 BUILT_IN_TOOLS = {"search": SEARCH, "access": ACCESS}
 REQUIRED_COLUMNS = ("question", "data_source")
 PASSED_THROUGH = ("id", "ability", "extra_info", "golden_answers")
+GOLD_COLUMNS = ("reward_model", "golden_answers")  # where a row's gold answers may be; the reward reads the first
+SHOWN_ROWS = 5  # disagreeing rows a message names
 
 
 class DataError(ValueError):
@@ -51,6 +59,40 @@ def _targets(row: dict, index: int) -> list[str]:
         return golden_answers(label)
     except ValueError as exc:
         raise DataError(f"row {index}: no gold answers in reward_model or golden_answers: {exc}") from None
+
+
+def gold_disagreement(row: dict) -> tuple[list[str], list[str]] | None:
+    """(reward_model's, golden_answers') gold answers when the row holds both and they differ as EM compares answers
+    (normalised, in any order); None otherwise. An unreadable column is _targets' to report, when it is the one
+    read."""
+    if any(row.get(column) is None for column in GOLD_COLUMNS):
+        return None
+    try:
+        labelled, listed = (golden_answers(row[column]) for column in GOLD_COLUMNS)
+    except ValueError:
+        return None
+    if {normalize_answer(a) for a in labelled} == {normalize_answer(a) for a in listed}:
+        return None
+    return labelled, listed
+
+
+def with_gold_answers(row: dict, answers: list[str]) -> dict:
+    """The row with `answers` in both gold columns (reward_model in Search-R1's shape)."""
+    model = row["reward_model"] if isinstance(row["reward_model"], dict) else {"style": "rule"}
+    return {
+        **row,
+        "golden_answers": list(answers),
+        "reward_model": {**model, "ground_truth": {"target": list(answers)}},
+    }
+
+
+def _rows(count: int) -> str:
+    return f"{count} row" if count == 1 else f"{count} rows"
+
+
+def _rows_named(disagreements: list[tuple[int, list[str], list[str]]]) -> str:
+    named = "; ".join(f"row {i}: reward_model {a} vs golden_answers {b}" for i, a, b in disagreements[:SHOWN_ROWS])
+    return named + ("; ..." if len(disagreements) > SHOWN_ROWS else "")
 
 
 def source_metadata(row: dict, index: int) -> dict:
@@ -152,28 +194,52 @@ def convert(
     system_prompt: str = CHAT_SYSTEM_PROMPT,
     keep_prompt: bool = False,
     tools: tuple[str, ...] = ("search",),
-) -> int:
+    gold_from: str | None = None,
+) -> tuple[int, str | None]:
+    """Write the converted rows; returns how many, and what was resolved (--gold-answers), if anything.
+
+    `gold_from`: the column whose answers a row keeps when its gold columns disagree; None refuses such rows."""
     rows, total = read_rows(source, split)
     tools_json = json.dumps([TOOLS.get(name, BUILT_IN_TOOLS).schema for name in tools], ensure_ascii=False)
     converted = []
     skipped_sources = set()
-    for index, row in enumerate(tqdm(rows, total=total, desc="converting", unit="row")):
-        if data_sources and row.get("data_source") not in data_sources:
-            skipped_sources.add(str(row.get("data_source")))
-            continue
-        if keep_prompt:
-            converted.append(keep_prompt_row(row, index))
-        else:
-            converted.append(convert_row(row, index, system_prompt, tools_json))
-        if limit is not None and len(converted) >= limit:
-            break
+    disagreements = []  # (row index, reward_model's answers, golden_answers')
+    # closed (its line ended) before any error or count is printed: a message never lands on a half-drawn bar
+    with tqdm(rows, total=total, desc="converting", unit="row") as progress:
+        for index, row in enumerate(progress):
+            if data_sources and row.get("data_source") not in data_sources:
+                skipped_sources.add(str(row.get("data_source")))
+                continue
+            found = gold_disagreement(row)
+            if found is not None:
+                disagreements.append((index, *found))
+                if gold_from is not None:
+                    row = with_gold_answers(row, found[GOLD_COLUMNS.index(gold_from)])
+            if keep_prompt:
+                converted.append(keep_prompt_row(row, index))
+            else:
+                converted.append(convert_row(row, index, system_prompt, tools_json))
+            if limit is not None and len(converted) >= limit:
+                break
+    if disagreements and gold_from is None:
+        raise DataError(
+            f"{len(disagreements)} of {_rows(len(converted))} hold different gold answers in reward_model and "
+            f"golden_answers ({_rows_named(disagreements)}); nothing was written. The reward reads reward_model; "
+            "pass --gold-answers reward_model or --gold-answers golden_answers to write that column's answers in both"
+        )
     if not converted:  # only a data-source filter can leave nothing: read_rows refuses an input without rows
         raise DataError(
             f"no rows with data_source in {sorted(data_sources or [])}; the input has {sorted(skipped_sources)[:20]}"
         )
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     pq.write_table(pa.Table.from_pylist(converted), output)
-    return len(converted)
+    resolved = None
+    if disagreements:
+        resolved = (
+            f"{_rows(len(disagreements))} held different gold answers in reward_model and golden_answers; both now "
+            f"hold the {gold_from} column's ({_rows_named(disagreements)})"
+        )
+    return len(converted), resolved
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,6 +254,13 @@ def main(argv: list[str] | None = None) -> int:
         "--keep-prompt",
         action="store_true",
         help="keep every column as it is (XML mode's prompt) and only add metadata = {'data_source': ...}",
+    )
+    parser.add_argument(
+        "--gold-answers",
+        choices=GOLD_COLUMNS,
+        default=None,
+        help="for rows whose reward_model and golden_answers disagree: write this column's answers into both "
+        "(default: refuse such rows, counting them, and write nothing)",
     )
     parser.add_argument(
         "--tools",
@@ -212,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--system-prompt-file: {exc}")
     sources = {s.strip() for s in options.data_sources.split(",") if s.strip()} if options.data_sources else None
     try:
-        count = convert(
+        count, resolved = convert(
             options.input,
             options.output,
             split=options.split,
@@ -221,11 +294,14 @@ def main(argv: list[str] | None = None) -> int:
             system_prompt=system_prompt,
             keep_prompt=options.keep_prompt,
             tools=tools,
+            gold_from=options.gold_answers,
         )
     except DataError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"wrote {count} rows to {options.output}")
+    if resolved:
+        print(f"resolved: {resolved}")
     return 0
 
 

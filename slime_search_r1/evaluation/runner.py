@@ -21,9 +21,8 @@ from slime_search_r1.data import golden_answers
 from slime_search_r1.evaluation.dataset import ColumnNames, EvalRow, build_sample
 from slime_search_r1.evaluation.reports import TrajectoryStore
 from slime_search_r1.http_client import close_loop_sessions
-from slime_search_r1.episode import conversation_of, episode_record, tool_counters
-from slime_search_r1.protocols.chat_reward import read_conversation
-from slime_search_r1.scoring.answers import last_answer, rule_scores, search_only
+from slime_search_r1.episode import episode_record, tool_counters
+from slime_search_r1.scoring.answers import answer_of, rule_scores
 from slime_search_r1.settings import ConfigError
 from slime_search_r1.tools.contract import Tool
 
@@ -128,14 +127,6 @@ def preflight(cli: Namespace, config) -> None:
             logger.warning("%s has no /health endpoint; assuming it is ready", base)
         elif status != 200:
             raise PreflightError(f"the retrieval server answered {base}/health with HTTP {status}")
-
-
-def answer_of(sample, tools: dict[str, Tool] | None = None) -> str | None:
-    """The answer reward_func scored: the final chat message's, or the last <answer> of an XML response."""
-    conversation = conversation_of(episode_record(sample) or {})
-    if conversation is not None:
-        return read_conversation(conversation, tools or search_only()).answer
-    return last_answer(sample.response or "", tools)
 
 
 def _golds_of(sample, row: dict) -> list[str] | None:

@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slime_search_r1.launch.knobs import TRAINING
+from slime_search_r1.launch.knobs import SCRIPT_PATHS, TRAINING
 from slime_search_r1.launch.checks import check_plugin, configs_from_source
 from slime_search_r1.launch.retriever_memory import Checked, check_node_retriever, declared_training
 from slime_search_r1.settings import (
@@ -51,6 +51,8 @@ class Launch:
     secret_names: set[str]
     warnings: list[str] = field(default_factory=list)
     memory: Checked | None = None  # the plan of a retrieval server sharing the node (NODE_RETRIEVER_LAYOUT)
+    # the script's path variables (SCRIPT_PATHS): their flag's value and where it came from
+    paths: dict[str, tuple[str | None, str]] = field(default_factory=dict)
 
     @functools.cached_property
     def flags(self) -> argparse.Namespace:
@@ -77,6 +79,30 @@ def read_flags(train_args: list[str]) -> argparse.Namespace:
         return parser.parse_known_args(train_args)[0]
     except argparse.ArgumentError as exc:
         raise ConfigError(f"train.py's flags: {exc}") from None
+
+
+def path_sources(script_args: list[str], extra: list[str], user_args: list[str], environ) -> dict[str, tuple]:
+    """Each of the script's path variables (SCRIPT_PATHS): the value its flag ends with and where that came from, in
+    the order they apply: the script's default, the variable (the script reads it), EXTRA_TRAIN_ARGS, the script's
+    command line (the last of a repeated flag wins, as in slime's parser)."""
+    layers = ((user_args, "the script's command line"), (extra, "EXTRA_TRAIN_ARGS"), (script_args, None))
+    found = {}
+    for variable, flag in SCRIPT_PATHS.items():
+        dest = flag.lstrip("-").replace("-", "_")
+        given = [(getattr(read_flags(args), dest), where) for args, where in layers]
+        value, where = next(((value, where) for value, where in given if value is not None), (None, None))
+        if value is None:
+            where = f"not set: the script's flags have no {flag}"
+        elif where is None:
+            exported = environ.get(variable) or None  # the script's ${VARIABLE:-default}: an empty one is unset
+            if exported == value:
+                where = f"environment variable {variable}"
+            elif exported is None:
+                where = f"default in the script (export {variable} to change it)"
+            else:
+                where = f"the script's flags ({variable}={exported} in the environment is not what they hold)"
+        found[variable] = (value, where)
+    return found
 
 
 def read_model_args(path: str) -> list[str]:
@@ -217,8 +243,9 @@ def resolve_launch(plugin: Path, script_args: list[str], user_args: list[str], e
     entry = [knobs.python_bin, f"{knobs.slime_dir}/{'train_async.py' if knobs.async_mode == 'fully' else 'train.py'}"]
     env, secrets = runtime_env(knobs, config, plugin.parent, environ)
     launch = Launch(
-        plugin, configs, config, knobs, knob_sources, model_args, train_args, entry, env, secrets, warnings
-    )
+        plugin, configs, config, knobs, knob_sources, model_args, train_args, entry, env, secrets, warnings,
+        paths=path_sources(script_args, extra, user_args, environ),
+    )  # fmt: skip
     flags = launch.flags
     if config.llm_api_mode == "chat" and flags.apply_chat_template:
         raise ConfigError(

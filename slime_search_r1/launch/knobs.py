@@ -126,6 +126,11 @@ TRAINING = _knobs(
 )  # fmt: skip
 
 
+# run_qwen2.5_3B.sh's own variables (VARIABLE=${VARIABLE:-default}) and the flag each one's value goes into; a dry
+# run prints each with where its flag's value came from.
+SCRIPT_PATHS = {"HF_CHECKPOINT": "--hf-checkpoint", "REF_LOAD": "--ref-load", "PROMPT_DATA": "--prompt-data"}
+
+
 def _retriever_python(_: dict) -> str:
     local = REPO / "local_dense_retriever" / ".venv" / "bin" / "python"
     return str(local) if local.is_file() else "python3"

@@ -7,7 +7,7 @@ import json
 import shlex
 
 from slime_search_r1.launch.command import Launch, config_value
-from slime_search_r1.launch.knobs import TRAINING
+from slime_search_r1.launch.knobs import SCRIPT_PATHS, TRAINING
 from slime_search_r1.settings import SETTINGS, value_source
 
 DEFAULT_EVAL_DATA = "/root/Search-R1/data/nq_hotpotqa_train/test.parquet"
@@ -25,11 +25,15 @@ def sources(launch: Launch) -> list[str]:
         shown = "<hidden>" if setting.secret and value else repr(value)
         rows.append((f"{setting.key} = {shown}", value_source(launch.configs, setting)))
     knob_rows = [(f"{s.env}={getattr(launch.knobs, key)!r}", launch.knob_sources[key]) for key, s in TRAINING.items()]
+    path_rows = [(f"{variable}={value!r}", where) for variable, (value, where) in launch.paths.items()]
     return [
         f"# the plugin's settings (default < SEARCH_R1_CONFIGS in {launch.plugin} < environment variable):",
         *_aligned(rows),
         "# the launch's knobs (default < environment variable; python -m slime_search_r1.launch --help):",
         *_aligned(knob_rows),
+        f"# the script's paths, as {', '.join(SCRIPT_PATHS.values())} (default in the script < environment "
+        "variable < EXTRA_TRAIN_ARGS < the script's command line):",
+        *_aligned(path_rows),
     ]
 
 

@@ -19,6 +19,8 @@ import string
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 
+from slime_search_r1.episode import conversation_of, episode_record
+from slime_search_r1.protocols.chat_reward import read_conversation
 from slime_search_r1.protocols.xml_tags import ANSWER_PATTERN, INFORMATION_PATTERN, invalid_action_message
 from slime_search_r1.registry import TOOLS
 from slime_search_r1.tools.contract import Tool
@@ -106,3 +108,12 @@ def last_answer(response: str, tools: Mapping[str, Tool] | None = None) -> str |
     written = INFORMATION_PATTERN.sub(" ", response.replace(message, " "))
     matches = ANSWER_PATTERN.findall(written)
     return matches[-1].strip() if matches else None
+
+
+def answer_of(sample, tools: Mapping[str, Tool] | None = None) -> str | None:
+    """The answer reward_func scored: the final chat message's (the record's conversation), or the last <answer> of
+    an XML response; `tools`: the enabled ones (Search-R1's search when None)."""
+    conversation = conversation_of(episode_record(sample) or {})
+    if conversation is not None:
+        return read_conversation(conversation, tools or search_only()).answer
+    return last_answer(sample.response or "", tools)

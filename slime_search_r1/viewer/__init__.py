@@ -2,8 +2,9 @@
 
 Reads slime's rollout dumps (--save-debug-rollout-data), the train dumps beside them (--save-debug-train-data) and
 evaluate.py output folders, and writes DIR/index.html: one file with its script, style and data inside (no server, no
-network), showing per run the log hooks' metrics and a filterable sample list, and per sample every token coloured by
-its loss mask with its log probs, its tool calls and the plugin's record. Needs torch to read dumps, and transformers
+network), showing per run the log hooks' metrics (an evaluation's without those only training gives) and a filterable
+sample list with each answer beside its gold answers, and per sample every token coloured by its loss mask with its
+log probs, its tool calls and the plugin's record. Needs torch to read dumps, and transformers
 for the tokens' text; neither slime nor a GPU.
 
 __main__.py     the command line

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from slime_search_r1.scoring.answers import answer_of
 from slime_search_r1.viewer.samples import Run, ViewSample
 
 ROLLOUT_FORMAT = "a slime rollout dump (--save-debug-rollout-data: {'rollout_id': ..., 'samples': [Sample.to_dict()]})"
@@ -131,6 +132,7 @@ def sample_from_dict(position: int, data: dict) -> ViewSample:
         rollout_log_probs=to_list(data.get("rollout_log_probs")),
         other={key: value for key, value in data.items() if key not in _READ_FIELDS},
     )
+    sample.answer = answer_of(sample)  # a dump does not name the enabled tools: read as with search alone
     teacher = to_list(data.get("teacher_log_probs"))
     if teacher is not None and len(teacher) == response_length:
         sample.series["teacher_log_probs"] = [float(v) for v in teacher]

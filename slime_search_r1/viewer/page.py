@@ -33,7 +33,14 @@ from slime_search_r1.episode import (
 )
 from slime_search_r1.viewer.samples import Run, ViewSample
 from slime_search_r1.viewer.steps import steps_of, tool_calls
-from slime_search_r1.viewer.summary import collapse_warnings, hook_metrics, hook_prefix, log_prob_gaps, viewer_metrics
+from slime_search_r1.viewer.summary import (
+    collapse_warnings,
+    hook_metrics,
+    hook_prefix,
+    is_training,
+    log_prob_gaps,
+    viewer_metrics,
+)
 from slime_search_r1.viewer.vocabulary import TokenTexts
 
 ASSETS = Path(__file__).with_name("assets")
@@ -187,6 +194,7 @@ def sample_row(sample: ViewSample) -> dict:
         "len": sample.response_length,
         "removed": sample.remove_sample,
         "q": question_of(sample.prompt),
+        "answer": sample.answer,
         "answers": answers_of(sample.label),
         "gap": max(gaps) if gaps else None,
         "tokens": sample.response_ids is not None,
@@ -194,8 +202,9 @@ def sample_row(sample: ViewSample) -> dict:
     }
 
 
-def sample_detail(sample: ViewSample, texts: TokenTexts | None) -> dict:
-    """Everything the sample view draws, parsed only when the sample is opened."""
+def sample_detail(sample: ViewSample, texts: TokenTexts | None, training: bool = True) -> dict:
+    """Everything the sample view draws, parsed only when the sample is opened; an evaluation's (not `training`)
+    without the weight versions (one policy samples an evaluation: training_metrics)."""
     record = sample.record
     if sample.response_ids is not None and texts is not None:
         texts.learn(sample.prompt_ids or [])
@@ -223,7 +232,7 @@ def sample_detail(sample: ViewSample, texts: TokenTexts | None) -> dict:
         "train_fields": sample.train_fields,
         # --partial-rollout: the response tokens before this position were sampled in earlier rollouts
         "earlier_before": (record.get("resumed_at") or [0])[-1] if record else 0,
-        "versions": versions_view(record, sample.response_length),
+        "versions": versions_view(record, sample.response_length) if training else None,
     }
     if sample.response_ids is not None:
         detail["prompt_ids"] = typed(sample.prompt_ids or [], "<i4")
@@ -274,7 +283,7 @@ def render_page(
     for run_index, run in enumerate(runs):
         shown = shown_samples(run.samples, per_source)
         for sample in shown:
-            detail = sample_detail(sample, texts)
+            detail = sample_detail(sample, texts, is_training(run))
             blocks.append(
                 f'<script type="application/json" id="d-{run_index}-{sample.position}">{script_json(detail)}</script>'
             )

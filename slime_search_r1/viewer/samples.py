@@ -16,6 +16,7 @@ class ViewSample:
     response_length: int
     metadata: dict  # sample.metadata: the plugin's record under "search_r1", data_source, ...
     label: Any = None
+    answer: str | None = None  # what the model answered, as reward_func read it (None: it gave no answer)
     reward: Any = None  # slime's sample.reward: what GRPO trained on (a number, or reward_func's dict)
     index: int | None = None
     group_index: int | None = None

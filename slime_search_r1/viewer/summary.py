@@ -1,6 +1,7 @@
 """A run's figures: the log hooks' own metrics, computed by the hooks' own functions (training/metrics.py), so a page
 and a wandb curve of the same rollout show the same numbers under the same names; then a few figures only the viewer
-shows (reward spread, statuses, GRPO groups without signal, train/rollout log-prob gaps)."""
+shows (reward spread, statuses, GRPO groups without signal, train/rollout log-prob gaps). An evaluation's page leaves
+out what only training gives: training_metrics' figures and the GRPO groups' (an evaluation trains nothing)."""
 
 from collections import Counter, defaultdict
 from statistics import fmean, pstdev
@@ -21,12 +22,18 @@ TRAIN_LOG_PROBS = "log_probs"  # the train dump's name for the policy's recomput
 
 def hook_prefix(run: Run) -> str:
     """Where the hooks log these figures: rollout/search_r1/<name>, or eval/search_r1/<dataset>/<name>."""
-    return TRAIN_PREFIX if run.kind == "rollout" else EVAL_PREFIX + "<dataset>/"
+    return TRAIN_PREFIX if is_training(run) else EVAL_PREFIX + "<dataset>/"
+
+
+def is_training(run: Run) -> bool:
+    """A training rollout; the other runs are evaluations (slime's eval_<id> dumps, evaluate.py folders)."""
+    return run.kind == "rollout"
 
 
 def hook_metrics(run: Run) -> dict[str, float]:
-    metrics = search_metrics(run.samples)
-    if run.kind != "rollout":
+    """The hooks' figures of the run; an evaluation's without the ones only training gives (training_metrics)."""
+    metrics = search_metrics(run.samples, training=is_training(run))
+    if not is_training(run):
         metrics |= em_by_data_source(run.samples)
     return metrics | health_metrics(run.samples)
 
@@ -36,7 +43,7 @@ def collapse_warnings(runs: list[Run], hooks: list[dict[str, float]]) -> list[li
     before it (by rollout id); their changes are added to `hooks`. One list of warnings per run."""
     warnings: list[list[str]] = [[] for _ in runs]
     watch = CollapseWatch()
-    training = [(r.rollout_id, i) for i, r in enumerate(runs) if r.kind == "rollout" and r.rollout_id is not None]
+    training = [(r.rollout_id, i) for i, r in enumerate(runs) if is_training(r) and r.rollout_id is not None]
     for _, index in sorted(training):
         changes, alarms = watch.observe(hooks[index])
         hooks[index] |= {**changes, "health/alarms": len(alarms)}
@@ -60,15 +67,8 @@ def viewer_metrics(run: Run, threshold: float) -> dict[str, float]:
         metrics["reward/std"] = pstdev(scores)
         metrics["reward/min"] = min(scores)
         metrics["reward/max"] = max(scores)
-    groups: dict[int, list[float]] = defaultdict(list)
-    for sample in samples:
-        reward = _reward(sample)
-        if sample.group_index is not None and reward is not None:
-            groups[sample.group_index].append(float(reward.get("score") or 0.0))
-    sized = [values for values in groups.values() if len(values) > 1]
-    if sized:
-        # a GRPO group whose rewards are all equal has zero advantage: it teaches nothing
-        metrics["groups/zero_spread_share"] = fmean(max(v) == min(v) for v in sized)
+    if is_training(run):
+        metrics |= group_metrics(samples)
     if samples:
         lengths = [s.response_length for s in samples]
         metrics["response_length/mean"] = fmean(lengths)
@@ -79,6 +79,17 @@ def viewer_metrics(run: Run, threshold: float) -> dict[str, float]:
         metrics["train_rollout_log_prob_gap/max"] = max(gaps)
         metrics["train_rollout_log_prob_gap/over_threshold_share"] = fmean(gap > threshold for gap in gaps)
     return metrics
+
+
+def group_metrics(samples: list[ViewSample]) -> dict[str, float]:
+    """A GRPO group whose rewards are all equal has zero advantage: it teaches nothing."""
+    groups: dict[int, list[float]] = defaultdict(list)
+    for sample in samples:
+        reward = _reward(sample)
+        if sample.group_index is not None and reward is not None:
+            groups[sample.group_index].append(float(reward.get("score") or 0.0))
+    sized = [values for values in groups.values() if len(values) > 1]
+    return {"groups/zero_spread_share": fmean(max(v) == min(v) for v in sized)} if sized else {}
 
 
 def _reward(sample: ViewSample) -> dict | None:

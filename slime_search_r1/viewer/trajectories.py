@@ -10,11 +10,12 @@ from pathlib import Path
 
 from slime_search_r1.episode import METADATA_KEY
 from slime_search_r1.evaluation.reports import RUN_CONFIG, TRAJECTORIES, TrajectoryStore
+from slime_search_r1.scoring.answers import answer_of
 from slime_search_r1.viewer.dumps import InputError
 from slime_search_r1.viewer.samples import Run, ViewSample
 
 # Line keys the viewer reads itself; every other one is shown as it is.
-_READ_KEYS = {"status", "response", "response_length", "data_source", "golden_answers", "score", "prompt"}
+_READ_KEYS = {"status", "response", "response_length", "data_source", "golden_answers", "answer", "score", "prompt"}
 _REWARD_KEYS = ("score", "em", "format_valid", "retrieval_hit")
 
 
@@ -35,7 +36,7 @@ def episode_of(line: dict) -> dict:
 
 def sample_from_line(position: int, line: dict) -> ViewSample:
     tokens = line.get("tokens") if isinstance(line.get("tokens"), dict) else {}
-    return ViewSample(
+    sample = ViewSample(
         position=position,
         status=str(line.get("status")),
         prompt=line.get("prompt") or line.get("question") or "",
@@ -51,6 +52,9 @@ def sample_from_line(position: int, line: dict) -> ViewSample:
         rollout_log_probs=tokens.get("rollout_log_probs"),
         other={key: value for key, value in line.items() if key not in _READ_KEYS | {"tokens", "episode"}},
     )
+    # evaluate.py wrote the answer it scored, read with the run's enabled tools; a line without one is read here
+    sample.answer = line["answer"] if "answer" in line else answer_of(sample)
+    return sample
 
 
 def read_evaluate_run(folder: Path) -> Run:

@@ -117,6 +117,69 @@ def test_golden_answers_are_used_without_reward_model(tmp_path):
     assert read_like_slime(tmp_path / "o.parquet")[0]["reward_model"]["ground_truth"]["target"] == ["a"]
 
 
+def gold_rows(*pairs) -> list[dict]:
+    """Rows whose reward_model and golden_answers hold these (target, golden_answers) pairs."""
+    return [
+        {"question": f"q{i}", "data_source": "nq", "prompt": f"p{i}", "golden_answers": listed,
+         "reward_model": {"style": "rule", "ground_truth": {"target": labelled}}}
+        for i, (labelled, listed) in enumerate(pairs)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("keep_prompt", [[], ["--keep-prompt"]], ids=["chat", "keep-prompt"])
+def test_rows_whose_gold_answers_disagree_are_refused_with_a_count_unless_a_column_is_chosen(
+    tmp_path, capsys, keep_prompt
+):
+    path, out = tmp_path / "gold.parquet", tmp_path / "o.parquet"
+    # rows 1 and 3 disagree; row 2 holds the same answers as EM compares them (normalised, in another order)
+    rows = gold_rows(
+        (["Paris"], ["Paris"]),
+        (["Paris"], ["Lyon"]),
+        (["The Nile", "Nile River"], ["nile river", "nile"]),
+        (["Rome"], ["Roma", "Rome"]),
+    )
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    assert main(["--input", str(path), "--output", str(out), *keep_prompt]) == 2
+    error = capsys.readouterr().err
+    assert (
+        "error: 2 of 4 rows hold different gold answers in reward_model and golden_answers (row 1: reward_model "
+        "['Paris'] vs golden_answers ['Lyon']; row 3: reward_model ['Rome'] vs golden_answers ['Roma', 'Rome'])"
+    ) in error
+    assert "--gold-answers reward_model or --gold-answers golden_answers" in error
+    assert not out.exists()  # nothing written
+
+    for column, row_1, row_3 in (
+        ("golden_answers", ["Lyon"], ["Roma", "Rome"]),
+        ("reward_model", ["Paris"], ["Rome"]),
+    ):
+        assert main(["--input", str(path), "--output", str(out), *keep_prompt, "--gold-answers", column]) == 0
+        said = capsys.readouterr().out
+        assert (
+            "resolved: 2 rows held different gold answers in reward_model and golden_answers; both now hold the "
+            f"{column} column's (row 1: reward_model ['Paris'] vs golden_answers ['Lyon']; row 3: "
+        ) in said
+        written = read_like_slime(out)
+        assert [row["reward_model"]["ground_truth"]["target"] for row in written] == [
+            ["Paris"], row_1, ["The Nile", "Nile River"], row_3
+        ]  # fmt: skip
+        assert [row["golden_answers"] for row in written] == [["Paris"], row_1, ["nile river", "nile"], row_3]
+
+
+def test_an_error_never_lands_on_the_progress_bar_line(tmp_path, capsys):
+    """tqdm draws its bar on stderr without ending the line; an error goes below it, on a line of its own."""
+    path = tmp_path / "bad_row.parquet"
+    rows = [{"question": q, "data_source": "nq", "golden_answers": ["a"]} for q in ("first", " ", "third")]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    for args, message in (([], "error: row 1: 'question' must be a non-empty string"),
+                          (["--keep-prompt"], "error: row 0: --keep-prompt needs a 'prompt' column")):  # fmt: skip
+        assert main(["--input", str(path), "--output", str(tmp_path / "o.parquet"), *args]) == 2
+        err = capsys.readouterr().err
+        assert "converting" in err  # the bar was drawn
+        lines = err.split("\n")  # tqdm redraws with \r: on a terminal only a newline starts a line
+        error_lines = [line for line in lines if "error:" in line]
+        assert len(error_lines) == 1 and error_lines[0].startswith(message), error_lines  # no bar before it
+
+
 @pytest.mark.parametrize(
     ("rows", "message"),
     [
@@ -150,6 +213,7 @@ def test_cli_errors_and_help(tmp_path, capsys):
         "--limit",
         "--system-prompt-file",
         "--keep-prompt",
+        "--gold-answers",
     ):
         assert option in result.stdout
 

@@ -66,6 +66,19 @@ def test_the_dry_run_says_where_each_value_came_from(dry_run):
     assert "sk-hidden" not in run.stdout + run.stderr
 
 
+def test_the_dry_run_says_where_each_of_the_scripts_paths_came_from(dry_run):
+    run = dry_run()
+    assert run.sources["HF_CHECKPOINT"] == (
+        "'/root/Qwen2.5-3B'",
+        "default in the script (export HF_CHECKPOINT to change it)",
+    )
+    assert run.sources["PROMPT_DATA"][0] == repr(run.value("--prompt-data"))
+    run = dry_run("--ref-load", "/mine/ref", EXTRA_TRAIN_ARGS="--prompt-data /x.parquet --ref-load /extra/ref")
+    assert run.sources["REF_LOAD"] == ("'/mine/ref'", "the script's command line")  # the command line wins
+    assert run.sources["PROMPT_DATA"] == ("'/x.parquet'", "EXTRA_TRAIN_ARGS")
+    assert run.sources["HF_CHECKPOINT"][1].startswith("default in the script")
+
+
 def test_tis_wandb_dumps_and_evaluation_are_switched_on_by_variables(dry_run, tmp_path):
     run = dry_run(USE_TIS="1", SLIME_DIR="/opt/slime", USE_WANDB="yes", DUMP_DIR="/dumps",
                   EVAL_PROMPT_DATA="/data/test.parquet@[0:3000]")  # fmt: skip

@@ -78,11 +78,12 @@ def test_the_script_hands_its_arrays_to_the_launcher_which_prints_the_command():
     appended = dry_run_script("--num-rollout", "5", EXTRA_TRAIN_ARGS="--rollout-top-p 0.99")
     assert appended.train_args[-4:] == ["--rollout-top-p", "0.99", "--num-rollout", "5"]
     assert appended.value("--num-rollout") == "5"
-    by_variable = run_script(DRY_RUN="1")  # DRY_RUN=1 is --dry-run
-    assert DryRun(by_variable.stdout, by_variable.stderr).sources["DRY_RUN"] == (
-        "True",
-        "environment variable DRY_RUN",
-    )
+    result = run_script(DRY_RUN="1", HF_CHECKPOINT="/models/qwen")  # DRY_RUN=1 is --dry-run
+    by_variable = DryRun(result.stdout, result.stderr)
+    assert by_variable.sources["DRY_RUN"] == ("True", "environment variable DRY_RUN")
+    assert by_variable.sources["HF_CHECKPOINT"] == ("'/models/qwen'", "environment variable HF_CHECKPOINT")
+    assert by_variable.value("--hf-checkpoint") == "/models/qwen"
+    assert by_variable.sources["REF_LOAD"][1] == "default in the script (export REF_LOAD to change it)"
     assert "ASYNC_MODE" in run_script("--help").stdout
 
 

@@ -11,12 +11,11 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from slime_search_r1.launch.knobs import TRAINING, WRAPPER
+from slime_search_r1.launch.knobs import SCRIPT_PATHS, TRAINING, WRAPPER
 from slime_search_r1.settings import SETTINGS
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "run_qwen2.5_3B.sh"
-SCRIPT_PATHS = ("HF_CHECKPOINT", "REF_LOAD", "PROMPT_DATA")  # the script's own variables, in its flag arrays
 
 
 def clean_env(**overrides) -> dict[str, str]:
@@ -44,7 +43,7 @@ class DryRun:
         self.after = lines[job + 2 :]  # the viewer and checkpoint commands
         self.entry = self.submit[self.submit.index("--") + 1 :][:2]
         self.train_args = self.submit[self.submit.index("--") + 3 :]
-        self.sources = {}  # "llm_api_mode" or "NUM_GPUS" -> (value as printed, where it came from)
+        self.sources = {}  # "llm_api_mode", "NUM_GPUS" or "HF_CHECKPOINT" -> (value as printed, where it came from)
         for line in lines[:start]:
             if line.startswith("#   "):
                 left, source = line[4:].rsplit("  <- ", 1)

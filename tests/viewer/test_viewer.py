@@ -374,3 +374,13 @@ def test_a_sample_two_weight_versions_sampled_says_which_tokens_each_sampled(vie
     assert not {"versions", "engine_aborts", "restarts", "lag_masked_tokens"} & set(detail["record_more"])
     right = sample_detail(runs["rollout"].samples[viewer_dumps.names.index("right")], None)["versions"]
     assert right["names"] == ["1"] and [k for *_, k in right["spans"]] == [0, 0]
+
+
+def test_an_evaluate_line_shows_the_answer_evaluate_py_scored_and_an_older_line_the_one_its_response_gives():
+    from slime_search_r1.viewer.trajectories import sample_from_line
+
+    line = {"key": "k", "status": "completed", "response": "<think>x</think>\n<answer> Paris </answer>"}
+    assert sample_from_line(0, line).answer == "Paris"  # a line written before evaluate.py recorded answers
+    assert sample_from_line(0, {**line, "answer": "Lyon"}).answer == "Lyon"  # read with the run's enabled tools
+    assert sample_from_line(0, {**line, "answer": None}).answer is None  # it gave no answer
+    assert "answer" not in sample_from_line(0, {**line, "answer": "Lyon"}).other

@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from slime_search_r1.training.collapse import CollapseWatch
-from slime_search_r1.training.metrics import em_by_data_source, health_metrics, search_metrics
+from slime_search_r1.episode import episode_record, reward_of
+from slime_search_r1.scoring.answers import em_check
+from slime_search_r1.training.metrics import em_by_data_source, health_metrics, search_metrics, training_metrics
 from slime_search_r1.viewer import build_page
 from support.browser import launch_or_skip
 from support.viewer_dumps import HOSTILE_TEXT, NEW_RECORD_KEY, NEW_RECORD_NAME, train_log_probs
@@ -62,6 +64,16 @@ class Page:
     def js(self, expression: str):
         return self.tab.evaluate(expression)
 
+    def figures(self, kind: str) -> dict[str, float]:
+        """The summary's figures of one table: the log hooks' ("hook") or the viewer's own ("viewer")."""
+        return self.js(
+            f"Object.fromEntries([...document.querySelectorAll('td[data-kind={kind}]')]"
+            ".map(td => [td.dataset.metric, Number(td.dataset.value)]))"
+        )
+
+    def cells(self, column: str) -> list[str]:
+        return self.js(f"[...document.querySelectorAll('#list td[data-col={column}]')].map(td => td.textContent)")
+
 
 @pytest.fixture
 def page(browser, page_file):
@@ -88,21 +100,17 @@ def test_the_page_loads_from_disk_and_opens_every_sample_without_an_error_or_a_r
 
 
 def test_the_summary_shows_the_log_hooks_figures_of_the_dump(page, viewer_dumps):
-    shown = page.js(
-        "Object.fromEntries([...document.querySelectorAll('td[data-kind=hook]')]"
-        ".map(td => [td.dataset.metric, Number(td.dataset.value)]))"
-    )
+    shown = page.figures("hook")
     expected = search_metrics(viewer_dumps.samples) | health_metrics(viewer_dumps.samples)
     expected["health/alarms"] = len(CollapseWatch().observe(expected)[1])  # the page's first rollout: no changes yet
     assert shown == expected
     page.tab.click("nav#runs button[data-run='1']")
     page.tab.wait_for_selector("#run-name:text('eval 3')")
-    shown = page.js(
-        "Object.fromEntries([...document.querySelectorAll('td[data-kind=hook]')]"
-        ".map(td => [td.dataset.metric, Number(td.dataset.value)]))"
-    )
+    shown = page.figures("hook")
     eval_samples = viewer_dumps.eval_samples
-    expected = search_metrics(eval_samples) | em_by_data_source(eval_samples) | health_metrics(eval_samples)
+    expected = (
+        search_metrics(eval_samples, training=False) | em_by_data_source(eval_samples) | health_metrics(eval_samples)
+    )
     assert shown == expected
     assert "em_by_source/bamboogle" in shown
     assert page.rows() == [0, 1]
@@ -340,3 +348,84 @@ def test_tokens_of_two_weight_versions_are_marked_by_version_and_their_spans_hea
     assert page.js("document.querySelectorAll('.badge[data-field=version]').length") == 1
     assert page.js("document.querySelectorAll('#sample-view span.t.v0').length") == 0
     assert page.errors == []
+
+
+# What each training episode answered (tests/support/viewer_dumps.py's scripts); None: no answer.
+ANSWERS = {"right": "Paris", "wrong": "Berlin", "invalid then right": "Paris", "max turns": None, "hostile": "Paris",
+           "multibyte": "Paris", "chat": "Paris", "chat malformed": "Paris", "failed": None, "aborted": None,
+           "resumed": "Paris"}  # fmt: skip
+
+
+def shown_answer(answer: str | None) -> str:
+    return "(none)" if answer is None else answer
+
+
+def test_each_sample_shows_its_answer_beside_its_gold_answers_in_the_list_and_the_reward_panel(
+    page, browser, evaluate_page, viewer_dumps
+):
+    """The answer shown is the one the reward scored: its exact match with the gold answers is the reward's em."""
+    assert page.cells("answer") == [shown_answer(ANSWERS[name]) for name in viewer_dumps.names]
+    assert page.cells("answers") == ["Paris"] * len(viewer_dumps.names)
+    for name, sample in zip(viewer_dumps.names, viewer_dumps.samples, strict=True):
+        reward = reward_of(episode_record(sample))
+        if reward is not None:
+            assert reward["em"] == float(ANSWERS[name] is not None and em_check(ANSWERS[name], ["Paris"])), name
+    page.tab.fill("input[name=text]", "berlin")  # the search box finds answers too
+    assert page.rows() == [position(viewer_dumps, "wrong")]
+    for name in ("wrong", "max turns", "chat"):
+        page.open(0, position(viewer_dumps, name))
+        panel = page.js(
+            "Object.fromEntries([...document.querySelectorAll('td[data-reward]')]"
+            ".map(td => [td.dataset.reward, td.textContent]))"
+        )
+        assert (panel["answer"], panel["gold"]) == (shown_answer(ANSWERS[name]), "Paris"), name
+    _, path = evaluate_page  # evaluate.py's lines: the answer it wrote
+    evaluation = Page(browser, path)
+    try:
+        assert evaluation.cells("answer") == ["Paris", "Paris"]
+        evaluation.open(0, 1)
+        assert evaluation.js("document.querySelector('td[data-reward=answer]').textContent") == "Paris"
+    finally:
+        evaluation.tab.close()
+
+
+def training_only(samples) -> set[str]:
+    """The figures the hooks give only for training (training/metrics.py's training_metrics) of these samples."""
+    pairs = [(sample, episode_record(sample)) for sample in samples]
+    return set(training_metrics(pairs, [record for _, record in pairs]))
+
+
+def test_an_evaluation_shows_no_training_only_figure_or_control_and_a_training_rollout_does(
+    page, browser, evaluate_page, viewer_dumps
+):
+    """Training's own figures (engine aborts and restarts, weight versions, resumes, splits; the GRPO groups) and the
+    train dump's controls (the log-prob gap column and threshold, the weight versions) show for a training rollout
+    with its train dump, and not for its evaluation nor for an evaluate.py run; the sample list is in sight."""
+    rollout_only = training_only(viewer_dumps.samples)
+    assert {"engine_aborts/mean", "restarted_share", "versions/lag/max", "resumed_samples"} <= rollout_only
+    assert rollout_only <= set(page.figures("hook"))
+    assert "groups/zero_spread_share" in page.figures("viewer")
+    assert page.js("document.querySelectorAll('th[data-sort=gap]').length") == 1
+    page.open(0, position(viewer_dumps, "resumed"))
+    assert page.js("document.querySelectorAll('input[name=threshold], .badge[data-field=version]').length") == 3
+
+    _, path = evaluate_page
+    evaluation = Page(browser, path)
+    eval_only = training_only(viewer_dumps.eval_samples)
+    assert {"engine_aborts/mean", "restarted_share", "versions/newest", "versions/lag/max"} <= eval_only
+    try:
+        for tab, run in ((page, 1), (evaluation, 0)):
+            tab.tab.evaluate(f"location.hash = '#run={run}'")
+            tab.tab.wait_for_selector(f"nav#runs button.current[data-run='{run}']", state="attached")
+            assert eval_only.isdisjoint(tab.figures("hook"))
+            assert "groups/zero_spread_share" not in tab.figures("viewer")
+            assert tab.js("document.querySelectorAll('th[data-sort=gap], td[data-col=gap]').length") == 0
+            first = tab.js("document.querySelector('#list tbody tr').getBoundingClientRect().bottom")
+            assert first <= tab.js("window.innerHeight")  # the list opens in sight, not under the figures
+            for position_ in range(len(viewer_dumps.eval_samples)):
+                tab.open(run, position_)
+                assert tab.js("document.querySelectorAll('input[name=threshold], [data-control=gap]').length") == 0
+                assert tab.js("document.querySelectorAll('.badge[data-field=version]').length") == 0
+        assert evaluation.errors == []
+    finally:
+        evaluation.tab.close()

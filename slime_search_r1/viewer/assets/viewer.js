@@ -131,7 +131,7 @@
     const rows = Object.entries(metrics).map(([name, value]) =>
       h("tr", null, [h("td", { text: name }), h("td", { class: "value", text: fmt(value), data: { metric: name, kind: kind, value: String(value) } })])
     );
-    return h("table", { class: "metrics" }, [h("caption", { text: caption }), h("tbody", null, rows)]);
+    return h("table", { class: "metrics", data: { kind: kind } }, [h("caption", { text: caption }), h("tbody", null, rows)]);
   }
 
   function drawRun() {
@@ -201,7 +201,7 @@
     if (f.truncated && !row.truncated) return false;
     if (f.text) {
       const needle = f.text.toLowerCase();
-      const hay = `${row.q} ${(row.answers || []).join(" ")}`.toLowerCase();
+      const hay = `${row.q} ${row.answer || ""} ${(row.answers || []).join(" ")}`.toLowerCase();
       if (!hay.includes(needle)) return false;
     }
     return true;
@@ -220,8 +220,17 @@
     ["len", "response tokens", (r) => r.len, "num"],
     ["gap", "max |Δ log p|", (r) => fmt(r.gap), "num"],
     ["q", "question", (r) => r.q, "question"],
+    ["answer", "answer", (r) => answerText(r.answer), "answer"],
     ["answers", "gold", (r) => (r.answers || []).join(" | ")],
   ];
+  // Columns that apply to some runs only: the train/rollout log-prob gap needs a train dump.
+  const APPLIES = { gap: (run) => run.train_sources.length > 0 };
+  function columnsOf(run) {
+    return COLUMNS.filter(([k]) => !APPLIES[k] || APPLIES[k](run));
+  }
+  function answerText(answer) {
+    return answer === null || answer === undefined ? "(none)" : answer; // none: the model gave no answer
+  }
   function sortValue(row, key) {
     if (key === "calls") return Object.values(row.tools).reduce((a, [c]) => a + c, 0);
     if (key === "answers") return (row.answers || []).join(" ");
@@ -246,7 +255,8 @@
     });
     state.visible = rows.map((r) => r.p);
     document.getElementById("count").textContent = `${rows.length} of ${run.rows.length} samples`;
-    const head = h("tr", null, COLUMNS.map(([k, label]) => {
+    const columns = columnsOf(run);
+    const head = h("tr", null, columns.map(([k, label]) => {
       const cls = k === key ? `sorted${up ? " up" : ""}` : null;
       return h("th", { class: cls, text: label, data: { sort: k }, onclick: () => {
         state.sort = { key: k, up: state.sort.key === k ? !state.sort.up : true };
@@ -256,7 +266,7 @@
     const body = h("tbody");
     for (const row of rows.slice(0, state.limit)) {
       body.appendChild(h("tr", { data: { pos: row.p }, onclick: () => go(state.run, row.p) },
-        COLUMNS.map(([k, , cell, cls]) => h("td", { class: cls, data: { col: k } }, [cell(row)]))));
+        columns.map(([k, , cell, cls]) => h("td", { class: cls, data: { col: k } }, [cell(row)]))));
     }
     const list = clear(document.getElementById("list"));
     list.appendChild(h("table", { class: "samples" }, [h("thead", null, [head]), body]));
@@ -338,7 +348,8 @@
       if (verdict.reply) rewardRows.push(h("tr", null, [h("td", { text: "judge's reply" }), h("td", { class: "value reply", text: verdict.reply })]));
     }
     rewardRows.push(h("tr", null, [h("td", { text: "sample.reward" }), h("td", { class: "value", text: typeof detail.reward === "object" && detail.reward !== null ? JSON.stringify(detail.reward) : fmt(detail.reward) })]));
-    rewardRows.push(h("tr", null, [h("td", { text: "gold answers" }), h("td", { class: "value", text: (detail.answers || []).join(" | ") || "-" })]));
+    rewardRows.push(h("tr", null, [h("td", { text: "answer" }), h("td", { class: "value", text: answerText(row.answer), data: { reward: "answer" } })]));
+    rewardRows.push(h("tr", null, [h("td", { text: "gold answers" }), h("td", { class: "value", text: (detail.answers || []).join(" | ") || "-", data: { reward: "gold" } })]));
     const counted = ["turns", "invalid_actions", "observation_tokens", "truncated_observations"];
     for (const k of ["engine_aborts", "aborts_after_turn_end", "restarts", "max_version_lag", "lag_masked_tokens"]) {
       if (record[k] !== undefined && record[k] !== null && (record[k] || k === "max_version_lag")) counted.push(k); // fully-async
@@ -465,15 +476,14 @@
     tokens.version = versionIndex(detail.versions, n);
     tokens.colourVersions = Boolean(detail.versions && detail.versions.names.length > 1); // one version: no marks
 
-    const thresholdInput = h("input", { type: "number", step: "any", min: "0", value: String(state.threshold), name: "threshold" });
-    const hasGap = series.log_probs && series.rollout_log_probs;
+    // the gap marks need the train side's log probs: without a train dump (an evaluation) there is no control
+    const hasGap = Boolean(series.log_probs && series.rollout_log_probs);
+    const thresholdInput = hasGap ? h("input", { type: "number", step: "any", min: "0", value: String(state.threshold), name: "threshold" }) : null;
     view.appendChild(h("div", { class: "legend" }, [
       h("span", null, [h("span", { class: "swatch", style: "background: var(--trained)" }), "trained (loss mask 1)"]),
       h("span", null, [h("span", { class: "swatch", style: "background: var(--shown)" }), "shown to the model (loss mask 0)"]),
       h("span", null, [h("span", { class: "swatch", style: "background: #fff" }), "prompt"]),
-      h("span", null, [h("span", { class: "swatch", style: "outline: 2px solid var(--gap)" }), "|train − rollout log prob| >"]),
-      thresholdInput,
-      hasGap ? null : h("span", { class: "muted", text: "(needs a train dump)" }),
+      hasGap ? h("span", { data: { control: "gap" } }, [h("span", { class: "swatch", style: "outline: 2px solid var(--gap)" }), "|train − rollout log prob| >", thresholdInput]) : null,
       tokens.earlierBefore ? h("span", null, [h("span", { class: "swatch earlier" }), "sampled in an earlier rollout (partial rollout)"]) : null,
       ...(tokens.colourVersions
         ? detail.versions.names.map((name, k) => h("span", null, [h("span", { class: `swatch v${k % VERSION_COLOURS}` }), `weight version ${versionName(name)}`]))
@@ -521,16 +531,16 @@
       show(span);
     });
     const markGaps = () => {
+      if (!hasGap) return;
       const limit = Number(thresholdInput.value);
       state.threshold = limit;
-      if (!hasGap) return;
       column.querySelectorAll(".t[data-i]").forEach((span) => {
         const i = Number(span.dataset.i);
         const over = mask[i] === 1 && Math.abs(series.log_probs[i] - series.rollout_log_probs[i]) > limit;
         span.classList.toggle("gap", over);
       });
     };
-    thresholdInput.addEventListener("input", markGaps);
+    if (hasGap) thresholdInput.addEventListener("input", markGaps);
     markGaps();
   }
 
