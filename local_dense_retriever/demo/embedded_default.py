@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import orjson
 
+from local_dense_retriever.building import fingerprints
 from local_dense_retriever.demo import mini_wiki
 from local_dense_retriever.serving.launcher import PACKAGE_ROOT, ServerProcess
 
@@ -41,38 +43,63 @@ class MiniWikiAssets:
     build_seconds: float | None  # None when the cached index was reused
 
 
-def prepare(cache_dir: Path = DEFAULT_CACHE_DIR, rebuild: bool = False, progress: bool = True) -> MiniWikiAssets:
-    """Corpus and pages jsonl and the MiniLM Flat index in `cache_dir`, each remade only when its inputs changed."""
+def encoding_key(summaries: list[dict], model_dir: Path) -> dict:
+    """What the vectors depend on, by content: the passages as written, the encoder's files, how it encodes, and the
+    versions of the packages that encode and index (fingerprints.py); no path, so a moved cache stays valid."""
+    passages = orjson.dumps([mini_wiki.format_contents(s["title"], s["extract"].strip()) for s in summaries])
+    return {
+        "passages": {"rows": len(summaries), **fingerprints.digest_bytes(passages)},
+        "encoder": fingerprints.folder_digest(model_dir),
+        "retriever_name": RETRIEVER_NAME,
+        "max_length": MAX_LENGTH,
+        "versions": fingerprints.package_versions(),
+    }
+
+
+def files_key(summaries: list[dict]) -> dict:
+    """What the corpus and pages files depend on beyond the vectors: every field of the summaries, and their format."""
+    return {"format": FILES_FORMAT, "summaries": fingerprints.digest_bytes(orjson.dumps(summaries))}
+
+
+def prepare(
+    cache_dir: Path = DEFAULT_CACHE_DIR,
+    rebuild: bool = False,
+    progress: bool = True,
+    summaries: list[dict] | None = None,
+) -> MiniWikiAssets:
+    """Corpus and pages jsonl and the MiniLM Flat index in `cache_dir`, each remade only when its inputs changed (one
+    line on stderr says which input); the cache is keyed on content, so a copied or moved one is reused.
+    `summaries`: a part of the mini-Wikipedia instead of all of it (the tests' small corpora)."""
     from local_dense_retriever.building.index import BuildConfig, build
 
-    summaries = mini_wiki.load_summaries()
+    summaries = mini_wiki.load_summaries() if summaries is None else summaries
     model_dir = mini_wiki.minilm_model_dir()
     corpus_path = cache_dir / "mini_wiki.jsonl"
     pages_path = cache_dir / "mini_wiki_pages.jsonl"
     index_path = cache_dir / "minilm_Flat.index"
     embeddings_path = cache_dir / "minilm_embeddings.npy"
     manifest_path = cache_dir / "manifest.json"
-    encoding = {  # what the vectors depend on
-        "summaries": str(mini_wiki.summaries_file()),
-        "summaries_bytes": mini_wiki.summaries_file().stat().st_size,
-        "model": str(model_dir),
-        "model_bytes": (model_dir / "model.safetensors").stat().st_size,
-        "retriever_name": RETRIEVER_NAME,
-        "max_length": MAX_LENGTH,
-        "documents": len(summaries),
-    }
-    manifest = {"encoding": encoding, "files": FILES_FORMAT}
-    earlier = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    encoded = earlier.get("encoding", earlier) == encoding and index_path.exists() and embeddings_path.exists()
+    manifest = {"encoding": encoding_key(summaries, model_dir), "files": files_key(summaries)}
+    earlier = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
+    if rebuild:
+        encode_reason = "--rebuild"
+    elif not (index_path.exists() and embeddings_path.exists()):
+        encode_reason = "no index cached yet" if earlier is None else "the index or its vectors are missing"
+    else:
+        encode_reason = fingerprints.stale_reason(earlier and earlier.get("encoding"), manifest["encoding"])
+    files_reason = encode_reason or fingerprints.stale_reason(earlier and earlier.get("files"), manifest["files"])
+    if files_reason is None and not (corpus_path.exists() and pages_path.exists()):
+        files_reason = "the corpus or pages file is missing"
     build_seconds = None
-    if not rebuild and encoded and (earlier.get("files") != FILES_FORMAT or not pages_path.exists()):
-        # only the files' format changed (URLs, pages): the same rows, so the vectors and the index stay
+    if encode_reason:
+        print(f"building the index in {cache_dir}: {encode_reason}", file=sys.stderr, flush=True)
+    elif files_reason:  # the same rows, so the vectors and the index stay
+        print(f"rewriting the corpus and pages in {cache_dir}: {files_reason}", file=sys.stderr, flush=True)
+    if files_reason:
+        manifest_path.unlink(missing_ok=True)  # written again once every file matches it
         mini_wiki.write_corpus(summaries, corpus_path)
         mini_wiki.write_pages(summaries, pages_path)
-        manifest_path.write_text(json.dumps(manifest, indent=1))
-    elif rebuild or not encoded or not corpus_path.exists():
-        mini_wiki.write_corpus(summaries, corpus_path)
-        mini_wiki.write_pages(summaries, pages_path)
+    if encode_reason:
         config = BuildConfig(
             corpus_path=str(corpus_path),
             index_path=str(index_path),
@@ -84,6 +111,7 @@ def prepare(cache_dir: Path = DEFAULT_CACHE_DIR, rebuild: bool = False, progress
             progress=progress,
         )
         build_seconds = build(config).seconds
+    if files_reason:
         manifest_path.write_text(json.dumps(manifest, indent=1))
     titles = {summary["title"] for summary in summaries}
     return MiniWikiAssets(corpus_path, pages_path, index_path, embeddings_path, model_dir, titles, build_seconds)
