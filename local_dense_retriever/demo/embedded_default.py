@@ -8,11 +8,13 @@
 4. asks it every FanOutQA dev sub-question whose evidence page is in the corpus, one query per request,
 5. prints recall@1 / recall@3, latency percentiles and QPS; exits 1 if recall@3 is below the target,
 6. opens the pages of the top hits by URL (POST /access), as the access tool does.
+Ctrl-C, SIGTERM or SIGHUP stops it and the server it started.
 """
 
 import argparse
 import asyncio
 import json
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -201,7 +203,32 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.concurrency < 1:
         parser.error(f"--concurrency must be at least 1, got {args.concurrency}")
+    for signum in STOPPING:
+        signal.signal(signum, _stop)
+    try:
+        return run(args)
+    except KeyboardInterrupt as stopped:  # the server, if started, was stopped on the way out
+        signum = getattr(stopped, "signum", signal.SIGINT)
+        print(f"\nstopped by {signal.Signals(signum).name}", file=sys.stderr)
+        return 128 + signum
 
+
+class Stopped(KeyboardInterrupt):
+    """A signal that ends the demo as Ctrl-C does: every `with` on the way out runs (the server is stopped)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, kill, the terminal closing
+
+
+def _stop(signum, _frame) -> None:
+    raise Stopped(signum)
+
+
+def run(args: argparse.Namespace) -> int:
     assets = prepare(args.cache_dir, rebuild=args.rebuild)
     flags = server_flags(assets.model_dir, assets.index_path, assets.corpus_path, pages_path=assets.pages_path)
     if args.print_server_flags:  # stdout carries only the flags (the wrapper reads them); progress goes to stderr
@@ -214,31 +241,40 @@ def main(argv: list[str] | None = None) -> int:
     questions = mini_wiki.fanoutqa_questions(assets.titles, single_value_only=not args.all_answers)
 
     log_path = args.cache_dir / "server.log"
-    with ServerProcess(flags, log_path=log_path, port=args.port) as server:
+    # die_with_parent: even a demo killed with SIGKILL takes its server along
+    server = ServerProcess(flags, log_path=log_path, port=args.port, die_with_parent=True)
+    try:
+        server.spawn()
+        print(f"starting the retrieval server (pid {server.process.pid})", flush=True)
+        server.wait_ready()
         print(f"server ready at {server.url} after {server.startup_seconds:.1f} s (log: {log_path})")
-        hits, latencies, seconds = asyncio.run(
-            ask_all(server.url, [q.question for q in questions], topk=3, concurrency=args.concurrency)
-        )
-        expected = [q.evidence_title for q in questions]
-        recall1, recall3 = recall_at(hits, expected, 1), recall_at(hits, expected, 3)
-        p50, p90, p99 = (np.percentile(latencies, p) * 1000 for p in (50, 90, 99))
-        print(f"\nFanOutQA dev sub-questions with their evidence page in the corpus: {len(questions)}")
-        print(f"recall@1 {recall1:.3f}   recall@3 {recall3:.3f}   (target recall@3 >= {RECALL_AT_3_TARGET})")
-        print(f"latency p50 {p50:.0f} ms   p90 {p90:.0f} ms   p99 {p99:.0f} ms   at {args.concurrency} in flight")
-        print(f"throughput {len(questions) / seconds:.1f} queries/s over {seconds:.1f} s")
-        top_urls = list(dict.fromkeys(query_hits[0]["document"]["url"] for query_hits in hits))[:50]
-        found, nulls, latencies = asyncio.run(access_round_trip(server.url, top_urls))
-        print(
-            f"access: the pages of {found} of {len(top_urls)} top hits by URL (p50 "
-            f"{np.percentile(latencies, 50) * 1000:.0f} ms), and null for {nulls} URL no page has"
-        )
-        if args.serve:
-            print(f"\nserving at {server.url}/retrieve until Ctrl-C")
-            try:
-                server.process.wait()
-            except KeyboardInterrupt:
-                pass
-    return 0 if recall3 >= RECALL_AT_3_TARGET and found == len(top_urls) and nulls == 1 else 1
+        passed = measure(server.url, questions, args.concurrency)
+        if args.serve:  # until a signal (Stopped), which stops the server on the way out
+            print(f"\nserving at {server.url}/retrieve until Ctrl-C", flush=True)
+            server.process.wait()
+    finally:
+        server.stop()
+    print("\nnext: the plugin's episodes on this index, offline: make rollout-demo")
+    return 0 if passed else 1
+
+
+def measure(url: str, questions: list[mini_wiki.EvalQuestion], concurrency: int) -> bool:
+    """Recall, latency and throughput over `questions`, then /access for the top hits; whether the targets hold."""
+    hits, latencies, seconds = asyncio.run(ask_all(url, [q.question for q in questions], 3, concurrency))
+    expected = [q.evidence_title for q in questions]
+    recall1, recall3 = recall_at(hits, expected, 1), recall_at(hits, expected, 3)
+    p50, p90, p99 = (np.percentile(latencies, p) * 1000 for p in (50, 90, 99))
+    print(f"\nFanOutQA dev sub-questions with their evidence page in the corpus: {len(questions)}")
+    print(f"recall@1 {recall1:.3f}   recall@3 {recall3:.3f}   (target recall@3 >= {RECALL_AT_3_TARGET})")
+    print(f"latency p50 {p50:.0f} ms   p90 {p90:.0f} ms   p99 {p99:.0f} ms   at {concurrency} in flight")
+    print(f"throughput {len(questions) / seconds:.1f} queries/s over {seconds:.1f} s")
+    top_urls = list(dict.fromkeys(query_hits[0]["document"]["url"] for query_hits in hits))[:50]
+    found, nulls, latencies = asyncio.run(access_round_trip(url, top_urls))
+    print(
+        f"access: the pages of {found} of {len(top_urls)} top hits by URL (p50 "
+        f"{np.percentile(latencies, 50) * 1000:.0f} ms), and null for {nulls} URL no page has"
+    )
+    return recall3 >= RECALL_AT_3_TARGET and found == len(top_urls) and nulls == 1
 
 
 if __name__ == "__main__":
