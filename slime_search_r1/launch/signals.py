@@ -4,14 +4,15 @@ for it, and once cleanup starts a second Ctrl-C cannot cut it short.
 A signal becomes an exception (Stopped) wherever the run is, so every `finally` on the way out stops what it started.
 While a child is being started the signal waits (`holding`): raised between the fork and the caller's hold on the
 new process, it would leave that process running. `run_child` is subprocess.run with that hold, and with the child
-(its whole session, if it has one) killed on any exception, a stop or a timeout, before the exception goes on.
+(its whole session, if it has one) killed on any exception, a stop or a timeout, before the exception goes on;
+`children` does the same for several children running at once.
 """
 
 import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -79,3 +80,25 @@ def run_child(command: list[str], *, timeout: float | None = None, new_session: 
             process.communicate()
         raise
     return subprocess.CompletedProcess(command, process.returncode, out, err)
+
+
+@contextlib.contextmanager
+def children() -> Iterator[Callable[..., subprocess.Popen]]:
+    """`with children() as start:` start(command, **popen) is subprocess.Popen, held as run_child holds its child;
+    if the block ends with an exception (a stop included), every child it started that still runs is killed."""
+    started: list[subprocess.Popen] = []
+
+    def start(command: list[str], **popen) -> subprocess.Popen:
+        with holding():
+            started.append(subprocess.Popen(command, **popen))
+        return started[-1]
+
+    try:
+        yield start
+    except BaseException:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+        for process in started:
+            process.wait()
+        raise
