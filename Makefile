@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # The CPU wheel of torch 2.13.0 is preinstalled on the project's machines; elsewhere pick your build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install test lint demo bench bench-rollout bench-retriever bench-retriever-hostile bench-retriever-busy bench-retriever-peers \
+.PHONY: install test lint demo rollout-demo bench bench-rollout bench-retriever bench-retriever-hostile bench-retriever-busy bench-retriever-peers \
 	bench-viewer bench-retriever-layouts bench-encoder-precision bench-gpu clean shellcheck mutation
 
 $(STAMP): pyproject.toml requirements-assets.txt
@@ -33,6 +33,11 @@ endif
 # Main job on the embedded default: mini-Wikipedia + MiniLM index (built once), served on 127.0.0.1 and measured.
 demo: $(STAMP)
 	$(BIN)/python -m local_dense_retriever.demo
+
+# The plugin offline (no GPU, about a minute once `make demo` built the index): a scripted stand-in for SGLang, the
+# embedded retriever, evaluate.py in both modes (XML tags, tool calls) with its report and the viewer's page.
+rollout-demo: $(STAMP)
+	$(BIN)/python -m slime_search_r1.demo
 
 # Slower checks than the test suite; each writes its own section of bench/RESULTS.md.
 bench: bench-rollout bench-retriever

@@ -41,7 +41,8 @@ def load_plugin():
     except ImportError as exc:
         print(
             f"evaluate.py: error: slime is not importable ({exc}); run it in slime's environment "
-            "(pip install -e /root/slime)",
+            "(pip install -e /root/slime), or offline with slime's stand-in on the path as make rollout-demo runs it "
+            "(PYTHONPATH=tests/slime_stub)",
             file=sys.stderr,
         )
         raise SystemExit(2) from None  # 2 = bad environment or input, as for unreachable servers

@@ -14,6 +14,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from local_dense_retriever.building import fingerprints  # noqa: E402
 from local_dense_retriever.demo import embedded_default, mini_wiki  # noqa: E402
 
 CACHE_DIR = REPO / ".cache" / "bench" / "real_text"
@@ -61,10 +62,20 @@ def prepare(progress: bool = True, summaries: int | None = None) -> RealText:
     cache = CACHE_DIR if summaries is None else CACHE_DIR.with_name(f"real_text_{summaries}")
     corpus_path, index_path = cache / "passages.jsonl", cache / "minilm_Flat.index"
     embeddings_path, manifest_path = cache / "minilm_embeddings.npy", cache / "manifest.json"
-    inputs = {"summaries_bytes": mini_wiki.summaries_file().stat().st_size, "model": str(model_dir),
-              "words": PASSAGE_WORDS, "max_length": embedded_default.MAX_LENGTH}  # fmt: skip
+    inputs = {
+        "summaries": fingerprints.file_digest(mini_wiki.summaries_file()),
+        "first": summaries,
+        "encoder": fingerprints.folder_digest(model_dir),
+        "versions": fingerprints.package_versions(),
+        "words": PASSAGE_WORDS,
+        "max_length": embedded_default.MAX_LENGTH,
+    }  # by content, no path
     earlier = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    if earlier.get("inputs") != inputs or not index_path.exists() or not embeddings_path.exists():
+    reason = fingerprints.stale_reason(earlier.get("inputs") if earlier else None, inputs)
+    if reason is None and not (index_path.exists() and embeddings_path.exists()):
+        reason = "the index or its vectors are missing"
+    if reason:
+        print(f"encoding the real-text passages in {cache}: {reason}", file=sys.stderr, flush=True)
         rows = passages(summaries)
         cache.mkdir(parents=True, exist_ok=True)
         with open(corpus_path, "w") as f:

@@ -57,6 +57,7 @@ sys.path.insert(0, str(REPO / "tests"))  # support.rankings: answers are compare
 
 import approximate_layouts  # noqa: E402
 import results_md  # noqa: E402
+from local_dense_retriever.building import fingerprints  # noqa: E402
 from local_dense_retriever.demo import embedded_default, mini_wiki  # noqa: E402
 from local_dense_retriever.serving.launcher import SERVER_MODULE, ServerProcess  # noqa: E402
 
@@ -129,9 +130,13 @@ def synthetic_corpus(n: int, assets: embedded_default.MiniWikiAssets) -> tuple[P
 
     out = CACHE_DIR / f"synthetic_{n}"
     corpus_path, index_path, manifest_path = out / "corpus.jsonl", out / "minilm_Flat.index", out / "manifest.json"
-    manifest = {"n": n, "sigma": NOISE_SIGMA, "seed": 0, "source": str(assets.embeddings_path)}
-    if manifest_path.exists() and json.loads(manifest_path.read_text()) == manifest and index_path.exists():
+    # by content: the real vectors it derives from, not where they sit
+    manifest = {"n": n, "sigma": NOISE_SIGMA, "seed": 0, "source": fingerprints.file_digest(assets.embeddings_path)}
+    earlier = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
+    reason = fingerprints.stale_reason(earlier, manifest)
+    if reason is None and index_path.exists() and corpus_path.exists():
         return corpus_path, index_path
+    print(f"  generating the {n}-row synthetic corpus in {out}: {reason or 'a cached file is missing'}")
     out.mkdir(parents=True, exist_ok=True)
     summaries = mini_wiki.load_summaries()
     real = np.load(assets.embeddings_path)

@@ -20,6 +20,8 @@ training/        what slime does with finished samples: group advantages, the la
 evaluation/      evaluate.py's body: its command lines, the run, the judge's pass, reports, papers' figures beside them
 scoring/         how an answer scores: EM, F1, cover EM (Search-R1's normalisation), an LLM judge; reward and eval
 viewer/          an offline HTML page of slime's dumps and evaluate.py runs (`python -m slime_search_r1.viewer`)
+demo/            the plugin offline (`python -m slime_search_r1.demo`): a scripted stand-in for SGLang, the
+                 embedded retriever, evaluate.py in both modes and the viewer's page
 data.py          Search-R1's prompts, labels and test sets
 http_client.py   aiohttp plumbing shared by the engine, router and search clients
 """

@@ -8,18 +8,22 @@
 4. asks it every FanOutQA dev sub-question whose evidence page is in the corpus, one query per request,
 5. prints recall@1 / recall@3, latency percentiles and QPS; exits 1 if recall@3 is below the target,
 6. opens the pages of the top hits by URL (POST /access), as the access tool does.
+Ctrl-C, SIGTERM or SIGHUP stops it and the server it started.
 """
 
 import argparse
 import asyncio
 import json
+import signal
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import orjson
 
+from local_dense_retriever.building import fingerprints
 from local_dense_retriever.demo import mini_wiki
 from local_dense_retriever.serving.launcher import PACKAGE_ROOT, ServerProcess
 
@@ -41,38 +45,63 @@ class MiniWikiAssets:
     build_seconds: float | None  # None when the cached index was reused
 
 
-def prepare(cache_dir: Path = DEFAULT_CACHE_DIR, rebuild: bool = False, progress: bool = True) -> MiniWikiAssets:
-    """Corpus and pages jsonl and the MiniLM Flat index in `cache_dir`, each remade only when its inputs changed."""
+def encoding_key(summaries: list[dict], model_dir: Path) -> dict:
+    """What the vectors depend on, by content: the passages as written, the encoder's files, how it encodes, and the
+    versions of the packages that encode and index (fingerprints.py); no path, so a moved cache stays valid."""
+    passages = orjson.dumps([mini_wiki.format_contents(s["title"], s["extract"].strip()) for s in summaries])
+    return {
+        "passages": {"rows": len(summaries), **fingerprints.digest_bytes(passages)},
+        "encoder": fingerprints.folder_digest(model_dir),
+        "retriever_name": RETRIEVER_NAME,
+        "max_length": MAX_LENGTH,
+        "versions": fingerprints.package_versions(),
+    }
+
+
+def files_key(summaries: list[dict]) -> dict:
+    """What the corpus and pages files depend on beyond the vectors: every field of the summaries, and their format."""
+    return {"format": FILES_FORMAT, "summaries": fingerprints.digest_bytes(orjson.dumps(summaries))}
+
+
+def prepare(
+    cache_dir: Path = DEFAULT_CACHE_DIR,
+    rebuild: bool = False,
+    progress: bool = True,
+    summaries: list[dict] | None = None,
+) -> MiniWikiAssets:
+    """Corpus and pages jsonl and the MiniLM Flat index in `cache_dir`, each remade only when its inputs changed (one
+    line on stderr says which input); the cache is keyed on content, so a copied or moved one is reused.
+    `summaries`: a part of the mini-Wikipedia instead of all of it (the tests' small corpora)."""
     from local_dense_retriever.building.index import BuildConfig, build
 
-    summaries = mini_wiki.load_summaries()
+    summaries = mini_wiki.load_summaries() if summaries is None else summaries
     model_dir = mini_wiki.minilm_model_dir()
     corpus_path = cache_dir / "mini_wiki.jsonl"
     pages_path = cache_dir / "mini_wiki_pages.jsonl"
     index_path = cache_dir / "minilm_Flat.index"
     embeddings_path = cache_dir / "minilm_embeddings.npy"
     manifest_path = cache_dir / "manifest.json"
-    encoding = {  # what the vectors depend on
-        "summaries": str(mini_wiki.summaries_file()),
-        "summaries_bytes": mini_wiki.summaries_file().stat().st_size,
-        "model": str(model_dir),
-        "model_bytes": (model_dir / "model.safetensors").stat().st_size,
-        "retriever_name": RETRIEVER_NAME,
-        "max_length": MAX_LENGTH,
-        "documents": len(summaries),
-    }
-    manifest = {"encoding": encoding, "files": FILES_FORMAT}
-    earlier = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    encoded = earlier.get("encoding", earlier) == encoding and index_path.exists() and embeddings_path.exists()
+    manifest = {"encoding": encoding_key(summaries, model_dir), "files": files_key(summaries)}
+    earlier = json.loads(manifest_path.read_text()) if manifest_path.exists() else None
+    if rebuild:
+        encode_reason = "--rebuild"
+    elif not (index_path.exists() and embeddings_path.exists()):
+        encode_reason = "no index cached yet" if earlier is None else "the index or its vectors are missing"
+    else:
+        encode_reason = fingerprints.stale_reason(earlier and earlier.get("encoding"), manifest["encoding"])
+    files_reason = encode_reason or fingerprints.stale_reason(earlier and earlier.get("files"), manifest["files"])
+    if files_reason is None and not (corpus_path.exists() and pages_path.exists()):
+        files_reason = "the corpus or pages file is missing"
     build_seconds = None
-    if not rebuild and encoded and (earlier.get("files") != FILES_FORMAT or not pages_path.exists()):
-        # only the files' format changed (URLs, pages): the same rows, so the vectors and the index stay
+    if encode_reason:
+        print(f"building the index in {cache_dir}: {encode_reason}", file=sys.stderr, flush=True)
+    elif files_reason:  # the same rows, so the vectors and the index stay
+        print(f"rewriting the corpus and pages in {cache_dir}: {files_reason}", file=sys.stderr, flush=True)
+    if files_reason:
+        manifest_path.unlink(missing_ok=True)  # written again once every file matches it
         mini_wiki.write_corpus(summaries, corpus_path)
         mini_wiki.write_pages(summaries, pages_path)
-        manifest_path.write_text(json.dumps(manifest, indent=1))
-    elif rebuild or not encoded or not corpus_path.exists():
-        mini_wiki.write_corpus(summaries, corpus_path)
-        mini_wiki.write_pages(summaries, pages_path)
+    if encode_reason:
         config = BuildConfig(
             corpus_path=str(corpus_path),
             index_path=str(index_path),
@@ -84,6 +113,7 @@ def prepare(cache_dir: Path = DEFAULT_CACHE_DIR, rebuild: bool = False, progress
             progress=progress,
         )
         build_seconds = build(config).seconds
+    if files_reason:
         manifest_path.write_text(json.dumps(manifest, indent=1))
     titles = {summary["title"] for summary in summaries}
     return MiniWikiAssets(corpus_path, pages_path, index_path, embeddings_path, model_dir, titles, build_seconds)
@@ -173,7 +203,32 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.concurrency < 1:
         parser.error(f"--concurrency must be at least 1, got {args.concurrency}")
+    for signum in STOPPING:
+        signal.signal(signum, _stop)
+    try:
+        return run(args)
+    except KeyboardInterrupt as stopped:  # the server, if started, was stopped on the way out
+        signum = getattr(stopped, "signum", signal.SIGINT)
+        print(f"\nstopped by {signal.Signals(signum).name}", file=sys.stderr)
+        return 128 + signum
 
+
+class Stopped(KeyboardInterrupt):
+    """A signal that ends the demo as Ctrl-C does: every `with` on the way out runs (the server is stopped)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # Ctrl-C, kill, the terminal closing
+
+
+def _stop(signum, _frame) -> None:
+    raise Stopped(signum)
+
+
+def run(args: argparse.Namespace) -> int:
     assets = prepare(args.cache_dir, rebuild=args.rebuild)
     flags = server_flags(assets.model_dir, assets.index_path, assets.corpus_path, pages_path=assets.pages_path)
     if args.print_server_flags:  # stdout carries only the flags (the wrapper reads them); progress goes to stderr
@@ -186,31 +241,40 @@ def main(argv: list[str] | None = None) -> int:
     questions = mini_wiki.fanoutqa_questions(assets.titles, single_value_only=not args.all_answers)
 
     log_path = args.cache_dir / "server.log"
-    with ServerProcess(flags, log_path=log_path, port=args.port) as server:
+    # die_with_parent: even a demo killed with SIGKILL takes its server along
+    server = ServerProcess(flags, log_path=log_path, port=args.port, die_with_parent=True)
+    try:
+        server.spawn()
+        print(f"starting the retrieval server (pid {server.process.pid})", flush=True)
+        server.wait_ready()
         print(f"server ready at {server.url} after {server.startup_seconds:.1f} s (log: {log_path})")
-        hits, latencies, seconds = asyncio.run(
-            ask_all(server.url, [q.question for q in questions], topk=3, concurrency=args.concurrency)
-        )
-        expected = [q.evidence_title for q in questions]
-        recall1, recall3 = recall_at(hits, expected, 1), recall_at(hits, expected, 3)
-        p50, p90, p99 = (np.percentile(latencies, p) * 1000 for p in (50, 90, 99))
-        print(f"\nFanOutQA dev sub-questions with their evidence page in the corpus: {len(questions)}")
-        print(f"recall@1 {recall1:.3f}   recall@3 {recall3:.3f}   (target recall@3 >= {RECALL_AT_3_TARGET})")
-        print(f"latency p50 {p50:.0f} ms   p90 {p90:.0f} ms   p99 {p99:.0f} ms   at {args.concurrency} in flight")
-        print(f"throughput {len(questions) / seconds:.1f} queries/s over {seconds:.1f} s")
-        top_urls = list(dict.fromkeys(query_hits[0]["document"]["url"] for query_hits in hits))[:50]
-        found, nulls, latencies = asyncio.run(access_round_trip(server.url, top_urls))
-        print(
-            f"access: the pages of {found} of {len(top_urls)} top hits by URL (p50 "
-            f"{np.percentile(latencies, 50) * 1000:.0f} ms), and null for {nulls} URL no page has"
-        )
-        if args.serve:
-            print(f"\nserving at {server.url}/retrieve until Ctrl-C")
-            try:
-                server.process.wait()
-            except KeyboardInterrupt:
-                pass
-    return 0 if recall3 >= RECALL_AT_3_TARGET and found == len(top_urls) and nulls == 1 else 1
+        passed = measure(server.url, questions, args.concurrency)
+        if args.serve:  # until a signal (Stopped), which stops the server on the way out
+            print(f"\nserving at {server.url}/retrieve until Ctrl-C", flush=True)
+            server.process.wait()
+    finally:
+        server.stop()
+    print("\nnext: the plugin's episodes on this index, offline: make rollout-demo")
+    return 0 if passed else 1
+
+
+def measure(url: str, questions: list[mini_wiki.EvalQuestion], concurrency: int) -> bool:
+    """Recall, latency and throughput over `questions`, then /access for the top hits; whether the targets hold."""
+    hits, latencies, seconds = asyncio.run(ask_all(url, [q.question for q in questions], 3, concurrency))
+    expected = [q.evidence_title for q in questions]
+    recall1, recall3 = recall_at(hits, expected, 1), recall_at(hits, expected, 3)
+    p50, p90, p99 = (np.percentile(latencies, p) * 1000 for p in (50, 90, 99))
+    print(f"\nFanOutQA dev sub-questions with their evidence page in the corpus: {len(questions)}")
+    print(f"recall@1 {recall1:.3f}   recall@3 {recall3:.3f}   (target recall@3 >= {RECALL_AT_3_TARGET})")
+    print(f"latency p50 {p50:.0f} ms   p90 {p90:.0f} ms   p99 {p99:.0f} ms   at {concurrency} in flight")
+    print(f"throughput {len(questions) / seconds:.1f} queries/s over {seconds:.1f} s")
+    top_urls = list(dict.fromkeys(query_hits[0]["document"]["url"] for query_hits in hits))[:50]
+    found, nulls, latencies = asyncio.run(access_round_trip(url, top_urls))
+    print(
+        f"access: the pages of {found} of {len(top_urls)} top hits by URL (p50 "
+        f"{np.percentile(latencies, 50) * 1000:.0f} ms), and null for {nulls} URL no page has"
+    )
+    return recall3 >= RECALL_AT_3_TARGET and found == len(top_urls) and nulls == 1
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 
-def _looks_like_a_path(value: str) -> bool:
+def looks_like_a_path(value: str) -> bool:
     # Hub ids are "name" or "org/name"; anything else with a slash, or starting like a path, is a path.
     return value.startswith((".", "/", "~")) or "\\" in value or value.count("/") > 1 or value.endswith("/")
 
@@ -24,7 +24,7 @@ def check_model_source(value: str) -> str:
     if path.exists():
         raise ValueError(f"{value}: not a directory ({path.resolve()})")
     missing = f"{value}: no such directory ({path.resolve()})"
-    if _looks_like_a_path(value):
+    if looks_like_a_path(value):
         raise ValueError(missing)
     import huggingface_hub
     from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError

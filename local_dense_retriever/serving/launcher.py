@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from local_dense_retriever.retrieval.memory_plan import E5_BASE_PARAMETERS, MemoryPlan, gib, plan_memory
+from local_dense_retriever.retrieval.model_source import looks_like_a_path
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the repository: local_dense_retriever is importable from it
 # What retrieval_server.py imports; the wrapper checks the retriever's Python has them before it starts the server.
@@ -112,31 +113,43 @@ def probe() -> None:
 
 
 def preflight(python: str, flags: list[str], host: str, port: int) -> ServerFacts:
-    """What would stop the server, refused before it starts (and before any GPU is spent on training); returns what
-    the index's memory plan needs (server_layout(), then the caller's check beside training)."""
+    """What would stop the server, refused before it starts (and before any GPU is spent on training): every problem
+    at once (the retriever's Python and its modules, each missing file, the port); returns what the index's memory
+    plan needs (server_layout(), then the caller's check beside training)."""
     index_path = flag_value(flags, "--index_path") or ""
+    problems, answer = [], None
     try:
         result = subprocess.run([python, "-c", PROBE, str(PACKAGE_ROOT), index_path], capture_output=True,
                                 text=True, timeout=120)  # fmt: skip
     except FileNotFoundError:
-        raise PreflightError(f"the retriever's Python '{python}' not found (RETRIEVER_PYTHON)") from None
-    if result.returncode != 0:
-        raise PreflightError(f"the retriever's Python '{python}' does not run: {result.stderr.strip()[-300:]}")
-    answer = json.loads(result.stdout.strip().splitlines()[-1])
-    if answer["missing"]:
-        raise PreflightError(
+        problems.append(f"the retriever's Python '{python}' not found (RETRIEVER_PYTHON)")
+    else:
+        if result.returncode != 0:
+            problems.append(f"the retriever's Python '{python}' does not run: {result.stderr.strip()[-300:]}")
+        else:
+            answer = json.loads(result.stdout.strip().splitlines()[-1])
+    if answer and answer["missing"]:
+        problems.append(
             f"the retriever's Python '{python}' lacks: {' '.join(answer['missing'])}; install them there (pip "
             f"install -e '{PACKAGE_ROOT}[retriever]') or point RETRIEVER_PYTHON at the right environment"
         )
-    for flag, what in (("--corpus_path", "corpus"), ("--index_path", "index")):
+    for flag, what in (("--corpus_path", "corpus"), ("--index_path", "index"), ("--pages_path", "pages")):
         path = flag_value(flags, flag)
         if path is not None and not os.path.exists(path):
-            raise PreflightError(f"{what} not found: {path} ({flag}; see local_dense_retriever/README.md)")
+            problems.append(f"{what} not found: {path} ({flag}; see local_dense_retriever/README.md)")
+    model = flag_value(flags, "--retriever_model")
+    if model is not None and looks_like_a_path(model) and not os.path.isdir(os.path.expanduser(model)):
+        problems.append(f"encoder not found: {model} (--retriever_model: a model directory or a Hugging Face id)")
     if not port_free(host, port):
-        raise PreflightError(
+        problems.append(
             f"port {port} on {host} is in use (see: ss -ltnp 'sport = :{port}'); stop what holds it, or choose "
             "another port in RETRIEVAL_SERVER_URL, or use the running server with START_RETRIEVER=0"
         )
+    if len(problems) == 1:
+        raise PreflightError(problems[0])
+    if problems:
+        raise PreflightError(f"the retrieval server cannot start ({len(problems)} problems):\n  - " +
+                             "\n  - ".join(problems))  # fmt: skip
     return ServerFacts(**answer["facts"])
 
 
@@ -260,7 +273,11 @@ class ServerProcess:
         self.die_with_parent = die_with_parent
 
     def __enter__(self) -> "ServerProcess":
-        self.start()
+        try:
+            self.start()
+        except BaseException:  # a start cut short (Ctrl-C, a signal, a timeout) stops what it spawned
+            self.stop()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:

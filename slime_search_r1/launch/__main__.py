@@ -43,8 +43,11 @@ def main(argv: list[str] | None = None) -> int:
             Path(describe_to).write_text(json.dumps(describe(launch)))
             return 0
         missing = missing_paths(launch)
-        if missing and not launch.knobs.dry_run:
+        if len(missing) == 1 and not launch.knobs.dry_run:
             raise ConfigError(f"{missing[0]} (set the variable or flag that names it: see --help)")
+        if missing and not launch.knobs.dry_run:
+            raise ConfigError(f"{len(missing)} paths are missing (set the variable or flag that names each: see "
+                              "--help):\n  - " + "\n  - ".join(missing))  # fmt: skip
         for warning in [*launch.warnings, *missing]:
             print(f"{ray_job.PROG}: warning: {warning}", file=sys.stderr)
         if launch.knobs.dry_run:

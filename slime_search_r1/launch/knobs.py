@@ -130,10 +130,13 @@ TRAINING = _knobs(
 # run prints each with where its flag's value came from.
 SCRIPT_PATHS = {"HF_CHECKPOINT": "--hf-checkpoint", "REF_LOAD": "--ref-load", "PROMPT_DATA": "--prompt-data"}
 
+# Where the retriever's Python is looked for, first found first: an environment of its own, then the project's (what
+# `make install` creates), then the PATH's.
+RETRIEVER_PYTHONS = (REPO / "local_dense_retriever" / ".venv" / "bin" / "python", REPO / ".venv" / "bin" / "python")
+
 
 def _retriever_python(_: dict) -> str:
-    local = REPO / "local_dense_retriever" / ".venv" / "bin" / "python"
-    return str(local) if local.is_file() else "python3"
+    return next((str(path) for path in RETRIEVER_PYTHONS if path.is_file()), "python3")
 
 
 WRAPPER = _knobs(
@@ -142,7 +145,8 @@ WRAPPER = _knobs(
     Setting("start_retriever", "auto", Choice(("auto", "0")), "START_RETRIEVER",
             "auto: start a server when RETRIEVAL_SERVER_URL is one local URL; 0: use the running one"),
     Setting("retriever_python", _retriever_python, Text(), "RETRIEVER_PYTHON",
-            "the retriever environment's Python (local_dense_retriever/.venv when it exists)"),
+            "the retriever environment's Python (local_dense_retriever/.venv, else the project's .venv, when it "
+            "exists)"),
     Setting("retriever_preset", "none", Choice(("none", "embedded")), "RETRIEVER_PRESET",
             "embedded: the mini-Wikipedia + MiniLM index, built on first use (the paths below are then ignored)"),
     Setting("retriever_index_path", "/root/Index/e5_Flat.index", Text(), "RETRIEVER_INDEX_PATH", "--index_path"),

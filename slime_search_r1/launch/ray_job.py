@@ -1,6 +1,7 @@
-"""A real run: the runtime env in a private file, a Ray head only when none answers, the job; on exit, Ctrl-C or
-SIGTERM, the job it submitted (`ray job stop`: Ctrl-C only stops `ray job submit` from tailing the logs) and the
-head it started are stopped. Nothing else is touched: nothing is killed by name, a running cluster is left as it is.
+"""A real run: the runtime env in a private file, a Ray head only when none answers, the job; on exit, Ctrl-C,
+SIGTERM or SIGHUP, the job it submitted (`ray job stop`: Ctrl-C only stops `ray job submit` from tailing the logs)
+and the head it started, from the moment it exists, are stopped. Nothing else is touched: nothing is killed by name,
+a running cluster is left as it is.
 """
 
 import os
@@ -14,7 +15,7 @@ from pathlib import Path
 
 from slime_search_r1.launch.command import Launch
 from slime_search_r1.launch.printed import head_command, runtime_env_json, submit_command, viewer_command
-from slime_search_r1.launch.signals import Stopped, ignore_signals, stop_on_signals
+from slime_search_r1.launch.signals import Stopped, holding, ignore_signals, stop_on_signals
 from slime_search_r1.settings import ConfigError
 
 PROG = "run_qwen2.5_3B.sh"
@@ -33,10 +34,15 @@ def dashboard_up(url: str) -> bool:
 
 
 def start_head(launch: Launch, log_path: Path) -> subprocess.Popen:
-    command, knobs = head_command(launch), launch.knobs
+    """The head, started; wait_for_head() then waits until it answers."""
+    command = head_command(launch)
     info(f"starting a Ray head: {' '.join(command)}")
     with open(log_path, "wb") as log:  # its own session: a Ctrl-C in the terminal is ours to pass on, in order
-        head = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for_head(launch: Launch, head: subprocess.Popen, log_path: Path) -> None:
+    knobs = launch.knobs
     deadline = time.monotonic() + knobs.ray_start_timeout
     while not dashboard_up(knobs.ray_dashboard_url):
         if head.poll() is not None:
@@ -47,7 +53,6 @@ def start_head(launch: Launch, log_path: Path) -> subprocess.Popen:
             raise ConfigError(f"the Ray dashboard did not answer at {knobs.ray_dashboard_url} within "
                               f"{knobs.ray_start_timeout:g} s (RAY_START_TIMEOUT)")  # fmt: skip
         time.sleep(1)
-    return head
 
 
 def stop_head(head: subprocess.Popen) -> None:
@@ -79,12 +84,15 @@ def run(launch: Launch) -> int:
             elif knobs.start_ray == "0":
                 raise ConfigError(f"START_RAY=0 but no Ray cluster answers at {knobs.ray_dashboard_url}; start one or "
                                   "set START_RAY=auto")  # fmt: skip
-            else:
-                head = start_head(launch, Path(run_dir) / "ray_head.log")
+            else:  # the head is ours from the moment it exists: a signal or a failed start stops it (finally)
+                with holding():
+                    head = start_head(launch, Path(run_dir) / "ray_head.log")
+                wait_for_head(launch, head, Path(run_dir) / "ray_head.log")
             if knobs.dump_dir:
                 info(f"dumps go to {knobs.dump_dir}; see them with: {viewer_command(launch)}")
             info(f"submitting job {knobs.job_id}")
-            job = subprocess.Popen(submit_command(launch, str(env_file)), start_new_session=True)
+            with holding():
+                job = subprocess.Popen(submit_command(launch, str(env_file)), start_new_session=True)
             code = job.wait()
             finished = True
             return code

@@ -8,9 +8,9 @@ session, stopped together (what run_qwen2.5_3B_with_retrieval.sh runs).
 2. starts the retrieval server (a child of this process, stopped by its PID) and shows its log in tmux window
    "retriever"; waits until it is ready (GET /health, RETRIEVER_STARTUP_TIMEOUT);
 3. starts training (TRAIN_CMD) in window "training", its output also in a log;
-4. waits for training to exit, or for the server to die; on exit, Ctrl-C or SIGTERM it stops exactly what it
-   started (training first, by Ctrl-C in its window, then the server) and exits with training's exit code (1 if
-   the server died first).
+4. waits for training to exit, or for the server to die; on exit, Ctrl-C, SIGTERM or SIGHUP (from the checks on)
+   it stops exactly what it started (training first, by Ctrl-C in its window, then the server) and exits with
+   training's exit code (1 if the server died first).
 The retrieval URL and the search backend are the plugin's settings, resolved as training resolves them (the dict in
 generate_with_search.py, then the environment): one local URL gets a server started here; a non-local URL, several
 URLs or START_RETRIEVER=0 are used as they are. Watch it with: tmux attach -t slime-search-r1
@@ -52,7 +52,7 @@ from slime_search_r1.launch.retriever_memory import (
     gpu_memory_total,
     node_retriever_environment,
 )
-from slime_search_r1.launch.signals import Stopped, ignore_signals, stop_on_signals
+from slime_search_r1.launch.signals import Stopped, holding, ignore_signals, run_child, stop_on_signals
 from slime_search_r1.settings import ConfigError, Section, read_environment, resolve_config, search_r1_configs
 
 PROG = "run_qwen2.5_3B_with_retrieval.sh"
@@ -122,10 +122,11 @@ class Tmux:
     def window(self, name: str, command: str) -> int:
         """A window running `command` (a shell line) in the session, created with it if needed; its pane's PID."""
         where = ["new-window", "-t", f"{self.session}:"] if self.created else ["new-session", "-s", self.session]
-        made = self.run(*where, "-d", "-P", "-F", "#{pane_pid}", "-n", name, "-c", os.getcwd(), command)
+        with holding():  # a stop waits until the session is known to exist (then the cleanup closes it)
+            made = self.run(*where, "-d", "-P", "-F", "#{pane_pid}", "-n", name, "-c", os.getcwd(), command)
+            self.created = self.created or made.returncode == 0
         if made.returncode != 0:
             raise Failed(f"tmux could not open window '{name}': {made.stderr.strip()}")
-        self.created = True
         return int(made.stdout.strip())
 
     def attach_hint(self) -> str:
@@ -146,7 +147,7 @@ def server_flags(knobs: Section) -> list[str]:
         info(f"preparing the embedded mini-Wikipedia index (built once, cached under {REPO}/.cache; minutes on CPU)")
         try:
             command = [knobs.retriever_python, "-m", "local_dense_retriever.demo", "--print_server_flags"]
-            printed = subprocess.run(command, cwd=REPO, stdout=subprocess.PIPE, text=True)
+            printed = run_child(command, cwd=REPO, stdout=subprocess.PIPE, text=True)
         except FileNotFoundError:
             raise Failed(f"the retriever's Python '{knobs.retriever_python}' not found (RETRIEVER_PYTHON)") from None
         flags = [line for line in printed.stdout.splitlines() if line]
@@ -207,20 +208,17 @@ def ask_training(train_cmd: str) -> TrainingGpus | None:
         answer = Path(folder) / "training.json"
         env = {k: v for k, v in os.environ.items() if k not in NODE_RETRIEVER_VARIABLES}
         env.update({DESCRIBE_VARIABLE: str(answer), "DRY_RUN": "1"})  # DRY_RUN: a launch without the variable
-        process = subprocess.Popen(["bash", "-c", train_cmd], env=env, stdin=subprocess.DEVNULL,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   start_new_session=True)  # fmt: skip
-        try:
-            _, err = process.communicate(timeout=DESCRIBE_TIMEOUT)
+        try:  # in a session of its own: on a timeout or a stop, what it started is killed, and only that
+            asked = run_child(["bash", "-c", train_cmd], timeout=DESCRIBE_TIMEOUT, new_session=True, env=env,
+                              stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)  # fmt: skip
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)  # its own session: what this call started, and only that
-            process.communicate()
             info(f"TRAIN_CMD did not say what training holds in {DESCRIBE_TIMEOUT} s; {unknown}")
             return None
-        if process.returncode != 0:
-            last = (err.strip().splitlines() or ["(no output)"])[-1]
+        if asked.returncode != 0:
+            last = (asked.stderr.strip().splitlines() or ["(no output)"])[-1]
             raise Failed(f"training would not start (TRAIN_CMD's launch, asked first: exit code "
-                         f"{process.returncode}): {last}")  # fmt: skip
+                         f"{asked.returncode}): {last}")  # fmt: skip
         if not answer.exists():
             info(f"TRAIN_CMD ran without saying what training holds (a launch older than this wrapper?); {unknown}")
             return None
@@ -340,6 +338,8 @@ def run(plugin: Path, knobs: Section) -> int:
     port = split.port or (443 if split.scheme == "https" else 80)
     node_env = {}
     if start_local:
+        if knobs.retriever_preset == "embedded":  # its Python and the port first: preparing the index needs both
+            preflight(knobs.retriever_python, [], knobs.retriever_host, port)
         flags, prefix = server_flags(knobs), cpu_prefix(knobs)
         facts = preflight(knobs.retriever_python, flags, knobs.retriever_host, port)
         node_env = check_memory(knobs, flags, facts)
@@ -349,7 +349,6 @@ def run(plugin: Path, knobs: Section) -> int:
     retriever_log, training_log = logs / f"retrieval_server_{stamp}.log", logs / f"training_{stamp}.log"
     run_dir = Path(tempfile.mkdtemp(prefix="search-r1-wrapper."))  # mode 700: the environment file holds secrets
     pane = None
-    stop_on_signals()
     try:
         if start_local:
             server = ServerProcess(flags, retriever_log, port=port, startup_timeout=knobs.retriever_startup_timeout,
@@ -358,7 +357,8 @@ def run(plugin: Path, knobs: Section) -> int:
                                    die_with_parent=True)  # fmt: skip
             info(f"starting the retrieval server on {knobs.retriever_host}:{port} in tmux window 'retriever' (log: "
                  f"{retriever_log})")  # fmt: skip
-            server.spawn()
+            with holding():
+                server.spawn()
             tmux.window("retriever", shlex.join(["tail", "-n", "+1", "-F", str(retriever_log)]))
         else:
             info(f"using the retrieval server(s) at {', '.join(bases)}; none is started here")
@@ -413,7 +413,10 @@ def main(argv: list[str] | None = None) -> int:
         if argv:
             raise Failed(f"unknown argument '{argv[0]}'; settings are environment variables (see --help)")
         knobs, _ = read_environment(WRAPPER.values(), os.environ)
+        stop_on_signals()  # from the checks on: what they start (the index's preparation, the launch asked) stops too
         return run(plugin, knobs)
+    except Stopped as stopped:
+        return stopped.code
     except (Failed, ConfigError, PreflightError) as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1

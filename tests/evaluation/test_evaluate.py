@@ -278,7 +278,9 @@ def test_missing_slime_exits_2_with_a_message(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_info:
         evaluate.load_plugin()
     assert exit_info.value.code == 2
-    assert "slime is not importable" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "slime is not importable" in err
+    assert "make rollout-demo" in err and "PYTHONPATH=tests/slime_stub" in err  # the offline way is offered
 
 
 def test_chat_mode_keeps_the_messages_and_reads_tools_from_the_file(

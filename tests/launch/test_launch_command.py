@@ -219,7 +219,9 @@ def test_a_missing_path_warns_in_a_dry_run_and_stops_a_real_run(dry_run, refused
         "warning: Hugging Face checkpoint (--hf-checkpoint) not found: /nowhere"
         in dry_run("--hf-checkpoint", "/nowhere").stderr
     )
-    assert "error: slime's train.py (SLIME_DIR) not found: /root/slime/train.py" in refused(RAY_BIN="/no/ray")
+    error = refused(RAY_BIN="/no/ray")  # every missing path of the real run, at once
+    assert "error: 5 paths are missing" in error
+    assert "\n  - slime's train.py (SLIME_DIR) not found: /root/slime/train.py\n" in error
 
 
 # ---- fully asynchronous ---------------------------------------------------------------------------------------

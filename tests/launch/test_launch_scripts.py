@@ -17,6 +17,7 @@ import pytest
 
 from slime_search_r1.launch.command import FLAG_SHAPING
 from slime_search_r1.slime_flags import DEFAULT_ROLLOUT, FULLY_ASYNC_ROLLOUT
+from support import process_tree
 from support.fake_ray import VersionHandler
 from support.interrupt import interruptible
 from support.launch_runs import REPO, SCRIPT, DryRun, clean_env, dry_run_script, run_script
@@ -296,7 +297,7 @@ def test_a_failed_job_fails_the_script(slime_tree):
     assert [call["event"] for call in ray_calls(env)][-1] == "head-stopped"
 
 
-@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130), (signal.SIGHUP, 129)])
 def test_a_signal_stops_the_job_it_submitted_and_the_head_it_started(slime_tree, signum, code):
     env = clean_env(**slime_tree, TRAIN_HOLD="1")
     # SIGINT's default action restored: a suite started without job control hands its children SIGINT ignored
@@ -307,10 +308,12 @@ def test_a_signal_stops_the_job_it_submitted_and_the_head_it_started(slime_tree,
         assert fifo.read() == "started"
     submitted = next(c for c in ray_calls(env) if c["event"] == "job-submitted")
     head = next(c for c in ray_calls(env) if c["event"] == "head-started")
+    started = process_tree.tree(process.pid)
 
     try:
         process.send_signal(signum)  # to the script alone, not its process group
         process.communicate(timeout=60)
+        assert process_tree.survivors(started) == []  # every process it had started, found by PID
         assert process.returncode == code
         stops = [c for c in ray_calls(env) if c["event"] == "job-stop"]
         assert [c["job_id"] for c in stops] == [submitted["job_id"]]
@@ -321,6 +324,38 @@ def test_a_signal_stops_the_job_it_submitted_and_the_head_it_started(slime_tree,
         for pid in (submitted["job_pid"], submitted["pid"], head["pid"], process.pid):
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_signal_while_the_head_starts_stops_the_head(slime_tree, tmp_path, signum):
+    """A head that has not answered yet is already the run's own: a signal then stops it too."""
+    starting = tmp_path / "head_starting"
+    os.mkfifo(starting)
+    slow = tmp_path / "slow_bin"
+    slow.mkdir()
+    (slow / "ray").write_text(  # `ray start` that never answers on its dashboard (a head still loading)
+        f'#!/bin/sh\nif [ "$1" = start ]; then echo starting > {starting}; exec sleep 300; fi\n'
+        f'exec {sys.executable} {FAKE_RAY} "$@"\n'
+    )
+    (slow / "ray").chmod(0o755)
+    env = clean_env(**{**slime_tree, "PATH": f"{slow}{os.pathsep}{slime_tree['PATH']}"})
+    process = subprocess.Popen(interruptible(["bash", str(SCRIPT)]), env=env, stderr=subprocess.PIPE, text=True)
+    started = []
+    try:
+        with open(starting) as fifo:  # returns once the head runs: an event, not a polling window
+            assert fifo.read() == "starting\n"
+        started = process_tree.tree(process.pid)
+        assert len(started) == 2, started  # the launch (bash and its python, one PID) and the head
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=120)  # the head gets 60 s after SIGTERM; only against a hang
+        assert process_tree.survivors(started) == []
+        assert process.returncode == 128 + signum, err
+        assert "stopping the Ray head this run started" in err
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+        process_tree.kill(started)
 
 
 def test_a_running_cluster_is_used_and_left_running(slime_tree):
@@ -345,10 +380,21 @@ def test_a_running_cluster_is_used_and_left_running(slime_tree):
     assert "START_RAY=0 but no Ray cluster answers" in refused.stderr
 
 
-def test_a_real_run_stops_at_the_first_missing_path_before_ray(slime_tree):
+def test_a_real_run_stops_at_a_missing_path_before_ray(slime_tree):
     result = run_script(**{**slime_tree, "PROMPT_DATA": "/nonexistent/train.parquet"})
     assert result.returncode == 1
     assert "error: training data (--prompt-data) not found: /nonexistent/train.parquet" in result.stderr
+    assert ray_calls(slime_tree) == []
+
+
+def test_a_real_run_names_every_missing_path_at_once(slime_tree):
+    missing = {"PROMPT_DATA": "/nonexistent/train.parquet", "HF_CHECKPOINT": "/nonexistent/Qwen2.5-3B",
+               "REF_LOAD": "/nonexistent/Qwen2.5-3B_torch_dist"}  # fmt: skip
+    result = run_script(**{**slime_tree, **missing})
+    assert result.returncode == 1
+    assert "error: 3 paths are missing" in result.stderr
+    for variable, path in missing.items():
+        assert f"not found: {path}" in result.stderr, variable
     assert ray_calls(slime_tree) == []
 
 

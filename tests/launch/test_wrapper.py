@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from support import process_tree
 from support.fake_retriever import FakeRetriever
 from support.interrupt import interruptible
 from support.launch_runs import edited_copy
@@ -233,7 +234,13 @@ def read_when_written(fifo: Path, writer_parent: subprocess.Popen) -> str:
         return reader.read()
 
 
-def test_ctrl_c_stops_training_and_the_retriever(wrapper_env, tmp_path):
+def tmux_server_pid(env) -> int:
+    return int(subprocess.run(["tmux", "display-message", "-p", "#{pid}"], env=env, capture_output=True, text=True,
+                              check=True).stdout)  # fmt: skip
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_signal_stops_training_and_the_retriever(wrapper_env, tmp_path, signum):
     started = tmp_path / "training_started"
     os.mkfifo(started)
     training = tmp_path / "long_training.py"
@@ -249,20 +256,79 @@ def test_ctrl_c_stops_training_and_the_retriever(wrapper_env, tmp_path):
     )
     env = {**wrapper_env, "TRAIN_CMD": f"{sys.executable} {training} {started}"}
     process = subprocess.Popen(interruptible(["bash", str(WRAPPER)]), env=env, stderr=subprocess.PIPE, text=True)
+    recorded = []
     try:
         assert read_when_written(started, process) == "started", process.stderr.read()
         assert retriever_pids(port_of(env))
+        # what it started: the server (its child), and tmux's server with the two windows and training in them
+        recorded = process_tree.tree(process.pid, tmux_server_pid(env))
+        assert any(str(training) in p.command for p in recorded)
 
-        process.send_signal(signal.SIGINT)  # Ctrl-C in the wrapper's terminal
+        process.send_signal(signum)  # Ctrl-C in the wrapper's terminal, kill, the terminal closing
         # The wrapper's own bounds, in wall-clock time: SHUTDOWN_TIMEOUT s for training, 10 s after SIGTERM, 15 s
         # for the server; this guard is only against a hang.
         _, err = process.communicate(timeout=int(env["SHUTDOWN_TIMEOUT"]) + 10 + 15 + 60)
+        assert process_tree.survivors(recorded) == []
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode == 130, err  # training's own exit code after it handled Ctrl-C
-    assert "training interrupted" in logs(env, "training")  # it was asked to stop, not killed
+        process_tree.kill(recorded)
+    assert process.returncode == 128 + signum, err
+    assert "training interrupted" in logs(env, "training")  # it was asked to stop (Ctrl-C in its window), not killed
     assert_all_stopped(env)
+
+
+def blocking_step(fifo: Path) -> str:
+    """A shell line that says it started on `fifo`, then runs until stopped (a step that takes minutes)."""
+    return f"echo started > {fifo}; exec sleep 300"
+
+
+def assert_a_signal_stops_what_the_checks_started(env, fifo: Path, signum: int) -> None:
+    process = subprocess.Popen(interruptible(["bash", str(WRAPPER)]), env=env, stderr=subprocess.PIPE, text=True)
+    recorded = []
+    try:
+        assert read_when_written(fifo, process) == "started\n", process.stderr.read()
+        recorded = process_tree.tree(process.pid)
+        assert len(recorded) >= 2, recorded  # the wrapper and the step it waits for
+        process.send_signal(signum)
+        _, err = process.communicate(timeout=120)  # only against a hang
+        assert process_tree.survivors(recorded) == []
+        assert process.returncode == 128 + signum, err
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process_tree.kill(recorded)
+    assert not tmux_server_running(env)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_a_signal_while_the_embedded_index_is_prepared_stops_the_preparation(wrapper_env, tmp_path, signum):
+    """RETRIEVER_PRESET=embedded prepares the index first (minutes, the first time): a signal then stops it too."""
+    preparing = tmp_path / "preparing"
+    os.mkfifo(preparing)
+    shim = tmp_path / "retriever_python"
+    shim.write_text(
+        "#!/usr/bin/env bash\n"
+        f'if [[ "$*" == "-m local_dense_retriever.demo --print_server_flags" ]]; then {blocking_step(preparing)}; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    shim.chmod(0o755)
+    env = {**wrapper_env, "RETRIEVER_PRESET": "embedded", "RETRIEVER_PYTHON": str(shim), "TRAIN_CMD": "exit 0"}
+    assert_a_signal_stops_what_the_checks_started(env, preparing, signum)
+
+
+def test_a_signal_while_the_launch_is_asked_what_training_holds_stops_that_launch(wrapper_env, tmp_path):
+    """A server on GPUs: the wrapper asks TRAIN_CMD's launch what training holds (its own session, up to 120 s)."""
+    asked = tmp_path / "asked"
+    os.mkfifo(asked)
+    launch = tmp_path / "launch.sh"
+    launch.write_text(blocking_step(asked) + "\n")
+    env = {
+        **wrapper_env,
+        "RETRIEVER_EXTRA_ARGS": "--num_threads 1 --torch_search 0",  # a layout on GPU 0
+        "TRAIN_CMD": f"bash {launch} -m slime_search_r1.launch",  # what a command that runs the launch looks like
+    }
+    assert_a_signal_stops_what_the_checks_started(env, asked, signal.SIGTERM)
 
 
 @pytest.mark.parametrize("how", ["non-local URL", "START_RETRIEVER=0"])
@@ -327,6 +393,62 @@ def test_bad_settings_fail_before_anything_starts(wrapper_env, override, message
     assert message in result.stderr and result.stderr.count("\n") == 1  # one line
     assert not tmux_server_running(wrapper_env)
     assert not Path(wrapper_env["LOG_DIR"]).exists()
+
+
+def bare_python(folder: Path) -> Path:
+    """A `python3` without the project's packages (site-packages off): what a fresh machine's PATH gives."""
+    folder.mkdir()
+    (folder / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    (folder / "python3").chmod(0o755)
+    return folder / "python3"
+
+
+def test_in_a_fresh_clone_the_checks_use_the_projects_environment(wrapper_env, tmp_path):
+    """RETRIEVER_PYTHON unset: the project's .venv (what `make install` made) runs the server, not the PATH's
+    python3; a missing index is then the only problem named, with the corpus, in one run."""
+    clone = edited_copy(tmp_path / "clone", "")
+    (clone / ".venv").symlink_to(Path(sys.prefix))
+    bare = bare_python(tmp_path / "bin")
+    env = {k: v for k, v in wrapper_env.items() if k != "RETRIEVER_PYTHON"}
+    env.update(
+        PATH=f"{bare.parent}{os.pathsep}{env['PATH']}",
+        PYTHON_BIN=sys.executable,
+        TRAIN_CMD="exit 0",
+        RETRIEVER_INDEX_PATH="/nonexistent/e5_Flat.index",
+        RETRIEVER_CORPUS_PATH="/nonexistent/wiki-18.jsonl",
+    )
+    result = run_wrapper(env, timeout=60, script=clone / WRAPPER.name)
+    assert result.returncode == 1
+    assert "lacks" not in result.stderr, result.stderr
+    assert "error: the retrieval server cannot start (2 problems):" in result.stderr
+    assert "\n  - corpus not found: /nonexistent/wiki-18.jsonl" in result.stderr
+    assert "\n  - index not found: /nonexistent/e5_Flat.index" in result.stderr
+    assert not tmux_server_running(env)
+
+
+def test_every_missing_package_and_file_is_named_at_once(wrapper_env, tmp_path):
+    bare = bare_python(tmp_path / "bin")
+    env = {
+        **wrapper_env,
+        "RETRIEVER_PYTHON": str(bare),
+        "TRAIN_CMD": "exit 0",
+        "RETRIEVER_INDEX_PATH": "/nonexistent/e5_Flat.index",
+        "RETRIEVER_CORPUS_PATH": "/nonexistent/wiki-18.jsonl",
+        "RETRIEVER_MODEL": "/nonexistent/e5-base-v2",
+        "RETRIEVER_EXTRA_ARGS": "--pages_path /nonexistent/pages.jsonl",
+    }
+    result = run_wrapper(env, timeout=60)
+    assert result.returncode == 1
+    assert "error: the retrieval server cannot start (5 problems):" in result.stderr
+    lines = result.stderr.splitlines()[1:]
+    assert lines[0].startswith(f"  - the retriever's Python '{bare}' lacks: torch transformers faiss")
+    assert lines[1:] == [
+        "  - corpus not found: /nonexistent/wiki-18.jsonl (--corpus_path; see local_dense_retriever/README.md)",
+        "  - index not found: /nonexistent/e5_Flat.index (--index_path; see local_dense_retriever/README.md)",
+        "  - pages not found: /nonexistent/pages.jsonl (--pages_path; see local_dense_retriever/README.md)",
+        "  - encoder not found: /nonexistent/e5-base-v2 (--retriever_model: a model directory or a Hugging Face id)",
+    ]
+    assert not tmux_server_running(env)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning to one CPU must differ from the default")

@@ -8,8 +8,13 @@ under test loads it exactly as slime does: `AutoTokenizer.from_pretrained(path)`
 """
 
 import importlib.util
+import json
 import os
+import shutil
+import sys
 from pathlib import Path
+
+from local_dense_retriever.building.fingerprints import file_digest, package_versions, stale_reason
 
 # Qwen2's pre-tokenizer split: like cl100k but digits are split one by one.
 QWEN_SPLIT_PATTERN = (
@@ -45,6 +50,7 @@ FIRST_ADDED_ID = 151643
 
 CHAT_TEMPLATE_PATH = Path(__file__).with_name("qwen2_5_chat_template.jinja")
 DEFAULT_CACHE_DIR = Path(__file__).resolve().parents[2] / ".cache" / "qwen2.5-tokenizer"
+MANIFEST = "manifest.json"
 
 
 def qwen_tiktoken_file() -> Path:
@@ -81,13 +87,37 @@ def build_qwen25_tokenizer(out_dir: Path) -> Path:
     tokenizer.chat_template = CHAT_TEMPLATE_PATH.read_text()
     tmp_dir = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     tokenizer.save_pretrained(tmp_dir)
-    os.replace(tmp_dir, out_dir) if not out_dir.exists() else None
+    (tmp_dir / MANIFEST).write_text(json.dumps(tokenizer_key()))
+    old_dir = out_dir.with_name(out_dir.name + f".old{os.getpid()}")
+    if out_dir.exists():
+        os.replace(out_dir, old_dir)
+    os.replace(tmp_dir, out_dir)
+    shutil.rmtree(old_dir, ignore_errors=True)
     return out_dir
 
 
+def tokenizer_key() -> dict:
+    """What the saved tokenizer is made of, by content (no path: a moved cache stays valid)."""
+    return {
+        "ranks": file_digest(qwen_tiktoken_file()),
+        "chat_template": file_digest(CHAT_TEMPLATE_PATH),
+        "added_tokens": QWEN25_ADDED_TOKENS,
+        "split_pattern": QWEN_SPLIT_PATTERN,
+        "versions": package_versions(("transformers", "tokenizers")),
+    }
+
+
 def qwen25_tokenizer_dir(cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
-    """Directory holding the saved tokenizer, built on first use (~20 s) and cached."""
+    """Directory holding the saved tokenizer, built on first use (~20 s) and cached; rebuilt, with one line saying
+    why, when what it is made of changed."""
+    manifest = cache_dir / MANIFEST
     if not (cache_dir / "tokenizer.json").is_file():
+        reason = "nothing is cached yet"
+    else:
+        earlier = json.loads(manifest.read_text()) if manifest.is_file() else {}
+        reason = stale_reason(earlier, json.loads(json.dumps(tokenizer_key())))  # tuples compared as JSON lists
+    if reason:
+        print(f"building the Qwen2.5 tokenizer in {cache_dir}: {reason}", file=sys.stderr, flush=True)
         cache_dir.parent.mkdir(parents=True, exist_ok=True)
         build_qwen25_tokenizer(cache_dir)
     return cache_dir

@@ -2,11 +2,10 @@
 
 The small corpus holds the evidence pages of the first FanOutQA sub-questions plus a deterministic spread of
 other summaries, so relevance can be checked against real questions. Its MiniLM Flat index and embeddings
-are built once with the real index builder and cached in .cache/test-retriever (rebuilt when inputs change).
+are built once with the real index builder and cached in .cache/test-retriever (rebuilt when their content changes).
 """
 
 import contextlib
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -16,7 +15,6 @@ import httpx
 import pytest
 
 from local_dense_retriever.demo import embedded_default, mini_wiki
-from local_dense_retriever.building.index import BuildConfig, build
 from local_dense_retriever.serving.app import create_app
 from local_dense_retriever.serving.config import ServerConfig
 from support.loopback import serve_in_thread
@@ -54,34 +52,10 @@ def _select_summaries() -> tuple[list[dict], list]:
 
 def build_small_wiki(cache_dir: Path = CACHE_DIR) -> SmallWiki:
     summaries, questions = _select_summaries()
-    model_dir = mini_wiki.minilm_model_dir()
-    corpus_path = cache_dir / "small_wiki.jsonl"
-    pages_path = cache_dir / "small_wiki_pages.jsonl"
-    index_path = cache_dir / "minilm_Flat.index"
-    embeddings_path = cache_dir / "minilm_embeddings.npy"
-    manifest_path = cache_dir / "manifest.json"
-    manifest = {
-        "titles": [s["title"] for s in summaries],
-        "model": str(model_dir),
-        "name": RETRIEVER_NAME,
-        "files": embedded_default.FILES_FORMAT,
-    }
-    fresh = manifest_path.exists() and json.loads(manifest_path.read_text()) == manifest
-    if not fresh or not all(p.exists() for p in (corpus_path, pages_path, index_path, embeddings_path)):
-        mini_wiki.write_corpus(summaries, corpus_path)
-        mini_wiki.write_pages(summaries, pages_path)
-        build(
-            BuildConfig(
-                corpus_path=str(corpus_path),
-                index_path=str(index_path),
-                retriever_name=RETRIEVER_NAME,
-                retriever_model=str(model_dir),
-                save_embeddings=str(embeddings_path),
-                progress=False,
-            )
-        )
-        manifest_path.write_text(json.dumps(manifest))
-    return SmallWiki(corpus_path, pages_path, index_path, embeddings_path, model_dir, questions, manifest["titles"])
+    assets = embedded_default.prepare(cache_dir, progress=False, summaries=summaries)
+    titles = [summary["title"] for summary in summaries]
+    return SmallWiki(assets.corpus_path, assets.pages_path, assets.index_path, assets.embeddings_path,
+                     assets.model_dir, questions, titles)  # fmt: skip
 
 
 # Fixtures carry a `name=` so test modules can import them without their parameters shadowing the import.
