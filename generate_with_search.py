@@ -18,7 +18,9 @@ accepted.
 """
 
 import asyncio
+import json
 import logging
+import weakref
 
 from qa_em_format import FormatWeights, read_chat, read_response, score_reading
 from slime.rollout.sglang_rollout import GenerateState
@@ -46,23 +48,40 @@ SEARCH_R1_CONFIGS = search_r1_configs(
         # Keep it a literal dict: the launch script checks it before Ray starts, without importing this file.
     }
 )
-resolve_config(SEARCH_R1_CONFIGS)  # fail at import, not in the middle of a rollout
 
 
+def current_config():
+    """SEARCH_R1_CONFIGS checked, once per content: a script or a test that changes the dict gets it checked again."""
+    key = json.dumps(SEARCH_R1_CONFIGS, sort_keys=True, default=repr)
+    if _resolved.get("key") != key:
+        _resolved.update(key=key, config=resolve_config(SEARCH_R1_CONFIGS))
+    return _resolved["config"]
+
+
+def checked_config(args, evaluation: bool):
+    """current_config(), its agreement with slime's flags checked once per args object (its warnings logged once)."""
+    config = current_config()
+    seen = _checked_args.get(id(args))
+    if seen is None or seen[0]() is not args:  # a new args object (or one reusing a freed one's id)
+        seen = _checked_args[id(args)] = (weakref.ref(args), set())
+    if (id(config), evaluation) not in seen[1]:
+        for warning in check_slime_args(args, config, evaluation=evaluation):
+            if warning not in _warned:
+                _warned.add(warning)
+                logger.warning(warning)
+        seen[1].add((id(config), evaluation))
+    return config
+
+
+_resolved: dict = {}
+_checked_args: dict[int, tuple] = {}
 _warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        logger.warning(message)
+current_config()  # fail at import, not in the middle of a rollout
 
 
 async def generate(args, sample: Sample, sampling_params: dict, evaluation: bool = False) -> Sample | list[Sample]:
     """One episode; with SEARCH_R1_SPLIT_TRAJECTORIES=true (training) a list of samples, one per context."""
-    config = resolve_config(SEARCH_R1_CONFIGS)
-    for warning in check_slime_args(args, config, evaluation=evaluation):
-        _warn_once(warning)
+    config = checked_config(args, evaluation)
     return await run_episode(args, sample, sampling_params, config, evaluation)
 
 
@@ -77,7 +96,7 @@ async def reward_func(args, sample: Sample | list[Sample], **kwargs) -> float | 
     """
     if isinstance(sample, list):
         return list(await asyncio.gather(*(reward_func(args, one) for one in sample)))  # judge requests overlap
-    config = resolve_config(SEARCH_R1_CONFIGS)
+    config = current_config()
     tools = enabled_tools(config)
     record = episode_record(sample) or {}  # what generate() recorded
     evaluation = bool(record.get("evaluation"))

@@ -5,7 +5,8 @@ with columns question, golden_answers/reward_model, data_source (id, ability, ex
 Output: parquet with
   prompt        [{"role": "system", ...}, {"role": "user", "content": "Question: ...?"}]
   tools         the tool list as a JSON string (slime's --tool-key tools puts it in sample.metadata["tools"]);
-                --tools search,access offers those tools (enable the same ones with SEARCH_R1_TOOLS)
+                --tools search,access offers those tools (enable the same ones with SEARCH_R1_TOOLS); a tool of
+                your own is offered once its module is named in --extensions (or SEARCH_R1_EXTENSIONS)
   reward_model  {"style": "rule", "ground_truth": {"target": [...]}}
   metadata      {"data_source": ...} (slime's --metadata-key metadata puts it in sample.metadata, where the eval
                 log function reads it for EM per data source)
@@ -37,11 +38,8 @@ from tqdm import tqdm
 from slime_search_r1.data import CHAT_SYSTEM_PROMPT, chat_question, golden_answers
 from slime_search_r1.registry import TOOLS
 from slime_search_r1.scoring.answers import normalize_answer
-from slime_search_r1.tools.access import ACCESS
-from slime_search_r1.tools.search import SEARCH
+from slime_search_r1.settings import ConfigError, import_extensions
 
-# The built-in tools a row can offer, by the names SEARCH_R1_TOOLS enables them with (registry.TOOLS names them).
-BUILT_IN_TOOLS = {"search": SEARCH, "access": ACCESS}
 REQUIRED_COLUMNS = ("question", "data_source")
 PASSED_THROUGH = ("id", "ability", "extra_info", "golden_answers")
 GOLD_COLUMNS = ("reward_model", "golden_answers")  # where a row's gold answers may be; the reward reads the first
@@ -200,7 +198,7 @@ def convert(
 
     `gold_from`: the column whose answers a row keeps when its gold columns disagree; None refuses such rows."""
     rows, total = read_rows(source, split)
-    tools_json = json.dumps([TOOLS.get(name, BUILT_IN_TOOLS).schema for name in tools], ensure_ascii=False)
+    tools_json = json.dumps([TOOLS.get(name).schema for name in tools], ensure_ascii=False)
     converted = []
     skipped_sources = set()
     disagreements = []  # (row index, reward_model's answers, golden_answers')
@@ -265,9 +263,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tools",
         default="search",
-        help=f"the tools the rows offer, comma-separated, as SEARCH_R1_TOOLS enables them: {', '.join(TOOLS.names())}",
+        help=f"the tools the rows offer, comma-separated, as SEARCH_R1_TOOLS enables them: {', '.join(TOOLS.names())}"
+        " (and those --extensions register)",
+    )
+    parser.add_argument(
+        "--extensions",
+        default=os.environ.get("SEARCH_R1_EXTENSIONS", ""),
+        help="modules that register tools of their own, comma-separated, as SEARCH_R1_EXTENSIONS names them "
+        "(default: that variable)",
     )
     options = parser.parse_args(argv)
+    try:
+        import_extensions([name.strip() for name in options.extensions.split(",") if name.strip()], "--extensions")
+    except ConfigError as exc:
+        parser.error(str(exc))
     tools = tuple(name.strip() for name in options.tools.split(",") if name.strip())
     unknown = [name for name in tools if name not in TOOLS]
     if unknown or not tools:

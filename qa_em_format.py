@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from slime_search_r1.protocols.chat_reward import read_conversation
-from slime_search_r1.protocols.xml_tags import INFORMATION_PATTERN
+from slime_search_r1.protocols.xml_tags import result_blocks
 
 # Search-R1's normalisation, EM and answer reading are the package's (evaluate.py scores with them too)
 from slime_search_r1.scoring.answers import em_check, last_answer, normalize_answer, search_only
@@ -39,7 +39,7 @@ ASSISTANT_MARKER = re.compile(r"<\|im_start\|>assistant\s*")
 
 @dataclass(frozen=True)
 class FormatAutomaton:
-    """Search-R1's order think -> (tool call -> information -> think)* -> answer, over every enabled tool's tag."""
+    """Search-R1's order think -> (tool call -> its result -> think)* -> answer, over every enabled tool's tag."""
 
     tags: tuple[str, ...]
     split: re.Pattern
@@ -48,23 +48,33 @@ class FormatAutomaton:
 
 
 @lru_cache(maxsize=8)
-def format_automaton(tools: tuple[str, ...]) -> FormatAutomaton:
-    tags = ("think", *tools, "information", "answer")
+def format_automaton(tools: tuple[tuple[str, str], ...]) -> FormatAutomaton:
+    """The automaton over (tool name, result tag) pairs: each call is followed by its tool's result block."""
+    results = tuple(dict.fromkeys(tag for _, tag in tools))
+    tags = ("think", *(name for name, _ in tools), *results, "answer")
     transitions = {
         ("start", "<think>"): "in_think",
-        ("information", "<think>"): "in_think",
         ("in_think", "</think>"): "after_think",
-        ("after_call", "<information>"): "in_information",
-        ("in_information", "</information>"): "information",
         ("after_think", "<answer>"): "in_answer",
         ("in_answer", "</answer>"): "end",
     }
-    for tool in tools:
-        transitions[("after_think", f"<{tool}>")] = f"in_{tool}"
-        transitions[(f"in_{tool}", f"</{tool}>")] = "after_call"
-    inside = frozenset({"in_think", "in_information", "in_answer", *(f"in_{tool}" for tool in tools)})
+    for name, result in tools:
+        transitions[("after_think", f"<{name}>")] = f"in_{name}"
+        transitions[(f"in_{name}", f"</{name}>")] = f"after_{name}"
+        transitions[(f"after_{name}", f"<{result}>")] = f"in_{result}"
+    for result in results:
+        transitions[(f"in_{result}", f"</{result}>")] = "result"
+    transitions[("result", "<think>")] = "in_think"
+    inside = frozenset({"in_think", "in_answer", *(f"in_{tag}" for tag in (*(name for name, _ in tools), *results))})
     split = re.compile(rf"(</?(?:{'|'.join(map(re.escape, tags))})>)")
     return FormatAutomaton(tags, split, transitions, inside)
+
+
+def result_tags(tools: Mapping[str, Tool] | Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """(tool name, result tag) per tool: a Tool's own, Search-R1's <information> for a bare name."""
+    if isinstance(tools, Mapping):
+        return tuple((name, tool.result_tag) for name, tool in tools.items())
+    return tuple((name, "information") for name in tools)
 
 
 @dataclass(frozen=True)
@@ -91,16 +101,17 @@ class Reading:
 
     answer: str | None  # the last <answer> the model wrote (None: no answer)
     format_valid: bool
-    retrieved: list[str]  # the tools' results, where the retrieval bonus looks for a gold answer
+    retrieved: list[str]  # the results of tools that retrieve, where the retrieval bonus looks for a gold answer
 
 
-def format_problem(text: str, tools: Iterable[str] = ("search",)) -> str | None:
-    """Why `text` (prompt + response) breaks Search-R1's format with these tools' tags, or None when it is valid."""
+def format_problem(text: str, tools: Mapping[str, Tool] | Iterable[str] = ("search",)) -> str | None:
+    """Why `text` (prompt + response) breaks Search-R1's format with these tools' tags (a Tool's result tag, or
+    <information> for a tool given by name), or None when it is valid."""
     marker = ASSISTANT_MARKER.search(text)
     if marker is None:
         return "missing <|im_start|>assistant marker"
     content = text[marker.end() :]
-    automaton = format_automaton(tuple(tools))
+    automaton = format_automaton(result_tags(tools))
     for tag in automaton.tags:
         opened, closed = content.count(f"<{tag}>"), content.count(f"</{tag}>")
         if opened != closed:
@@ -162,7 +173,8 @@ def read_response(prompt: str, response: str, tools: Mapping[str, Tool] | None =
     enabled ones (Search-R1's search when None)."""
     tools = tools or search_only()
     format_valid = format_problem(prompt + response, tools) is None
-    return Reading(last_answer(response, tools), format_valid, INFORMATION_PATTERN.findall(response))
+    retrieved = [text for name, text in result_blocks(response, tools) if tools[name].retrieves]
+    return Reading(last_answer(response, tools), format_valid, retrieved)
 
 
 def read_chat(conversation: list[dict], tools: Mapping[str, Tool] | None = None) -> Reading:

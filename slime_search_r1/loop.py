@@ -14,9 +14,9 @@ This file is the rollout's map: one XML search episode runs in the files named h
     protocol.reply()   -> Reply   the results as the model is shown them, appended to the trajectory here
   finish (below)                  the status on the sample and the record in sample.metadata["search_r1"]
 
-episode.py holds what they all share: Turn, Action, ToolCall, Reply, the EpisodeState and the record. The built-in
-protocols, token drivers and tools are imported here and picked by the name a setting gives them (registry.py
-holds those names, and what extensions register). How an episode ends:
+episode.py holds what they all share: Turn, Action, ToolCall, Reply, the EpisodeState and the record. The protocol,
+token driver and tools are picked by the names the settings give them (registry.py says where each built-in lives,
+and holds what extensions register). How an episode ends:
 
   answer                              COMPLETED  answer
   engine abort, or slime's abort      ABORTED    engine_abort (slime's abort, or a weight update pausing the engines in
@@ -70,27 +70,13 @@ from slime_search_r1.episode import (
     resume_point,
     write_episode,
 )
-from slime_search_r1.protocols.chat import ChatProtocol
-from slime_search_r1.protocols.xml_tags import XmlProtocol
 from slime_search_r1.registry import PROTOCOLS, TOKEN_DRIVERS, TOOLS
 from slime_search_r1.settings import ConfigError, SearchR1Config
-from slime_search_r1.tokens.legacy_router import RouterHandlerDriver, RouterRadixDriver
 from slime_search_r1.tokens.engine import EngineProtocolError
-from slime_search_r1.tokens.manual import ManualDriver, Trajectory, why_not_continued
-from slime_search_r1.tools.access import ACCESS
+from slime_search_r1.tokens.manual import Trajectory, why_not_continued
 from slime_search_r1.tools.contract import Tool, ToolAborted, ToolError, run_calls
-from slime_search_r1.tools.search import SEARCH
 
 logger = logging.getLogger(__name__)
-
-# The built-in entries of the seams a setting names (registry.py names them, and holds what extensions register).
-BUILT_IN_PROTOCOLS = {"generate": XmlProtocol, "chat": ChatProtocol}
-BUILT_IN_TOKEN_DRIVERS = {
-    "manual": ManualDriver,
-    "router_radix": RouterRadixDriver,
-    "router_handler": RouterHandlerDriver,
-}
-BUILT_IN_TOOLS = {"search": SEARCH, "access": ACCESS}
 
 
 class TurnProtocol(Protocol):
@@ -145,7 +131,7 @@ class TokenDriver(Protocol):
 
 def enabled_tools(config) -> dict[str, Tool]:
     """The tools the `tools` setting enables, by name, in its order."""
-    return {name: TOOLS.get(name, BUILT_IN_TOOLS) for name in config.tools}
+    return {name: TOOLS.get(name) for name in config.tools}
 
 
 @dataclass(frozen=True)
@@ -186,7 +172,7 @@ def resumable_record(args, sample: Sample, prompt_ids: list[int], track_log_prob
 async def run_episode(args, sample: Sample, sampling_params: dict, config: SearchR1Config, evaluation: bool):
     """One sample's whole episode; returns the sample with its trajectory, status and metadata."""
     slime_state = GenerateState(args)
-    protocol_class = PROTOCOLS.get(config.llm_api_mode, BUILT_IN_PROTOCOLS)
+    protocol_class = PROTOCOLS.get(config.llm_api_mode)
     state = EpisodeState(
         args,
         sample,
@@ -198,7 +184,7 @@ async def run_episode(args, sample: Sample, sampling_params: dict, config: Searc
         conversation=[] if protocol_class.records_conversation else None,
     )
     protocol: TurnProtocol = protocol_class(state, sampling_params)
-    driver_class = TOKEN_DRIVERS.get(config.token_tracking_mode, BUILT_IN_TOKEN_DRIVERS)
+    driver_class = TOKEN_DRIVERS.get(config.token_tracking_mode)
     if getattr(args, "partial_rollout", False) and not getattr(driver_class, "resumable", False):
         raise ConfigError(
             f"--partial-rollout resumes aborted episodes from the trajectory they wrote, which "

@@ -1,30 +1,28 @@
 """The plugin's seams, open by name: how the model talks (protocols), where a turn's tokens come from (token
-drivers), what it may call (tools) and what answers a search (search backends).
+drivers), what it may call (tools), what answers a search (search backends) and how an answer scores (answer
+scores). Every built-in is declared once, below, as the place its object lives; extensions register theirs here.
 
-A setting names an entry of a seam. The built-in entries are only named here; their objects are imported where they
-are used (loop.py: protocols, token drivers and tools; tools/search.py: search backends), so that naming or checking
-a setting imports no implementation (or slime). A new entry is one `register()` call in a file of your own, imported
-through the `extensions` setting (SEARCH_R1_EXTENSIONS=my_module), so that generate() and the launch check see it
-alike:
+A setting names an entry of a seam. A built-in's module is imported the first time its entry is asked for, so that
+naming or checking a setting imports no implementation (or slime). A new entry is one `register()` call in a file
+of your own, imported through the `extensions` setting (SEARCH_R1_EXTENSIONS=my_module), so that generate(), the
+launch check, the data script and evaluate.py see it alike:
 
-    from slime_search_r1.registry import SEARCH_BACKENDS
-    SEARCH_BACKENDS.register("bing", bing_search)          # then SEARCH_BACKEND=bing
+    from slime_search_r1.registry import TOOLS
+    TOOLS.register("calculator", CALCULATOR)                # then SEARCH_R1_TOOLS=search,calculator
 """
 
-from collections.abc import Mapping
-from typing import Any, TypeVar
-
-Entry = TypeVar("Entry")
+import importlib
+from typing import Any
 
 
 class Registry:
-    """The names one seam answers to: its built-ins (named here, their objects imported by the code that uses them)
-    and the entries registered by name (an extension's, or one that replaces a built-in)."""
+    """The entries one seam answers to, by name: its built-ins (where each lives, "module:attribute", imported on
+    first use) and the entries registered at run time (an extension's, or one that replaces a built-in)."""
 
-    def __init__(self, seam: str, setting: str, builtins: tuple[str, ...]):
+    def __init__(self, seam: str, setting: str, builtins: dict[str, str]):
         self.seam = seam  # what an entry is, for messages ("search backend")
         self.setting = setting  # the setting that names entries ("search_backend")
-        self.builtins = builtins
+        self.builtins = dict(builtins)  # name -> "module:attribute"
         self._entries: dict[str, Any] = {}  # registered
 
     def register(self, name: str, entry: Any, *, replace: bool = False) -> None:
@@ -45,30 +43,63 @@ class Registry:
     def __contains__(self, name: object) -> bool:
         return name in self.builtins or name in self._entries
 
-    def get(self, name: str, builtins: Mapping[str, Entry]) -> Entry:
-        """The entry registered as `name`, else the built-in of that name from `builtins` (the caller's imports);
-        KeyError names the registered ones."""
+    def get(self, name: str) -> Any:
+        """The entry registered as `name`, else the built-in of that name; KeyError names the known ones."""
         if name in self._entries:
             return self._entries[name]
         if name not in self.builtins:
             raise KeyError(f"no {self.seam} named {name!r}; registered: {', '.join(self.names())}")
-        return builtins[name]
+        module, _, attribute = self.builtins[name].partition(":")
+        return getattr(importlib.import_module(module), attribute)
 
 
-# The built-ins of each seam, by name: loop.py and tools/search.py hold their objects under the same names.
 PROTOCOLS = Registry(
     "protocol",
     "llm_api_mode",
-    ("generate", "chat"),  # Search-R1's XML tags over /generate; OpenAI tool calls through the chat template
+    {
+        "generate": "slime_search_r1.protocols.xml_tags:XmlProtocol",  # Search-R1's XML tags over /generate
+        "chat": "slime_search_r1.protocols.chat:ChatProtocol",  # OpenAI tool calls through the chat template
+    },
 )
-TOKEN_DRIVERS = Registry("token-tracking mode", "token_tracking_mode", ("manual", "router_radix", "router_handler"))
+TOKEN_DRIVERS = Registry(
+    "token-tracking mode",
+    "token_tracking_mode",
+    {
+        "manual": "slime_search_r1.tokens.manual:ManualDriver",  # token in, token out, any SGLang
+        "router_radix": "slime_search_r1.tokens.legacy_router:RouterRadixDriver",  # the old slime router's cache
+        "router_handler": "slime_search_r1.tokens.legacy_router:RouterHandlerDriver",
+    },
+)
 TOOLS = Registry(
     "tool",
     "tools",
-    ("search", "access"),  # Search-R1's <search> query </search>; ASearcher's <access> URL </access> (off by default)
+    {
+        "search": "slime_search_r1.tools.search:SEARCH",  # Search-R1's <search> query </search>
+        "access": "slime_search_r1.tools.access:ACCESS",  # ASearcher's <access> URL </access> (off by default)
+    },
 )
 SEARCH_BACKENDS = Registry(
     "search backend",
     "search_backend",
-    ("local", "google"),  # local_dense_retriever/ (or Search-R1's server); serper.dev
+    {
+        "local": "slime_search_r1.tools.search:local_search",  # local_dense_retriever/ (or Search-R1's server)
+        "google": "slime_search_r1.search.google:search",  # serper.dev
+    },
 )
+# (prediction or None, gold answers) -> a score in [0, 1]; the reward is built on one of them, or on the judge's
+# verdict (JUDGE), and evaluate.py reports every one.
+ANSWER_SCORES = Registry(
+    "answer score",
+    "reward",
+    {
+        "em": "slime_search_r1.scoring.answers:exact_match",  # Search-R1's exact match
+        "f1": "slime_search_r1.scoring.answers:f1_score",  # SQuAD's token F1
+        "cover_em": "slime_search_r1.scoring.answers:cover_exact_match",  # a gold answer inside the prediction
+    },
+)
+JUDGE = "judge"  # the reward built on an LLM judge's verdict (scoring/judge.py), beside the answer scores
+
+
+def reward_names() -> tuple[str, ...]:
+    """What the reward may be built on: every answer score, then the judge."""
+    return (*ANSWER_SCORES.names(), JUDGE)

@@ -24,11 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from slime_search_r1.registry import PROTOCOLS, SEARCH_BACKENDS, TOKEN_DRIVERS, TOOLS
+from slime_search_r1.registry import PROTOCOLS, SEARCH_BACKENDS, TOKEN_DRIVERS, TOOLS, reward_names
 
 _TRUE = ("1", "true", "yes", "on")
-# The answer scores a reward can be built on (scoring/rewards.py implements them; a test keeps the two equal).
-REWARDS = ("em", "f1", "cover_em", "judge")
 _FALSE = ("0", "false", "no", "off")
 
 
@@ -310,7 +308,7 @@ for _setting in (
     Setting("final_format_score", lambda values: values["format_score"] / 2, Number(0.0, 1.0, optional=True), None,
             "a wrong answer in a bad format; None: half of format_score (Search-R1 v0.3 pairs 0.2 with 0.1)"),
     Setting("retrieval_score", 0.0, Number(0.0, 1.0), None, "bonus when a gold answer appears in a retrieved block"),
-    Setting("reward", "em", Choice(REWARDS), "SEARCH_R1_REWARD",
+    Setting("reward", "em", Choice(reward_names), "SEARCH_R1_REWARD",
             "the answer score the reward is built on: em, f1, cover_em, or judge (an LLM judge, judge.* settings)"),
     Setting("judge.url", None, Text(optional=True), "SEARCH_R1_JUDGE_URL",
             "the judge's OpenAI-compatible endpoint, e.g. http://127.0.0.1:8001/v1 (SEARCH_R1_REWARD=judge)"),
@@ -486,17 +484,17 @@ def _check_keys(configs: Mapping) -> None:
 
 
 class Section:
-    """Read-only settings: `view.max_turns`, `view.local.search_url`. Secrets never appear in the repr."""
+    """Read-only settings: `view.max_turns`, `view.local.search_url`. Secrets never appear in the repr. The values
+    are plain attributes, so reading one runs no code of this module."""
 
     def __init__(self, values: dict[str, Any], hidden: frozenset[str] = frozenset()):
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
         object.__setattr__(self, "_values", values)
         object.__setattr__(self, "_hidden", hidden)
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self._values[name]
-        except KeyError:
-            raise AttributeError(f"no setting {name!r} here; there are {', '.join(self._values)}") from None
+    def __getattr__(self, name: str) -> Any:  # only for a name that is not a setting
+        raise AttributeError(f"no setting {name!r} here; there are {', '.join(self._values)}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("settings are read-only; change SEARCH_R1_CONFIGS (or the environment) instead")
@@ -507,11 +505,11 @@ class Section:
 
 
 class SearchR1Config(Section):
-    """Every setting, checked (resolve_config builds it)."""
+    """Every setting, checked (resolve_config builds it); `train_observations`: LOSS_MASK_MODE=simple."""
 
-    @property
-    def train_observations(self) -> bool:
-        return self.loss_mask_mode == "simple"
+    def __init__(self, values: dict[str, Any], hidden: frozenset[str] = frozenset()):
+        super().__init__(values, hidden)
+        object.__setattr__(self, "train_observations", values["loss_mask_mode"] == "simple")
 
 
 # Rules between settings: each gets the view and raises ConfigError (extensions may add theirs).
@@ -630,20 +628,8 @@ def _judge_settings_work(config: SearchR1Config) -> None:
     if config.reward == "judge" and not judge.url:
         raise ConfigError(
             "SEARCH_R1_REWARD=judge needs a judge endpoint; accepted: SEARCH_R1_JUDGE_URL (an OpenAI-compatible "
-            "http(s) URL) with SEARCH_R1_JUDGE_MODEL, or another reward: " + " | ".join(REWARDS)
+            "http(s) URL) with SEARCH_R1_JUDGE_MODEL, or another reward: " + " | ".join(reward_names())
         )
-    if judge.url:
-        # here, not at the top: the judge's client needs aiohttp, which nothing else in this module does
-        from slime_search_r1.scoring.judge import JudgePrompt, JudgeSetupError, chat_completions_url
-
-        try:
-            chat_completions_url(judge.url)
-        except JudgeSetupError as exc:
-            raise ConfigError(f"SEARCH_R1_JUDGE_URL {exc}") from None
-        try:
-            JudgePrompt.load(judge.prompt)
-        except JudgeSetupError as exc:
-            raise ConfigError(f"SEARCH_R1_JUDGE_PROMPT: {exc}") from None
 
 
 def resolve_config(configs: Mapping[str, Any]) -> SearchR1Config:

@@ -29,10 +29,29 @@ def _flag_names(args, names: tuple[str, ...]) -> list[str]:
     return ["--" + name.replace("_", "-") for name in names if getattr(args, name, False)]
 
 
+def check_judge(config: SearchR1Config) -> None:
+    """The judge's endpoint and prompt file (judge.url and judge.prompt), read as the judge reads them."""
+    judge = config.judge
+    if not judge.url:
+        return
+    # here, not at the top: the judge's client needs aiohttp, which checking the other settings does not
+    from slime_search_r1.scoring.judge import JudgePrompt, JudgeSetupError, chat_completions_url
+
+    try:
+        chat_completions_url(judge.url)
+    except JudgeSetupError as exc:
+        raise ConfigError(f"SEARCH_R1_JUDGE_URL {exc}") from None
+    try:
+        JudgePrompt.load(judge.prompt)
+    except JudgeSetupError as exc:
+        raise ConfigError(f"SEARCH_R1_JUDGE_PROMPT: {exc}") from None
+
+
 def check_slime_args(args, config: SearchR1Config, at_launch: bool = False, evaluation: bool = False) -> list[str]:
     """slime flags that cannot work with these settings raise ConfigError; returns warnings for the rest.
     `evaluation`: the sample is an evaluation's (evaluate.py, slime's eval rollout), which no advantage reads, so
     the warnings about advantages are left out."""
+    check_judge(config)
     refusals, warnings = fully_async_problems(args)
     if refusals and at_launch:
         raise ConfigError(refusals[0])

@@ -55,7 +55,7 @@ def conversation_format_problem(conversation: list[dict], tools: Mapping[str, To
 class ConversationReading:
     answer: str | None  # the last <answer> of the final assistant message, unless that message calls a tool
     format_valid: bool
-    tool_texts: list[str]  # every tool message's content (where the retrieval bonus looks for a gold answer)
+    tool_texts: list[str]  # what retrieving tools said (tool messages): the retrieval bonus looks there
 
 
 def read_conversation(conversation: list[dict], tools: Mapping[str, Tool]) -> ConversationReading:
@@ -64,5 +64,9 @@ def read_conversation(conversation: list[dict], tools: Mapping[str, Tool]) -> Co
     return ConversationReading(
         answer=answers[-1] if answers else None,
         format_valid=conversation_format_problem(conversation, tools) is None,
-        tool_texts=[m.get("content") or "" for m in conversation if m.get("role") == "tool"],
+        tool_texts=[
+            message.get("content") or ""
+            for message in conversation
+            if message.get("role") == "tool" and getattr(tools.get(message.get("name")), "retrieves", False)
+        ],
     )

@@ -1,5 +1,6 @@
 """LLM_API_MODE=generate: Search-R1's tags. `<search> q </search>` calls a tool, `<answer>...</answer>` ends the
-episode, anything else gets the invalid-action message; a tool's result comes back inside <information>.
+episode, anything else gets the invalid-action message; a tool's result comes back between its result tags
+(Search-R1's <information> for search and access).
 
 Every enabled tool is a tag (tools/): its text fills the tool's `xml_argument`. Generation stops at each tag's
 closing string; slime sends no_stop_trim, so the closing tag stays in the turn. With only `search` enabled the
@@ -64,38 +65,70 @@ def read_action(text: str, tools: Mapping[str, Tool], turn_index: int = 0) -> Ac
     return Action(invalid=True) if call.error else Action(calls=[call])
 
 
+def result_blocks(response: str, tools: Mapping[str, Tool]) -> list[tuple[str, str]]:
+    """(tool name, text) of every result block in a response, each credited to the call before it: what the model
+    was shown of each tool. The invalid-action message, which names the tags, is read as no call."""
+    text = response.replace(invalid_action_message(tools.values()), " ")
+    tags = {*tools, *(tool.result_tag for tool in tools.values())}
+    blocks, called = [], None
+    for match in _block_pattern(tuple(sorted(tags))).finditer(text):
+        tag, content = match.group(1), match.group(2)
+        if called is not None and tag == tools[called].result_tag:
+            blocks.append((called, content))
+            called = None
+        elif tag in tools:
+            called = tag
+    return blocks
+
+
+@lru_cache(maxsize=8)
+def _block_pattern(tags: tuple[str, ...]) -> re.Pattern:
+    return re.compile(rf"<({'|'.join(map(re.escape, tags))})>(.*?)</\1>", re.DOTALL)
+
+
 def with_stop_strings(stop: str | list[str] | tuple[str, ...] | None, tools: Iterable[str]) -> list[str]:
     """The caller's stop strings plus the action closers, without duplicates."""
     existing = [stop] if isinstance(stop, str) else list(stop or [])
     return list(dict.fromkeys([*existing, *stop_strings(tools)]))
 
 
-def information_ids(tokenizer, documents: str, max_tokens: int, note: str = "") -> tuple[list[int], bool]:
-    """`\\n\\n<information>{documents}</information>\\n\\n` in at most `max_tokens` ids; True if documents were cut.
+def information_ids(
+    tokenizer, documents: str, max_tokens: int, note: str = "", tag: str = "information"
+) -> tuple[list[int], bool]:
+    """`\\n\\n<information>{documents}</information>\\n\\n` in at most `max_tokens` ids (another tool's result between
+    its own `tag`); True if documents were cut.
 
     The block is always tokenized whole, as one string (what Search-R1 feeds, and what tokenizing the
     rendered text gives): when it does not fit, the documents are cut at a token boundary, the tags kept,
     and the cut block tokenized whole again. A `note` (the forced-answer instruction) follows the documents inside
     the block, outside their budget: they are cut as they are without it.
     """
-    block, kept, cut = _block_within(tokenizer, documents, max_tokens)
+    opening, closing = block_tags(tag)
+    block, kept, cut = _block_within(tokenizer, documents, max_tokens, opening, closing)
     if note:
-        block = encode_text(tokenizer, f"{INFORMATION_OPEN}{kept}{note}{INFORMATION_CLOSE}")
+        block = encode_text(tokenizer, f"{opening}{kept}{note}{closing}")
     return block, cut
 
 
-def _block_within(tokenizer, documents: str, max_tokens: int) -> tuple[list[int], str, bool]:
-    """The information block of `documents` in at most `max_tokens` ids, the documents' text it holds, and whether
-    they were cut."""
-    whole = encode_text(tokenizer, f"{INFORMATION_OPEN}{documents}{INFORMATION_CLOSE}")
+def block_tags(tag: str) -> tuple[str, str]:
+    """What a result block opens and closes with: Search-R1's blank lines around <tag> and </tag>."""
+    return (INFORMATION_OPEN, INFORMATION_CLOSE) if tag == "information" else (f"\n\n<{tag}>", f"</{tag}>\n\n")
+
+
+def _block_within(
+    tokenizer, documents: str, max_tokens: int, opening: str, closing: str
+) -> tuple[list[int], str, bool]:
+    """The block of `documents` in at most `max_tokens` ids, the documents' text it holds, and whether they were
+    cut."""
+    whole = encode_text(tokenizer, f"{opening}{documents}{closing}")
     if len(whole) <= max_tokens:
         return whole, documents, False
     doc_ids = encode_text(tokenizer, documents)
-    tags = len(fixed_text_ids(tokenizer, INFORMATION_OPEN)) + len(fixed_text_ids(tokenizer, INFORMATION_CLOSE))
+    tags = len(fixed_text_ids(tokenizer, opening)) + len(fixed_text_ids(tokenizer, closing))
     keep = max(0, max_tokens - tags)
     while True:
         kept = tokenizer.decode(doc_ids[:keep], skip_special_tokens=False)
-        block = encode_text(tokenizer, f"{INFORMATION_OPEN}{kept}{INFORMATION_CLOSE}")
+        block = encode_text(tokenizer, f"{opening}{kept}{closing}")
         if len(block) <= max_tokens or keep == 0:
             return block, kept, True
         # the cut text merged into more tokens than counted: drop the excess, and at least one token, so every
@@ -157,7 +190,7 @@ class XmlProtocol:
         return read_action(turn.text, self.tools, state.turn_index)
 
     def reply(self, action: Action, results: dict[str, str], turn: Turn, state, force_answer: bool = False) -> Reply:
-        """The result of the turn's call in an <information> block, or the invalid-action message; with
+        """The result of the turn's call in its tool's block (<information>), or the invalid-action message; with
         `force_answer`, the instruction to answer now at its end (FORCE_ANSWER_NOTE)."""
         note = FORCE_ANSWER_NOTE if force_answer else ""
         if not action.calls:
@@ -165,6 +198,8 @@ class XmlProtocol:
                 return Reply(list(fixed_text_ids(self.tokenizer, invalid_action_message(self.tools.values()) + note)))
             return Reply(list(self.invalid_action_ids))
         call = action.calls[0]
-        budget = self.tools[call.name].observation_budget(state.config)
-        ids, truncated = information_ids(self.tokenizer, results[call.call_id], budget, note)
+        tool = self.tools[call.name]
+        ids, truncated = information_ids(
+            self.tokenizer, results[call.call_id], tool.observation_budget(state.config), note, tool.result_tag
+        )
         return Reply(ids, truncated=int(truncated))

@@ -17,14 +17,13 @@ FlashRAG and the SQuAD and HotpotQA scripts do. A response with no answer scores
 import re
 import string
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from slime_search_r1.episode import conversation_of, episode_record
 from slime_search_r1.protocols.chat_reward import read_conversation
-from slime_search_r1.protocols.xml_tags import ANSWER_PATTERN, INFORMATION_PATTERN, invalid_action_message
-from slime_search_r1.registry import TOOLS
+from slime_search_r1.protocols.xml_tags import ANSWER_PATTERN, invalid_action_message
+from slime_search_r1.registry import ANSWER_SCORES, TOOLS
 from slime_search_r1.tools.contract import Tool
-from slime_search_r1.tools.search import SEARCH
 
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -78,22 +77,15 @@ def f1_score(prediction: str | None, golden_answers: str | Iterable[str]) -> flo
     return 0.0 if prediction is None else token_f1(prediction, golden_answers)
 
 
-# The rule-based scores by name, in the order reports show them: (prediction or None, golds) -> a score in [0, 1].
-RULE_SCORES: dict[str, Callable[[str | None, str | Iterable[str]], float]] = {
-    "em": exact_match,
-    "f1": f1_score,
-    "cover_em": cover_exact_match,
-}
-
-
 def rule_scores(prediction: str | None, golden_answers: str | Iterable[str]) -> dict[str, float]:
-    """Every rule-based score of one prediction, by name."""
-    return {name: score(prediction, golden_answers) for name, score in RULE_SCORES.items()}
+    """Every answer score of one prediction, by name (registry.ANSWER_SCORES: these three and any an extension
+    registers), in the order reports show them."""
+    return {name: ANSWER_SCORES.get(name)(prediction, golden_answers) for name in ANSWER_SCORES.names()}
 
 
 def search_only() -> dict[str, Tool]:
     """The tools when none are named: Search-R1's one."""
-    return {"search": TOOLS.get("search", {"search": SEARCH})}
+    return {"search": TOOLS.get("search")}
 
 
 def last_answer(response: str, tools: Mapping[str, Tool] | None = None) -> str | None:
@@ -104,8 +96,10 @@ def last_answer(response: str, tools: Mapping[str, Tool] | None = None) -> str |
     The environment's text is left out: the invalid-action hint itself says "<answer> and </answer>",
     and a retrieved page may hold answer tags.
     """
-    message = invalid_action_message((tools or search_only()).values())
-    written = INFORMATION_PATTERN.sub(" ", response.replace(message, " "))
+    tools = tools or search_only()
+    written = response.replace(invalid_action_message(tools.values()), " ")
+    for tag in {tool.result_tag for tool in tools.values()}:
+        written = re.sub(rf"<{re.escape(tag)}>.*?</{re.escape(tag)}>", " ", written, flags=re.DOTALL)
     matches = ANSWER_PATTERN.findall(written)
     return matches[-1].strip() if matches else None
 

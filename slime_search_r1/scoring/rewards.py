@@ -12,11 +12,9 @@ the score into the shaped reward with the format bonus.
 import re
 from dataclasses import dataclass
 
-from slime_search_r1.scoring.answers import RULE_SCORES
+from slime_search_r1.registry import ANSWER_SCORES, JUDGE
 from slime_search_r1.scoring.judge import JudgeClient, JudgeConfig, JudgePrompt, Verdict
 
-JUDGE = "judge"
-REWARDS = (*RULE_SCORES, JUDGE)  # em first: the default, Search-R1's
 _QUESTION = re.compile(r"Question:\s*(.*?)\s*(?:\n|<\|im_end\|>|$)")
 
 
@@ -67,8 +65,8 @@ def question_of(sample) -> str:
 
 
 async def grade(config, name: str, question: str, golden_answers: list[str], answer: str | None) -> Grade:
-    """The answer's score under `name` (one of REWARDS); the judge is asked only for `judge`."""
+    """The answer's score under `name` (registry.reward_names()); the judge is asked only for `judge`."""
     if name != JUDGE:
-        return Grade(name, RULE_SCORES[name](answer, golden_answers))
+        return Grade(name, ANSWER_SCORES.get(name)(answer, golden_answers))
     verdict = await judge_client(config).judge(question, golden_answers, answer)
     return Grade(name, verdict.score if verdict.scored else None, verdict)

@@ -149,6 +149,7 @@ ACCESS = Tool(
         "You can read a page of the search results in full by <access> URL </access>, and it will be returned "
         "between <information> and </information>."
     ),
+    retrieves=True,  # a page of the search results: retrieved text
 )
 
 

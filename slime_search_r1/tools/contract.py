@@ -2,8 +2,9 @@
 
 A tool reads the arguments the model wrote (`read_arguments`: a dict in, the dict it runs on out, ValueError saying
 what to fix) and runs them with the episode (`run`: observation text out, ToolError when its service fails for
-good). Everything the protocols say about it comes from its own description: the chat schema, the line the XML
-prompt gains when it is enabled, the hint after a malformed call, and the token budget of what it returns.
+good). Everything the protocols and the reward say about it comes from its own description: the chat schema, the
+line the XML prompt gains when it is enabled, the hint after a malformed call, the token budget of what it returns,
+the XML tag its result is shown in, and whether its results are retrieved text (the retrieval bonus reads only those).
 
 The protocols read a call with read_call; the loop runs every call through run_calls, so a tool only returns text
 or raises: its calls, failures and latency are counted here, under its name, for the log hooks.
@@ -43,6 +44,8 @@ class Tool:
     xml_usage: str  # XML: the sentence of the invalid-action message that names this tool's tag
     observation_budget: Callable[[Any], int]  # settings -> the most tokens one result may take
     prompt_line: str | None = None  # XML: a sentence added to Search-R1's instruction when the tool is enabled
+    result_tag: str = "information"  # XML: the tag its result is shown between (Search-R1's <information>)
+    retrieves: bool = False  # its results are retrieved text: a gold answer in one earns the retrieval bonus
 
     @property
     def schema(self) -> dict:

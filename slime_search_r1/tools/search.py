@@ -29,7 +29,6 @@ from slime_search_r1.http_client import (
     unbounded_session,
 )
 from slime_search_r1.registry import SEARCH_BACKENDS
-from slime_search_r1.search import google
 from slime_search_r1.tools.contract import Tool, ToolAborted, ToolError
 
 logger = logging.getLogger(__name__)
@@ -96,6 +95,7 @@ SEARCH = Tool(
     xml_argument="query",
     xml_usage="If I want to search, I should put the query between <search> and </search>.",
     observation_budget=lambda config: config.max_obs_tokens,  # Search-R1's max_obs_length
+    retrieves=True,  # the retrieval bonus looks for a gold answer in its passages
 )
 SEARCH_SCHEMA = SEARCH.schema
 
@@ -109,7 +109,7 @@ async def search(config, query: str, aborted: Callable[[], bool] | None = None) 
     `aborted()` turning true (slime's abort) skips a search still waiting for a slot and stops retrying,
     so an abort is not held up by a slow or down search backend.
     """
-    backend: SearchBackend = SEARCH_BACKENDS.get(config.search_backend, BUILT_IN_SEARCH_BACKENDS)
+    backend: SearchBackend = SEARCH_BACKENDS.get(config.search_backend)
 
     async def documents() -> list[dict]:
         hits = await backend(config, query, aborted)
@@ -211,14 +211,6 @@ def client_for(config) -> LocalRetrieverClient:
 async def local_search(config, query: str, give_up: Callable[[], bool] | None = None) -> list:
     """The top-k hits for `query` from the configured servers."""
     return await client_for(config).search(query, config.topk, give_up=give_up)
-
-
-# The built-in backends the search_backend setting names (registry.SEARCH_BACKENDS holds the names, and the
-# backends extensions register).
-BUILT_IN_SEARCH_BACKENDS: dict[str, SearchBackend] = {
-    "local": local_search,  # local_dense_retriever/ (or Search-R1's server)
-    "google": google.search,  # serper.dev
-}
 
 
 # ---- documents, and documents as the text Search-R1 shows -------------------------------------------------------

@@ -28,6 +28,7 @@ from slime_search_r1.episode import (
     tool_counters,
     unscored,
 )
+from slime_search_r1.registry import reward_names
 from slime_search_r1.training.collapse import CollapseWatch, health_signals
 from slime_search_r1.training.staleness import staleness_metrics
 
@@ -43,8 +44,6 @@ FINISH_SHARES = {reason: reason.value for reason in FinishReason} | {
 # Where evaluation reads a sample's data source: slime copies the data file's --metadata-key column
 # (default "metadata") into sample.metadata, so rows carry {"data_source": "nq"} there.
 DATA_SOURCE_KEY = "data_source"
-# The answer scores a reward may be built on besides EM (the reward's record holds the one it used).
-ANSWER_SCORES = ("f1", "cover_em", "judge")
 # The early warnings compare each rollout with the ones before it (in this process: slime's rollout manager).
 COLLAPSE_WATCH = CollapseWatch()
 
@@ -191,7 +190,7 @@ def reward_metrics(rewards: list[dict]) -> dict[str, float]:
         metrics["reward"] = fmean(float(r.get("score", 0.0)) for r in trained)  # the shaped reward trained on
         # Well-formed but wrong: the format bonus without the answer (what a policy farming the bonus raises).
         metrics["well_formed_wrong_share"] = fmean(bool(r.get("format_valid")) and not r.get("em") for r in trained)
-        for name in ANSWER_SCORES:
+        for name in (name for name in reward_names() if name != "em"):  # em is above; a reward holds its own
             values = [float(r[name]) for r in trained if isinstance(r.get(name), int | float)]
             if values:
                 metrics[name] = fmean(values)

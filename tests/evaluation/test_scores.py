@@ -8,7 +8,8 @@ worked out in the comment of each row: common tokens c, prediction tokens p, gol
 import pytest
 
 import qa_em_format
-from slime_search_r1.scoring.answers import RULE_SCORES, rule_scores
+from slime_search_r1.registry import ANSWER_SCORES
+from slime_search_r1.scoring.answers import rule_scores
 
 TWO_THIRDS = 2 / 3
 HAND_TABLE = [
@@ -70,7 +71,7 @@ def test_the_reward_s_em_is_the_same_function(prediction, golds, em, f1, cover_e
 
 
 def test_scores_are_named_in_report_order():
-    assert list(RULE_SCORES) == ["em", "f1", "cover_em"]
+    assert list(rule_scores("Paris", ["Paris"])) == ["em", "f1", "cover_em"] == list(ANSWER_SCORES.names())
 
 
 def test_no_gold_answer_scores_0_on_each():

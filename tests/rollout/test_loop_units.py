@@ -25,6 +25,7 @@ from slime_search_r1.episode import (
     episode_record,
     write_episode,
 )
+from slime_search_r1.registry import PROTOCOLS, TOKEN_DRIVERS, TOOLS
 from slime_search_r1.settings import ConfigError
 from slime_search_r1.tokens.engine import EngineProtocolError
 from slime_search_r1.tools.access import ChunkResult
@@ -758,9 +759,9 @@ def wired(monkeypatch):
     monkeypatch.setattr(loop, "encode_prompt", encode_prompt)
     monkeypatch.setattr(loop, "Trajectory", trajectory)
     monkeypatch.setattr(loop, "async_rm", async_rm)
-    monkeypatch.setitem(loop.BUILT_IN_PROTOCOLS, "generate", ScriptedProtocol)
-    monkeypatch.setitem(loop.BUILT_IN_TOKEN_DRIVERS, "manual", EpisodeDriver)
-    monkeypatch.setitem(loop.BUILT_IN_TOOLS, "search", make_tool(name="search"))
+    monkeypatch.setitem(PROTOCOLS._entries, "generate", ScriptedProtocol)  # in the built-ins' place, undone after
+    monkeypatch.setitem(TOKEN_DRIVERS._entries, "manual", EpisodeDriver)
+    monkeypatch.setitem(TOOLS._entries, "search", make_tool(name="search"))
     EpisodeDriver.made, EpisodeDriver.prepared = [], []
     EpisodeDriver.script = [(SEARCH, 4, "stop"), (ANSWER, 3, "stop")]
     return SimpleNamespace(trajectories=trajectories, rewarded=rewarded, drivers=EpisodeDriver.made, states=states)
@@ -961,8 +962,8 @@ async def test_run_episode_does_not_split_or_score_an_aborted_training_episode(w
 
 
 def test_enabled_tools_in_the_setting_s_order(monkeypatch):
-    monkeypatch.setitem(loop.BUILT_IN_TOOLS, "search", "the search tool")
-    monkeypatch.setitem(loop.BUILT_IN_TOOLS, "access", "the access tool")
+    monkeypatch.setitem(TOOLS._entries, "search", "the search tool")
+    monkeypatch.setitem(TOOLS._entries, "access", "the access tool")
     tools = loop.enabled_tools(config_of(tools=["access", "search"]))
     assert list(tools.items()) == [("access", "the access tool"), ("search", "the search tool")]
 

@@ -51,8 +51,9 @@ from support.sglang_rules import (
 QUESTION_PATTERN = re.compile(r"Question: (.*?)(?:\n|<\|im_end\|>)")
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 ASSISTANT_MARKER = "<|im_start|>assistant"
-OBSERVATION_ENDS = (
+OBSERVATION_ENDS = (  # what ends each observation the model was shown inside one assistant turn (XML mode)
     "</information>",
+    "</result>",  # examples/calculator.py's result block
     "Let me try again.",
     "</tool_response>\n<|im_start|>assistant",
     "<|im_start|>user\nYour last reply",

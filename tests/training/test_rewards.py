@@ -11,6 +11,7 @@ fixture): it says "correct" when the answer contains a reference answer.
 import asyncio
 import logging
 import re
+from argparse import Namespace
 import types
 
 import pytest
@@ -22,9 +23,10 @@ from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
 from slime_search_r1 import launch_check, settings
 from slime_search_r1.episode import METADATA_KEY
-from slime_search_r1.scoring.rewards import REWARDS, grade, judge_client, question_of
-from slime_search_r1.settings import ConfigError, resolve_config, search_r1_configs
+from slime_search_r1.registry import reward_names
 from slime_search_r1.slime_flags import check_slime_args
+from slime_search_r1.scoring.rewards import grade, judge_client, question_of
+from slime_search_r1.settings import ConfigError, resolve_config, search_r1_configs
 from support.episodes import MODE_IDS, MODES, QUESTION, SEARCH, info, label, run_episode
 from support.fake_judge import default_rule, prediction_of
 from support.fake_sglang import question_of as question_of_context
@@ -99,8 +101,9 @@ def test_em_as_s_gives_search_r1_s_rows_to_the_last_bit(response, weights):
     assert score_reading(reading, ["Paris"], weights, answer_score=details.em) == details
 
 
-def test_the_reward_names_are_the_scores_and_the_judge():
-    assert settings.REWARDS == REWARDS == ("em", "f1", "cover_em", "judge")
+def test_the_reward_names_are_the_answer_scores_and_the_judge():
+    assert reward_names() == ("em", "f1", "cover_em", "judge")
+    assert settings.SETTINGS["reward"].kind.names() == reward_names()  # what SEARCH_R1_REWARD accepts
 
 
 # ---- reward_func on real episodes -------------------------------------------------------------------------------
@@ -223,7 +226,7 @@ def test_the_question_falls_back_to_the_user_turn_or_nothing(sample, question):
 
 async def test_each_grade_names_its_score(search_config, judged):
     config = resolve_config(search_config)
-    for name in REWARDS:
+    for name in reward_names():
         result = await grade(config, name, "What is the capital of France?", ["Paris"], "Paris")
         assert (result.name, result.value) == (name, 1.0)
     assert result.verdict.status == "correct"  # the judge's, asked last
@@ -301,19 +304,19 @@ def test_an_unknown_reward_name_is_refused_with_the_accepted_names():
     ids=["url without model", "judge without url", "not http"],
 )
 def test_judge_settings_that_cannot_work_are_refused(environ, message):
+    """At launch and at generate()'s first sample: the settings' own checks, then the judge's (check_slime_args)."""
     with pytest.raises(ConfigError, match=re.escape(message)):
-        resolved(**environ)
+        check_slime_args(Namespace(), resolved(**environ))
 
 
 def test_a_judge_prompt_without_its_placeholders_is_refused(tmp_path):
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("Is {prediction} right?")
+    config = resolved(
+        SEARCH_R1_JUDGE_URL="http://127.0.0.1:8001/v1", SEARCH_R1_JUDGE_MODEL="m", SEARCH_R1_JUDGE_PROMPT=str(prompt)
+    )
     with pytest.raises(ConfigError, match=r"SEARCH_R1_JUDGE_PROMPT: .* lacks \{question\}, \{gold_answers\}"):
-        resolved(
-            SEARCH_R1_JUDGE_URL="http://127.0.0.1:8001/v1",
-            SEARCH_R1_JUDGE_MODEL="m",
-            SEARCH_R1_JUDGE_PROMPT=str(prompt),
-        )
+        check_slime_args(Namespace(), config)
 
 
 @pytest.mark.parametrize(
