@@ -8,7 +8,8 @@ Every row goes through generate_with_search.generate(..., evaluation=True) again
 reward_func() scores it (pure exact match in evaluation); F1 and cover EM are computed over the same answer, and
 an LLM judge behind any OpenAI-compatible endpoint gives its verdict with --judge-url and --judge-model.
 Writes, under --output-dir:
-  trajectories.jsonl  one line per finished sample, written as it finishes (rerun the command to resume)
+  trajectories.jsonl  one line per finished sample, written as it finishes (rerun the command to resume);
+                      evaluation/runner.py's trajectory_record says what a line holds
   judgements.jsonl    the judge's raw verdicts, one line per answer (with --judge-url)
   results.md / .json  every score per data source and their mean (Search-R1's "Avg")
   em_by_source.png    the same as a bar chart
@@ -22,16 +23,21 @@ Several evaluations, one per checkpoint, side by side; and one scored again with
     python evaluate.py compare eval/step_100 eval/step_200 eval/step_300 --output eval/comparison
     python evaluate.py rescore eval/step_300 --judge-url http://127.0.0.1:8000/v1 --judge-model Qwen2.5-72B-Instruct
 
-The evaluation is slime_search_r1/evaluation/ (cli.py: these command lines; runner.py: the run; reports.py: the
-reports); this file loads the plugin it evaluates.
+The evaluation is slime_search_r1/evaluation/ (cli.py: the commands; arguments.py: their command lines; runner.py:
+the run; judging.py: the judge's pass; reports.py, chart.py, comparison.py: the reports); this file loads the plugin
+it evaluates and hands the run's folder to the viewer (slime_search_r1/viewer), which reads what the evaluation wrote.
 """
 
 import importlib
 import sys
+from pathlib import Path
 
 from slime_search_r1.evaluation import cli
-from slime_search_r1.evaluation.cli import parse_args  # noqa: F401 (the launch script's command line is read with it)
-from slime_search_r1.evaluation.runner import trajectory_record  # noqa: F401 (what one trajectories.jsonl line holds)
+from slime_search_r1.evaluation.arguments import parse_args  # noqa: F401 (a printed evaluate.py line is checked with it)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.main(argv, load_plugin, write_viewer)
 
 
 def load_plugin():
@@ -52,8 +58,25 @@ def load_plugin():
     return plugin, Sample
 
 
-def main(argv: list[str] | None = None) -> int:
-    return cli.main(argv, load_plugin)
+def write_viewer(output_dir: Path, hf_checkpoint: str, tokenizer, per_source: int) -> None:
+    """output_dir/viewer/index.html, the viewer's page of this run (--viewer), with the run's own tokenizer when it
+    generated (else the checkpoint's); a page that cannot be written is a warning, the evaluation stands."""
+    from slime_search_r1.viewer import InputError, TokenizerError, build_page  # numpy and the page: only for --viewer
+
+    model = Path(str(hf_checkpoint)).name or str(hf_checkpoint)
+    try:
+        built = build_page(
+            [output_dir],
+            output_dir / "viewer",
+            tokenizer=tokenizer,
+            tokenizer_path=None if tokenizer is not None else Path(hf_checkpoint),
+            title=f"evaluate.py: {model}",
+            per_source=per_source,
+        )
+    except (InputError, TokenizerError) as exc:
+        print(f"evaluate.py: warning: no viewer page: {exc}", file=sys.stderr)
+        return
+    print(f"evaluate.py: viewer page {built.path} ({built.size / 1e6:.1f} MB; open it in a browser)", file=sys.stderr)
 
 
 if __name__ == "__main__":

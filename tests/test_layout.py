@@ -170,6 +170,18 @@ def test_nothing_imports_the_retrievers_command_line_scripts():
     assert importers == set()
 
 
+def test_the_evaluation_imports_nothing_from_the_viewer():
+    """The viewer reads what an evaluation writes (evaluation/store.py's files), so it sits above the evaluation:
+    evaluate.py, at the top, hands a run's folder to the viewer, and no evaluation module imports it, even lazily."""
+    importers = {
+        f"{name} -> {target}"
+        for name, targets in project_edges().items()
+        for target in targets
+        if name.startswith("slime_search_r1.evaluation") and target.startswith("slime_search_r1.viewer")
+    }
+    assert importers == set()
+
+
 def test_the_top_level_holds_what_a_slime_user_looks_for():
     assert TOP_LEVEL == {
         "generate_with_search",

@@ -42,7 +42,7 @@ class EvalRow:
 
 
 def with_samples(rows: list[EvalRow], samples_per_question: int) -> list[EvalRow]:
-    """Each row once (k = 1, keyed by its index as before), or k times, keyed index#0 .. index#k-1."""
+    """Each row once (k = 1, keyed by its index), or k times, keyed index#0 .. index#k-1."""
     if samples_per_question == 1:
         return rows
     return [replace(row, sample=j) for row in rows for j in range(samples_per_question)]

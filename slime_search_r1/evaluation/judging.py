@@ -13,9 +13,10 @@ is marked (error, invalid) is asked again on the next run.
 import asyncio
 import json
 import math
+import sys
 from pathlib import Path
 
-from slime_search_r1.evaluation.reports import TrajectoryStore
+from slime_search_r1.evaluation.store import TrajectoryStore
 from slime_search_r1.http_client import close_loop_sessions
 from slime_search_r1.scoring.judge import SCORED, JudgeClient, Verdict
 
@@ -24,6 +25,35 @@ JUDGE_JSON = "judge.json"  # the judge whose verdicts the reports count (written
 
 
 JUDGED = ("question", "golden_answers", "answer")  # what the judge is shown of a trajectory
+
+
+def judge_pending(judge: JudgeClient | None, records: list[dict], output_dir: Path) -> None:
+    """Ask the judge about the records without a usable verdict from it (none when no judge is given)."""
+    if judge is None:
+        return
+    verdicts = TrajectoryStore(output_dir, JUDGEMENTS).load()
+    todo = pending(records, verdicts, judge.identity)
+    unanswerable = sum("answer" not in record for record in records)
+    if unanswerable:
+        print(
+            f"evaluate.py: warning: {unanswerable} trajectories hold no recorded answer, so the judge cannot be "
+            "asked about them; they stay unjudged (rerun them with --overwrite)",
+            file=sys.stderr,
+        )
+    print(f"evaluate.py: judge {judge.config.model}: {len(todo)} answers to judge", file=sys.stderr)
+    if todo:
+        judge_run(judge, todo, output_dir)
+
+
+def unjudged_message(summary: dict) -> str | None:
+    """What to tell the user when trajectories are left without a usable verdict, else None."""
+    if not summary.get("unjudged"):
+        return None
+    return (
+        f"{summary['unjudged']} trajectories have no usable verdict (marked error or invalid in {JUDGEMENTS}, with "
+        "the judge's reply and the error); rerun the same command, or evaluate.py rescore with the judge flags, to "
+        "ask again"
+    )
 
 
 def judged(record: dict) -> dict:
@@ -45,8 +75,8 @@ def usable(line: dict | None, record: dict, identity: dict) -> bool:
 
 
 def pending(records: list[dict], verdicts: dict[str, dict], identity: dict) -> list[dict]:
-    """The trajectories this judge has no usable verdict for. Lines written before evaluate.py recorded the answer
-    ("answer" absent) cannot be judged and stay unjudged."""
+    """The trajectories this judge has no usable verdict for. A line without "answer" cannot be judged and stays
+    unjudged."""
     return [r for r in records if "answer" in r and not usable(verdicts.get(r["key"]), r, identity)]
 
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slime_search_r1.data import SEARCH_R1_DATA_SOURCES
+from slime_search_r1.evaluation.summary import BASE_SCORES
 
 TABLES = Path(__file__).with_name("tables")
-SCORE_NAMES = ("em", "f1", "cover_em", "judge")
 # A source evaluated on fewer questions than this is flagged beside the paper: a score over n questions is uncertain
 # by up to +-0.98/sqrt(n) (a 95% interval of a proportion), +-0.10 at 100, where a paper's test set has hundreds to
 # thousands of questions per source.
@@ -71,9 +71,9 @@ def _figure(where: str, value) -> float | None:
 def _score_table(path: str, key: str, value) -> dict:
     if not isinstance(value, dict):
         raise ReferenceError(f"{path}: '{key}' must be an object {{score: ...}}, got {type(value).__name__}")
-    unknown = sorted(set(value) - set(SCORE_NAMES))
+    unknown = sorted(set(value) - set(BASE_SCORES))
     if unknown:
-        raise ReferenceError(f"{path}: unknown score {unknown[0]!r} in '{key}'; accepted: {', '.join(SCORE_NAMES)}")
+        raise ReferenceError(f"{path}: unknown score {unknown[0]!r} in '{key}'; accepted: {', '.join(BASE_SCORES)}")
     return value
 
 
@@ -102,7 +102,7 @@ def parse_reference(name: str, path: str, document, known_sources) -> Reference:
                 )
         scores[score] = {source: _figure(f"{path}: scores.{score}.{source}", v) for source, v in figures.items()}
     if not scores:
-        raise ReferenceError(f"{path}: 'scores' is empty; give at least one of {', '.join(SCORE_NAMES)}")
+        raise ReferenceError(f"{path}: 'scores' is empty; give at least one of {', '.join(BASE_SCORES)}")
     averages = _score_table(path, "averages", document.get("averages") or {})
     return Reference(
         name=name,

@@ -4,7 +4,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from slime_search_r1.evaluation.reports import RUN_CONFIG
+from slime_search_r1.evaluation.store import RUN_CONFIG
 from slime_search_r1.viewer.inputs import read_inputs
 from slime_search_r1.viewer.page import render_page, write_page
 from slime_search_r1.viewer.samples import Run

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slime_search_r1.evaluation.reports import TRAJECTORIES
+from slime_search_r1.evaluation.store import TRAJECTORIES
 from slime_search_r1.viewer.dumps import (
     ROLLOUT_FORMAT,
     TRAIN_FORMAT,

@@ -1,15 +1,16 @@
-"""evaluate.py's output folders: trajectories.jsonl, one line per finished sample (evaluation/reports.py).
+"""evaluate.py's output folders: trajectories.jsonl, one line per finished sample (evaluation/store.py names the
+files, evaluation/runner.py's trajectory_record writes the lines).
 
 A line always holds the response text, the status, the reward's parts and the tool counters. Written with
 `evaluate.py --viewer` it also holds the prompt, the plugin's whole record ("episode") and the token ids, loss mask
-and log probs ("tokens"), so the page shows every token; older lines are shown as text.
+and log probs ("tokens"), so the page shows every token; a line without them is shown as text.
 """
 
 import json
 from pathlib import Path
 
 from slime_search_r1.episode import METADATA_KEY
-from slime_search_r1.evaluation.reports import RUN_CONFIG, TRAJECTORIES, TrajectoryStore
+from slime_search_r1.evaluation.store import RUN_CONFIG, TRAJECTORIES, TrajectoryStore
 from slime_search_r1.scoring.answers import answer_of
 from slime_search_r1.viewer.dumps import InputError
 from slime_search_r1.viewer.samples import Run, ViewSample

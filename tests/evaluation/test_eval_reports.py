@@ -1,6 +1,6 @@
 """evaluate.py's charts: EM per data source as a bar chart, and `evaluate.py compare` across checkpoints.
 
-The results.json files are written here by eval_results' own summarize + write_reports, as evaluate.py writes them.
+The results.json files are written here by the evaluation's own summarize + write_reports, as evaluate.py writes them.
 """
 
 import json
@@ -14,16 +14,11 @@ import pytest
 
 import evaluate
 from slime_search_r1.data import SEARCH_R1_DATA_SOURCES
+from slime_search_r1.evaluation.chart import em_bar_figure
+from slime_search_r1.evaluation.comparison import comparison_figure, load_results
 from slime_search_r1.evaluation.references import beside_paper, load_reference, shipped
-from slime_search_r1.evaluation.reports import (
-    comparison_figure,
-    em_bar_figure,
-    load_results,
-    pass_at_k,
-    references_markdown,
-    summarize,
-    write_reports,
-)
+from slime_search_r1.evaluation.reports import references_markdown, write_reports
+from slime_search_r1.evaluation.summary import pass_at_k, summarize
 
 REPO = Path(__file__).resolve().parents[2]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -218,9 +213,9 @@ def test_compare_shows_every_score_a_run_has(tmp_path):
         summary = summarize(scored_records("nq", [(0.0, 0.5, 1.0, judge)]), {"nq": 1}, judge=JUDGE)
         write_reports(folder, summary, {"hf_checkpoint": f"/ckpt/{name}", "temperature": 0.0})
         runs.append(folder)
-    older = write_run(tmp_path / "step_50", {"nq": [0.0]})  # written before F1 and the judge: EM only
+    em_only = write_run(tmp_path / "step_50", {"nq": [0.0]})  # a results.json with EM alone
     out = tmp_path / "cmp"
-    assert evaluate.main(["compare", str(older), *map(str, runs), "--output", str(out)]) == 0
+    assert evaluate.main(["compare", str(em_only), *map(str, runs), "--output", str(out)]) == 0
     table = (out / "comparison.md").read_text()
     for heading in ("## EM", "## F1", "## cover EM", "## judge"):
         assert heading in table
@@ -231,7 +226,7 @@ def test_compare_shows_every_score_a_run_has(tmp_path):
     assert "| step_100 | 0.000 | **0.000** | 1 of 1 |" in judge_table
     assert "| step_200 | 1.000 | **1.000** | 1 of 1 |" in judge_table
 
-    figure = comparison_figure(["a", "b", "c"], [load_results(folder) for folder in (older, *runs)])
+    figure = comparison_figure(["a", "b", "c"], [load_results(folder) for folder in (em_only, *runs)])
     assert [axes.get_title() for axes in figure.axes] == [
         f"{name} per data source across checkpoints" for name in ("EM", "F1", "cover EM", "judge")
     ]

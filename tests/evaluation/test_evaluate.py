@@ -12,7 +12,7 @@ import pytest
 import evaluate
 import generate_with_search
 import oai_format_data_preprocess
-from slime_search_r1.evaluation import reports
+from slime_search_r1.evaluation import chart
 from support.interrupt import interruptible
 from support.loopback import free_port
 from support.slime_compat import subprocess_pythonpath
@@ -319,13 +319,13 @@ def test_stdout_says_what_each_figure_is_and_no_training_warning_is_printed(
 def test_reference_puts_the_paper_s_figures_beside_the_run_s(
     data_file, engine, scripted, retriever, search_config, tokenizer_dir, tmp_path, capsys, monkeypatch
 ):
-    charted, real_figure = [], reports.em_bar_figure
+    charted, real_figure = [], chart.em_bar_figure
 
     def em_bar_figure(summary, title, references=None):
         charted.append(references)
         return real_figure(summary, title, references)
 
-    monkeypatch.setattr(reports, "em_bar_figure", em_bar_figure)
+    monkeypatch.setattr(chart, "em_bar_figure", em_bar_figure)
     out = tmp_path / "out"
     assert evaluate.main(cli(data_file, engine, tokenizer_dir, out, "--reference", "search-r1-base-grpo")) == 0
     assert charted == [json.loads((out / "results.json").read_text())["references"]]  # the paper's bars drawn

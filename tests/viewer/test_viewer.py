@@ -288,9 +288,9 @@ def test_bad_inputs_exit_2_with_one_line_naming_the_file(tmp_path, capsys):
     assert "no slime dump (*.pt) and no evaluate.py trajectories.jsonl under it" in error_of(
         [str(empty), "--output", str(tmp_path / "o")], capsys
     )
-    legacy = tmp_path / "legacy.pt"
-    torch.save({"format_version": 1, "samples": []}, legacy)
-    assert "the viewer reads version 2" in error_of([str(legacy), "--output", str(tmp_path / "o")], capsys)
+    version_1 = tmp_path / "version_1.pt"
+    torch.save({"format_version": 1, "samples": []}, version_1)
+    assert "the viewer reads version 2" in error_of([str(version_1), "--output", str(tmp_path / "o")], capsys)
     assert not (tmp_path / "o").exists()
 
 
@@ -376,11 +376,11 @@ def test_a_sample_two_weight_versions_sampled_says_which_tokens_each_sampled(vie
     assert right["names"] == ["1"] and [k for *_, k in right["spans"]] == [0, 0]
 
 
-def test_an_evaluate_line_shows_the_answer_evaluate_py_scored_and_an_older_line_the_one_its_response_gives():
+def test_an_evaluate_line_shows_the_answer_evaluate_py_scored_and_a_line_without_one_the_one_its_response_gives():
     from slime_search_r1.viewer.trajectories import sample_from_line
 
     line = {"key": "k", "status": "completed", "response": "<think>x</think>\n<answer> Paris </answer>"}
-    assert sample_from_line(0, line).answer == "Paris"  # a line written before evaluate.py recorded answers
+    assert sample_from_line(0, line).answer == "Paris"  # no "answer" in the line: read from its response
     assert sample_from_line(0, {**line, "answer": "Lyon"}).answer == "Lyon"  # read with the run's enabled tools
     assert sample_from_line(0, {**line, "answer": None}).answer is None  # it gave no answer
     assert "answer" not in sample_from_line(0, {**line, "answer": "Lyon"}).other

@@ -289,14 +289,14 @@ def test_record_keys_the_viewer_does_not_know_are_shown(page, viewer_dumps):
 @pytest.fixture(scope="module")
 def evaluate_page(viewer_dumps, tokenizer, tmp_path_factory):
     """An evaluate.py --viewer output folder: its lines written by evaluate.py's own trajectory_record."""
-    import evaluate
     from slime_search_r1.evaluation.dataset import EvalRow
+    from slime_search_r1.evaluation.runner import trajectory_record
 
     folder = tmp_path_factory.mktemp("evaluate_run")
     with (folder / "trajectories.jsonl").open("w", encoding="utf-8") as lines:
         for i, sample in enumerate(viewer_dumps.eval_samples):
             row = EvalRow(index=i, data_source=sample.metadata["data_source"], row={"question": f"q{i}"})
-            record = evaluate.trajectory_record(row, sample, sample.reward, 0.1, with_tokens=True)
+            record = trajectory_record(row, sample, sample.reward, 0.1, with_tokens=True)
             lines.write(json.dumps(record) + "\n")
     return folder, build_page([folder], folder / "viewer", tokenizer=tokenizer).path
 
