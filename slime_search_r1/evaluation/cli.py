@@ -198,10 +198,10 @@ def rescore_main(argv: list[str]) -> int:
         reference = load_reference(cli.reference, set(selected)) if cli.reference else None
     except ReferenceError as exc:
         return _error(str(exc), "evaluate.py rescore")
-    for record in records:  # F1 and cover EM of the recorded answer, computed again by scoring/answers.py
+    for record in records:  # the answer scores of the recorded answer, computed again by scoring/answers.py
         if "answer" in record and record.get("golden_answers") is not None:
             scores = rule_scores(record["answer"], record["golden_answers"])
-            record.update(f1=scores["f1"], cover_em=scores["cover_em"])  # EM stays reward_func's
+            record.update({name: value for name, value in scores.items() if name != "em"})  # EM stays reward_func's
     interrupted = False
     try:
         judge_pending(cli.judge, records, output_dir)

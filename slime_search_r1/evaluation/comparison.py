@@ -9,7 +9,8 @@ from pathlib import Path
 
 from slime_search_r1.evaluation.chart import save_png
 from slime_search_r1.evaluation.reports import RESULTS_JSON
-from slime_search_r1.evaluation.summary import BASE_SCORES, format_score, score_label, source_order
+from slime_search_r1.registry import reward_names
+from slime_search_r1.evaluation.summary import format_score, score_label, source_order
 
 COMPARISON_MD = "comparison.md"
 COMPARISON_PNG = "comparison.png"
@@ -51,7 +52,7 @@ def compared_scores(runs: list[dict]) -> list[str]:
     """Every score any of the runs has, EM first, each base score followed by its pass@k (a results.json without
     "scores" holds EM only)."""
     found = {key for results in runs for key in results.get("scores", ["em"])}
-    return [key for base in BASE_SCORES for key in sorted(found) if key.partition("_pass@")[0] == base]
+    return [key for base in reward_names() for key in sorted(found) if key.partition("_pass@")[0] == base]
 
 
 def differing_settings(runs: list[dict]) -> list[str]:

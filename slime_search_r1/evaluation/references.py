@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from slime_search_r1.data import SEARCH_R1_DATA_SOURCES
-from slime_search_r1.evaluation.summary import BASE_SCORES
+from slime_search_r1.registry import reward_names
 
 TABLES = Path(__file__).with_name("tables")
 # A source evaluated on fewer questions than this is flagged beside the paper: a score over n questions is uncertain
@@ -71,9 +71,10 @@ def _figure(where: str, value) -> float | None:
 def _score_table(path: str, key: str, value) -> dict:
     if not isinstance(value, dict):
         raise ReferenceError(f"{path}: '{key}' must be an object {{score: ...}}, got {type(value).__name__}")
-    unknown = sorted(set(value) - set(BASE_SCORES))
+    unknown = sorted(set(value) - set(reward_names()))
     if unknown:
-        raise ReferenceError(f"{path}: unknown score {unknown[0]!r} in '{key}'; accepted: {', '.join(BASE_SCORES)}")
+        accepted = ", ".join(reward_names())
+        raise ReferenceError(f"{path}: unknown score {unknown[0]!r} in '{key}'; accepted: {accepted}")
     return value
 
 
@@ -102,7 +103,7 @@ def parse_reference(name: str, path: str, document, known_sources) -> Reference:
                 )
         scores[score] = {source: _figure(f"{path}: scores.{score}.{source}", v) for source, v in figures.items()}
     if not scores:
-        raise ReferenceError(f"{path}: 'scores' is empty; give at least one of {', '.join(BASE_SCORES)}")
+        raise ReferenceError(f"{path}: 'scores' is empty; give at least one of {', '.join(reward_names())}")
     averages = _score_table(path, "averages", document.get("averages") or {})
     return Reference(
         name=name,

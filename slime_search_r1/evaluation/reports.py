@@ -11,7 +11,8 @@ from slime_search_r1.evaluation.chart import write_em_chart
 from slime_search_r1.evaluation.judging import JUDGEMENTS, identity_of, recorded_judge, with_verdicts
 from slime_search_r1.evaluation.references import beside_paper, beside_paper_markdown
 from slime_search_r1.evaluation.store import TrajectoryStore
-from slime_search_r1.evaluation.summary import BASE_SCORES, format_score, score_label, summarize
+from slime_search_r1.registry import reward_names
+from slime_search_r1.evaluation.summary import format_score, score_label, summarize
 from slime_search_r1.scoring.judge import JudgeClient
 
 RESULTS_MD = "results.md"
@@ -138,8 +139,8 @@ def markdown_report(summary: dict, run_config: dict) -> str:
 
 def references_markdown(comparisons: list[dict], samples_per_question: int = 1) -> str:
     """Each reference's comparisons (evaluation/references.py's beside_paper) as one Markdown section."""
-    labels = {score: score_label(score) for score in BASE_SCORES}
-    run_labels = {score: score_label(score, samples_per_question) for score in BASE_SCORES}
+    labels = {score: score_label(score) for score in reward_names()}
+    run_labels = {score: score_label(score, samples_per_question) for score in reward_names()}
     by_name: dict[str, list[dict]] = {}
     for comparison in comparisons:
         by_name.setdefault(comparison["name"], []).append(comparison)

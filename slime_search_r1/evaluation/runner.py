@@ -16,6 +16,7 @@ from argparse import Namespace
 from urllib.parse import urlsplit
 
 from slime_search_r1.data import golden_answers
+from slime_search_r1.registry import ANSWER_SCORES
 from slime_search_r1.evaluation.dataset import ColumnNames, EvalRow, build_sample
 from slime_search_r1.evaluation.store import TrajectoryStore
 from slime_search_r1.http_client import close_loop_sessions
@@ -136,8 +137,7 @@ def trajectory_record(
         "golden_answers": golds if golds is not None else row.get("golden_answers"),
         "answer": answer,
         "em": float(details["em"]),  # the plugin's reward_func: the EM training logs
-        "f1": scores.get("f1"),
-        "cover_em": scores.get("cover_em"),
+        **{name: scores.get(name) for name in ANSWER_SCORES.names() if name != "em"},  # f1, cover_em, yours
         "score": float(details["score"]),
         "format_valid": details.get("format_valid"),
         "retrieval_hit": details.get("retrieval_hit"),

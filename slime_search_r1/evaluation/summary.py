@@ -1,7 +1,8 @@
 """A run's summary: every score per data source and their mean over the data sources (Search-R1's "Avg").
 
-Scores: em (the plugin's reward_func, pure exact match), f1 and cover_em (scoring/answers.py), judge (an LLM judge's
-verdicts, scoring/judge.py). With k samples per question each is avg@k (the mean of a question's scored samples) and
+Scores (registry.reward_names(), in report order): em (the plugin's reward_func, pure exact match), f1, cover_em
+and any answer score an extension registers (scoring/answers.py's rule_scores), judge (an LLM judge's verdicts,
+scoring/judge.py). With k samples per question each is avg@k (the mean of a question's scored samples) and
 gets a pass@k beside it: the expected best score of k samples drawn from a question's n >= k scored ones (pass_at_k;
 for 0/1 scores Chen et al.'s unbiased estimator, 1 - C(n-c, k) / C(n, k) with c right). A question with fewer than k
 scored samples (unjudged, or the run incomplete) has no pass@k: it is left out of it and counted (`{key}_short`).
@@ -14,9 +15,9 @@ import math
 from statistics import fmean
 
 from slime_search_r1.data import SEARCH_R1_DATA_SOURCES
+from slime_search_r1.registry import ANSWER_SCORES
 
-BASE_SCORES = ("em", "f1", "cover_em", "judge")
-_NAMES = {"em": "EM", "f1": "F1", "cover_em": "cover EM", "judge": "judge"}
+_NAMES = {"em": "EM", "f1": "F1", "cover_em": "cover EM", "judge": "judge"}  # how tables name them; others as named
 
 
 def summarize(
@@ -136,5 +137,5 @@ def _question_scores(questions: list[list[dict]], score: str, k: int) -> tuple[l
 
 
 def present_scores(records: list[dict], judged: bool) -> list[str]:
-    scores = ["em"] + [s for s in ("f1", "cover_em") if any(r.get(s) is not None for r in records)]
-    return scores + (["judge"] if judged else [])
+    found = [name for name in ANSWER_SCORES.names() if name != "em" and any(r.get(name) is not None for r in records)]
+    return ["em", *found, *(["judge"] if judged else [])]

@@ -138,3 +138,18 @@ async def test_a_reward_built_on_an_answer_score_of_ones_own(
     reward = info(sample)["reward"]
     assert (reward["scored_by"], reward["all_words"], reward["em"]) == ("all_words", 1.0, 0.0)
     assert search_metrics([sample])["all_words"] == 1.0
+
+
+def test_evaluate_reports_an_answer_score_of_ones_own(extensions):
+    from slime_search_r1.evaluation.summary import summarize
+    from slime_search_r1.scoring.answers import rule_scores
+
+    extensions("all_words_score")
+    golds = ["Paris France"]
+    records = []
+    for index, answer in enumerate(["the city of Paris in France", "Paris"]):
+        scores = rule_scores(answer, golds)
+        records.append({"key": str(index), "data_source": "nq", "status": "completed", **scores})
+    summary = summarize(records, {"nq": 2})
+    assert summary["scores"] == ["em", "f1", "cover_em", "all_words"]
+    assert (summary["data_sources"]["nq"]["all_words"], summary["data_sources"]["nq"]["em"]) == (0.5, 0.0)
