@@ -30,12 +30,14 @@ ifneq ($(strip $(SLIME_SRC)),)
 endif
 	$(BIN)/python -m pytest
 
-# Main job on the embedded default: mini-Wikipedia + MiniLM index (built once), served on 127.0.0.1 and measured.
+# Main job on the embedded default: the mini-Wikipedia + MiniLM index (built once), served on 127.0.0.1 and measured,
+# then the plugin offline on it: 20 episodes through generate() and reward_func(), the report and the viewer page.
 demo: $(STAMP)
 	$(BIN)/python -m local_dense_retriever.demo
+	$(BIN)/python -m slime_search_r1.demo
 
-# The plugin offline (no GPU, about a minute once `make demo` built the index): a scripted stand-in for SGLang, the
-# embedded retriever, evaluate.py in both modes (XML tags, tool calls) with its report and the viewer's page.
+# The plugin offline alone (no GPU, about a minute once `make demo` built the index): a scripted stand-in for SGLang,
+# the embedded retriever, evaluate.py in both modes (XML tags, tool calls) with its report and the viewer's page.
 rollout-demo: $(STAMP)
 	$(BIN)/python -m slime_search_r1.demo
 
