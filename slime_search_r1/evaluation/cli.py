@@ -65,7 +65,8 @@ from slime_search_r1.evaluation.runner import (
 from slime_search_r1.http_client import RETRY_AFTER_MAX_S
 from slime_search_r1.scoring.answers import rule_scores
 from slime_search_r1.scoring.judge import DEFAULT_PROMPT, JudgeClient, JudgeConfig, JudgePrompt, JudgeSetupError
-from slime_search_r1.settings import ConfigError, resolve_config
+from slime_search_r1.settings.kinds import ConfigError
+from slime_search_r1.settings.sources import resolve_config
 
 
 def positive_int(text: str) -> int:
