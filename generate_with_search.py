@@ -12,7 +12,7 @@ cache. The machinery is in slime_search_r1/ (its __init__.py maps it); the rewar
 
 Settings: SEARCH_R1_CONFIGS below holds what you change; every setting, its default, its environment variable
 (LLM_API_MODE, SEARCH_BACKEND, TOKEN_TRACKING_MODE, RETRIEVAL_SERVER_URL, SEARCH_R1_*, ...) and what it accepts is
-one row of slime_search_r1/settings.py (`python -m slime_search_r1.launch_check --list` prints them). Environment
+one row of slime_search_r1/settings/table.py (`python -m slime_search_r1.launch --list` prints them). Environment
 variables override the dict. A bad value stops the import with a message saying where it came from and what is
 accepted.
 """
@@ -31,7 +31,7 @@ from slime_search_r1.loop import enabled_tools, run_episode
 from slime_search_r1.protocols.xml_tags import prompt_text
 from slime_search_r1.scoring.rewards import JUDGE, question_of
 from slime_search_r1.scoring.rewards import grade as grade_answer
-from slime_search_r1.settings import resolve_config, search_r1_configs
+from slime_search_r1.settings.sources import resolve_config, search_r1_configs
 from slime_search_r1.slime_flags import check_slime_args
 from slime_search_r1.training.advantages import post_process_rewards  # noqa: F401 (slime loads it from here)
 from slime_search_r1.training.metrics import log_eval_rollout_metrics, log_rollout_metrics  # noqa: F401 (likewise)

@@ -38,7 +38,8 @@ from tqdm import tqdm
 from slime_search_r1.data import CHAT_SYSTEM_PROMPT, chat_question, golden_answers
 from slime_search_r1.registry import TOOLS
 from slime_search_r1.scoring.answers import normalize_answer
-from slime_search_r1.settings import ConfigError, import_extensions
+from slime_search_r1.settings.kinds import ConfigError
+from slime_search_r1.settings.sources import import_extensions
 
 REQUIRED_COLUMNS = ("question", "data_source")
 PASSED_THROUGH = ("id", "ability", "extra_info", "golden_answers")

@@ -2,14 +2,14 @@
 # Search-R1 GRPO training of Qwen2.5-3B with slime on one node: training and rollout colocated (train.py), or
 # fully asynchronous on GPUs of their own with ASYNC_MODE=fully (train_async.py).
 #
-#   bash run_qwen2.5_3B.sh [--dry-run] [--help] [more train.py flags: appended, so the last one wins]
+#   bash run_qwen2.5_3B.sh [--dry-run | --help | --list] [more train.py flags: appended, so the last one wins]
 #
-# Set the paths below (or export them). The slime flags are the arrays: edit them as in slime's examples.
-# Everything else is Python's (python -m slime_search_r1.launch; --help lists its variables): it resolves the
-# plugin's settings (defaults < SEARCH_R1_CONFIGS in generate_with_search.py < environment variables), checks
-# them and these flags as generate() would at its first sample, adds the flags they imply, writes the Ray
-# runtime env, starts a Ray head only when none answers, and submits the job. --dry-run (or DRY_RUN=1) prints
-# every value with where it came from, then the commands instead of running them.
+# Set the paths below (or export them). The slime flags are the arrays: edit them as in slime's examples, or
+# uncomment the optional ones. Everything else is Python's (python -m slime_search_r1.launch; --list prints every
+# setting): it resolves the plugin's settings (defaults < SEARCH_R1_CONFIGS in generate_with_search.py <
+# environment variables), checks them and these flags as generate() would at its first sample, adds the flags
+# they imply, writes the Ray runtime env, starts a Ray head only when none answers, and submits the job.
+# --dry-run prints every value with where it came from, then the commands instead of running them.
 set -euo pipefail
 
 SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"
@@ -53,10 +53,9 @@ ROLLOUT_ARGS=(
 )
 
 EVAL_ARGS=(
-   # evaluation runs when EVAL_PROMPT_DATA names the data: it adds --eval-interval 25 and
-   # --eval-prompt-data search_r1_test "$EVAL_PROMPT_DATA" (slime's path@[0:3000] slices work); or write them here:
+   # evaluation inside training (slime's path@[0:3000] reads a slice of the file):
    # --eval-interval 25
-   # --eval-prompt-data nq_test /root/Search-R1/data/nq_hotpotqa_train/test.parquet@[0:3000]
+   # --eval-prompt-data search_r1_test /root/Search-R1/data/nq_hotpotqa_train/test.parquet@[0:3000]
    --eval-input-key prompt
    --eval-label-key reward_model
    --n-samples-per-eval-prompt 1
@@ -90,7 +89,10 @@ GRPO_ARGS=(
    --eps-clip 0.2
    --eps-clip-high 0.28
 
-   # TIS: USE_TIS=1 adds --use-tis and slime's MIS helper (--custom-config-path, --custom-tis-function-path)
+   # TIS with slime's MIS helper (the paths are slime's examples/train_infer_mismatch_helper):
+   # --use-tis
+   # --custom-config-path /root/slime/examples/train_infer_mismatch_helper/mis.yaml
+   # --custom-tis-function-path examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp
 )
 
 OPTIMIZER_ARGS=(
@@ -103,7 +105,7 @@ OPTIMIZER_ARGS=(
 )
 
 WANDB_ARGS=(
-   # USE_WANDB=1 adds --use-wandb; the key (WANDB_API_KEY or WANDB_KEY) goes to the job's environment only
+   # --use-wandb                        # the key (WANDB_API_KEY or WANDB_KEY) goes to the job's environment only
    --wandb-project slime-search-r1
    --wandb-group search-r1_qwen2.5-3B
 )
@@ -122,6 +124,10 @@ MISC_ARGS=(
    --attention-softmax-in-fp32
    # need to comment this when using model with MLA
    --attention-backend flash
+
+   # slime's dumps of every rollout, for the trajectory viewer (a dry run prints its command):
+   # --save-debug-rollout-data "/root/dumps/rollout_data/{rollout_id}.pt"
+   # --save-debug-train-data "/root/dumps/train_data/{rollout_id}.pt"
 )
 
 CUSTOM_ARGS=(

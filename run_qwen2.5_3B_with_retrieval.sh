@@ -7,7 +7,8 @@
 # it, is one local URL) and waits for its /health, then starts training (TRAIN_CMD, run_qwen2.5_3B.sh by default)
 # in the same tmux session. Ctrl-C stops both; the exit code is training's (1 if the server dies first). A non-local
 # URL (or START_RETRIEVER=0) uses that server and starts none. Watch it with: tmux attach -t slime-search-r1
-# Everything is Python's (python -m slime_search_r1.launch.with_retrieval; --help lists its variables).
+# Everything is Python's (python -m slime_search_r1.launch.with_retrieval; python -m slime_search_r1.launch --list
+# prints its variables: RETRIEVER_ARGS holds the server's flags).
 set -euo pipefail
 
 SCRIPT_DIR="$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)"

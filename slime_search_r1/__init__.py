@@ -1,6 +1,6 @@
 """The machinery behind generate_with_search.py, grouped by the question each part answers.
 
-settings.py      what the user set: every setting declared once, SEARCH_R1_CONFIGS and its environment variables
+settings/        what the user set: every setting declared once, SEARCH_R1_CONFIGS and the environment variables
 registry.py      what can be added by name: protocols, token-tracking modes, tools, search backends
 slime_flags.py   which slime flags the settings must agree with
 launch/          what the launch scripts hand to Python: the values and their sources, the same checks on the launch

@@ -2,7 +2,7 @@
 
 This file is the rollout's map: one XML search episode runs in the files named here, read in this order.
 
-  generate_with_search.generate   settings.py resolves the settings, slime_flags.py checks slime's flags against them
+  generate_with_search.generate   settings/ resolves the settings, slime_flags.py checks slime's flags against them
   run_episode (below)             one EpisodeState, the protocol and token driver the settings name, the trajectory;
                                   then per turn:
     driver.generate()  -> Turn    tokens/manual.py: the trajectory's ids to SGLang's /generate (tokens/engine.py),
@@ -25,7 +25,7 @@ and holds what extensions register). How an episode ends:
                                                  engine would have (tokens/turn_end.py), and the episode goes on
   response or context budget out      TRUNCATED  token_budget (each turn is offered exactly what is left)
   max_turns reached                   TRUNCATED  max_turns; a tool call on the last turn is not run (no turn reads it)
-  a tool failing after its retries    FAILED     tool_failed, with remove_sample when drop_failed_samples
+  a tool failing after its retries    FAILED     tool_failed, with remove_sample (its reward measures the outage)
   the engine's answer unusable        FAILED     engine_error (a 4xx, a null log prob, ids and log probs that
                                                  disagree, ...: the record's engine_error says which), likewise
 
@@ -71,7 +71,8 @@ from slime_search_r1.episode import (
     write_episode,
 )
 from slime_search_r1.registry import PROTOCOLS, TOKEN_DRIVERS, TOOLS
-from slime_search_r1.settings import ConfigError, SearchR1Config
+from slime_search_r1.settings.kinds import ConfigError
+from slime_search_r1.settings.view import SearchR1Config
 from slime_search_r1.tokens.engine import EngineProtocolError
 from slime_search_r1.tokens.manual import Trajectory, why_not_continued
 from slime_search_r1.tools.contract import Tool, ToolAborted, ToolError, run_calls
@@ -242,7 +243,7 @@ def finish(state: EpisodeState, status: Sample.Status, reason: FinishReason, ver
     resumable = status == Sample.Status.ABORTED and bool(getattr(state.args, "partial_rollout", False))
     write_episode(sample, state.record(reason, resumable=resumable, versions=versions))
     sample.status = status
-    sample.remove_sample = status == Sample.Status.FAILED and state.config.drop_failed_samples
+    sample.remove_sample = status == Sample.Status.FAILED
     return sample
 
 

@@ -1,8 +1,8 @@
 """The slime flags the settings must agree with: refused when they cannot work, warned about when they would
 quietly train on the wrong numbers.
 
-generate() runs check_slime_args at every sample (the first one stops a run that skipped the launch check); the
-launch check (launch_check.py) runs the same function on train.py's command line, before Ray starts.
+generate() runs check_slime_args at every sample (the first one stops a run that skipped the launch's checks); the
+launch (launch/checks.py) runs the same function on train.py's command line, before Ray starts.
 
 slime's fully-async rollout (train_async.py with FULLY_ASYNC_ROLLOUT) has refusals of its own. They stop a launch;
 at a sample they are logged as warnings instead, because slime's fully-async worker catches an exception raised by
@@ -13,7 +13,9 @@ check does not look into a list, so an aborted episode would be trained as if it
 
 import argparse
 
-from slime_search_r1.settings import PAGE_CHUNK_FRAME_TOKENS, ConfigError, SearchR1Config
+from slime_search_r1.settings.kinds import ConfigError
+from slime_search_r1.settings.rules import PAGE_CHUNK_FRAME_TOKENS
+from slime_search_r1.settings.view import SearchR1Config
 from slime_search_r1.training.advantages import GROUP_NORMALIZED_ESTIMATORS
 
 # The reward post-process that keeps removed samples out of their group's advantages (training/advantages.py).
@@ -108,12 +110,12 @@ def check_slime_args(args, config: SearchR1Config, at_launch: bool = False, eval
     normalized = getattr(args, "advantage_estimator", "grpo") in GROUP_NORMALIZED_ESTIMATORS and getattr(
         args, "rewards_normalization", True
     )
-    # samples that get remove_sample: FAILED ones (a tool still failing) unless kept, and those the judge left unscored
+    # samples that get remove_sample: FAILED ones (a tool still failing), and those the judge left unscored
     removed = [
-        *(["FAILED samples (a tool still failing after its retries)"] if config.drop_failed_samples else []),
+        "FAILED samples (a tool still failing after its retries)",
         *(["samples the judge could not score"] if config.reward == "judge" else []),
     ]
-    if removed and normalized and not evaluation:
+    if normalized and not evaluation:
         if getattr(args, "custom_convert_samples_to_train_data_path", None):
             warnings.append(
                 "--custom-convert-samples-to-train-data-path replaces slime's reward post-processing, so "
@@ -187,7 +189,7 @@ def fully_async_problems(args) -> tuple[list[str], list[str]]:
         refusals.append(
             f"--colocate with --rollout-function-path {FULLY_ASYNC_ROLLOUT}: the fully-async rollout generates while "
             "training runs, so the two need GPUs of their own (train_async.py refuses --colocate); accepted: "
-            "ASYNC_MODE=fully without --colocate, with ACTOR_GPUS + ROLLOUT_GPUS = NUM_GPUS"
+            "ASYNC_MODE=fully without --colocate, training on ACTOR_GPUS and rollout on the rest of NUM_GPUS"
         )
     evaluation = getattr(args, "eval_function_path", None) or FULLY_ASYNC_ROLLOUT  # slime's default: the rollout's
     if getattr(args, "eval_interval", None) is not None and evaluation == FULLY_ASYNC_ROLLOUT:

@@ -45,7 +45,8 @@ from slime_search_r1.evaluation.store import (
     check_run_config,
 )
 from slime_search_r1.scoring.answers import rule_scores
-from slime_search_r1.settings import ConfigError, resolve_config
+from slime_search_r1.settings.kinds import ConfigError
+from slime_search_r1.settings.sources import resolve_config
 
 # write_viewer(output_dir, hf_checkpoint, tokenizer or None, trajectories per data source): the run's viewer page
 WriteViewer = Callable[[Path, str, object, int], None]

@@ -22,7 +22,7 @@ from slime_search_r1.evaluation.store import TrajectoryStore
 from slime_search_r1.http_client import close_loop_sessions
 from slime_search_r1.episode import episode_record, tool_counters
 from slime_search_r1.scoring.answers import answer_of, rule_scores
-from slime_search_r1.settings import ConfigError
+from slime_search_r1.settings.kinds import ConfigError
 from slime_search_r1.tools.contract import Tool
 
 logger = logging.getLogger("evaluate")

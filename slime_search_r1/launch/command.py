@@ -1,40 +1,36 @@
-"""What run_qwen2.5_3B.sh launches, decided once: the values (the plugin's settings and the launch knobs, each with
-where it came from), the flags they add to the script's slime flags, the checks, and the Ray runtime env.
+"""What run_qwen2.5_3B.sh launches, decided once: the values (the plugin's settings and the launch's, each with where
+it came from), the flags they add to the script's slime flags, the checks, and the Ray runtime env.
 
 The train.py command is, in this order: the cluster flags, MODEL_ARGS, the script's arrays, the flags the values
-imply (below), EXTRA_TRAIN_ARGS, then the script's own arguments; slime's parser keeps the last of a repeated
-flag, so what the user appends wins.
+imply (below), then the script's own arguments; slime's parser keeps the last of a repeated flag, so what the user
+appends wins.
 """
 
 import argparse
 import functools
 import os
 import re
-import shlex
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slime_search_r1.launch.knobs import SCRIPT_PATHS, TRAINING
 from slime_search_r1.launch.checks import check_plugin, configs_from_source
 from slime_search_r1.launch.retriever_memory import Checked, check_node_retriever, declared_training
-from slime_search_r1.settings import (
-    SETTINGS,
-    ConfigError,
-    SearchR1Config,
-    SearchR1Configs,
-    Section,
-    read_environment,
-    resolve_config,
-    search_r1_configs,
-)
+from slime_search_r1.settings.kinds import ConfigError
+from slime_search_r1.settings.sources import SearchR1Configs, read_environment, resolve_config, search_r1_configs
+from slime_search_r1.settings.table import LAUNCH, PLUGIN, SETTINGS, read_by
+from slime_search_r1.settings.view import SearchR1Config, Section
 from slime_search_r1.slime_flags import DEFAULT_ROLLOUT, FULLY_ASYNC_ROLLOUT
 
 # Plugin settings that change the command: the job gets the resolved value, so it trains the mode the flags are for.
 FLAG_SHAPING = ("llm_api_mode",)
-EVAL_NAME = "search_r1_test"
-EVAL_INTERVAL = 25
 SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
+# run_qwen2.5_3B.sh's own variables (VARIABLE=${VARIABLE:-default}) and the flag each one's value goes into; a dry
+# run prints each with where its flag's value came from.
+SCRIPT_PATHS = {"HF_CHECKPOINT": "--hf-checkpoint", "REF_LOAD": "--ref-load", "PROMPT_DATA": "--prompt-data"}
+# One node: the Ray head this launch starts (or finds) listens on the loopback address, as slime's examples do.
+RAY_HEAD_ADDRESS = "127.0.0.1"
 
 
 @dataclass
@@ -42,13 +38,15 @@ class Launch:
     plugin: Path
     configs: SearchR1Configs  # SEARCH_R1_CONFIGS as resolved (with where each value came from)
     config: SearchR1Config
-    knobs: Section
+    knobs: Section  # the launch's settings
     knob_sources: dict[str, str]
+    dry_run: bool
     model_args: list[str]
     train_args: list[str]  # every train.py flag
     entry: list[str]  # python and slime's train.py / train_async.py
     runtime_env: dict[str, str]
     secret_names: set[str]
+    job_id: str
     warnings: list[str] = field(default_factory=list)
     memory: Checked | None = None  # the plan of a retrieval server sharing the node (NODE_RETRIEVER_LAYOUT)
     # the script's path variables (SCRIPT_PATHS): their flag's value and where it came from
@@ -58,11 +56,16 @@ class Launch:
     def flags(self) -> argparse.Namespace:
         return read_flags(self.train_args)
 
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://{RAY_HEAD_ADDRESS}:{self.knobs.ray_dashboard_port}"
+
 
 def read_flags(train_args: list[str]) -> argparse.Namespace:
     """The slime flags the launcher itself reads (the last of a repeated flag, as slime's parser keeps)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
-    for flag in ("--hf-checkpoint", "--ref-load", "--load", "--save", "--prompt-data", "--custom-config-path"):
+    for flag in ("--hf-checkpoint", "--ref-load", "--load", "--save", "--prompt-data", "--custom-config-path",
+                 "--save-debug-rollout-data"):  # fmt: skip
         parser.add_argument(flag)
     parser.add_argument("--eval-prompt-data", nargs="+")
     for flag in ("--rollout-num-gpus-per-engine", "--tensor-model-parallel-size", "--pipeline-model-parallel-size",
@@ -81,16 +84,16 @@ def read_flags(train_args: list[str]) -> argparse.Namespace:
         raise ConfigError(f"train.py's flags: {exc}") from None
 
 
-def path_sources(script_args: list[str], extra: list[str], user_args: list[str], environ) -> dict[str, tuple]:
+def path_sources(script_args: list[str], user_args: list[str], environ) -> dict[str, tuple]:
     """Each of the script's path variables (SCRIPT_PATHS): the value its flag ends with and where that came from, in
-    the order they apply: the script's default, the variable (the script reads it), EXTRA_TRAIN_ARGS, the script's
-    command line (the last of a repeated flag wins, as in slime's parser)."""
-    layers = ((user_args, "the script's command line"), (extra, "EXTRA_TRAIN_ARGS"), (script_args, None))
+    the order they apply: the script's default, the variable (the script reads it), the script's command line (the
+    last of a repeated flag wins, as in slime's parser)."""
     found = {}
     for variable, flag in SCRIPT_PATHS.items():
         dest = flag.lstrip("-").replace("-", "_")
-        given = [(getattr(read_flags(args), dest), where) for args, where in layers]
-        value, where = next(((value, where) for value, where in given if value is not None), (None, None))
+        value, where = getattr(read_flags(user_args), dest), "the script's command line"
+        if value is None:
+            value, where = getattr(read_flags(script_args), dest), None
         if value is None:
             where = f"not set: the script's flags have no {flag}"
         elif where is None:
@@ -115,11 +118,11 @@ def read_model_args(path: str) -> list[str]:
 
 
 def cluster_flags(knobs: Section) -> list[str]:
-    """Colocated on every GPU, or (ASYNC_MODE=fully) training and rollout on GPUs of their own."""
+    """Colocated on every GPU, or (ASYNC_MODE=fully) training on ACTOR_GPUS and rollout on the rest."""
+    gpus = str(knobs.num_gpus)
     if knobs.async_mode == "fully":
         return ["--actor-num-nodes", "1", "--actor-num-gpus-per-node", str(knobs.actor_gpus),
-                "--rollout-num-gpus", str(knobs.rollout_gpus), "--num-gpus-per-node", str(knobs.num_gpus)]  # fmt: skip
-    gpus = str(knobs.num_gpus)
+                "--rollout-num-gpus", str(knobs.num_gpus - knobs.actor_gpus), "--num-gpus-per-node", gpus]  # fmt: skip
     return ["--actor-num-nodes", "1", "--actor-num-gpus-per-node", gpus, "--num-gpus-per-node", gpus, "--colocate"]
 
 
@@ -133,38 +136,32 @@ def implied_flags(knobs: Section, config: SearchR1Config) -> list[str]:
         flags += ["--tool-key", "tools", "--eval-tool-key", "tools"]  # prompts stay message lists
     else:
         flags += ["--apply-chat-template"]  # XML tags on the templated prompt, as Search-R1
-    if knobs.eval_prompt_data:
-        flags += ["--eval-interval", str(EVAL_INTERVAL), "--eval-prompt-data", EVAL_NAME, knobs.eval_prompt_data]
-    if knobs.dump_dir:  # slime fills {rollout_id} (eval_<id> for evaluations); the layout is its --dump-details one
-        flags += ["--save-debug-rollout-data", f"{knobs.dump_dir}/rollout_data/{{rollout_id}}.pt"]
-        if knobs.dump_train_data:
-            flags += ["--save-debug-train-data", f"{knobs.dump_dir}/train_data/{{rollout_id}}.pt"]
-    if knobs.use_tis:
-        flags += ["--use-tis", "--custom-config-path", knobs.tis_config_path,
-                  "--custom-tis-function-path", knobs.tis_function_path]  # fmt: skip
-    if knobs.use_wandb:
-        flags += ["--use-wandb"]
     return flags
 
 
 def check_gpu_split(knobs: Section, flags: argparse.Namespace, sources: dict[str, str]) -> list[str]:
-    """ASYNC_MODE=fully: the split must add up and suit the engines and Megatron; returns warnings."""
+    """ASYNC_MODE=fully: the split must leave GPUs to both and suit the engines and Megatron; returns warnings."""
     if knobs.async_mode != "fully":
-        if any(sources[key].startswith("environment") for key in ("actor_gpus", "rollout_gpus")):
-            return ["ACTOR_GPUS and ROLLOUT_GPUS apply with ASYNC_MODE=fully only; ASYNC_MODE=off colocates training "
-                    "and rollout on all NUM_GPUS"]  # fmt: skip
+        if sources["actor_gpus"].startswith("environment"):
+            return ["ACTOR_GPUS applies with ASYNC_MODE=fully only; ASYNC_MODE=off colocates training and rollout on "
+                    "all NUM_GPUS"]  # fmt: skip
         return []
-    actor, rollout = knobs.actor_gpus, knobs.rollout_gpus
-    if actor + rollout != knobs.num_gpus:
+    actor, rollout = knobs.actor_gpus, knobs.num_gpus - knobs.actor_gpus
+    if knobs.num_gpus < 2:
         raise ConfigError(
-            f"ACTOR_GPUS={actor} + ROLLOUT_GPUS={rollout} is {actor + rollout} GPUs, but NUM_GPUS={knobs.num_gpus}; "
-            "accepted: ACTOR_GPUS + ROLLOUT_GPUS = NUM_GPUS (training and rollout each on GPUs of their own)"
+            f"ASYNC_MODE=fully trains and generates on GPUs of their own, but NUM_GPUS={knobs.num_gpus}; accepted: "
+            "NUM_GPUS of 2 or more, or ASYNC_MODE=off"
+        )
+    if not 1 <= actor < knobs.num_gpus:
+        raise ConfigError(
+            f"ACTOR_GPUS={actor} leaves {rollout} of NUM_GPUS={knobs.num_gpus} to generate; accepted: ACTOR_GPUS from "
+            f"1 to {knobs.num_gpus - 1} (training and rollout each on GPUs of their own)"
         )
     per_engine = flags.rollout_num_gpus_per_engine
     if rollout % per_engine:
         raise ConfigError(
-            f"ROLLOUT_GPUS={rollout} is not a multiple of --rollout-num-gpus-per-engine {per_engine}; accepted: "
-            f"a multiple of {per_engine}"
+            f"NUM_GPUS - ACTOR_GPUS = {rollout} rollout GPUs is not a multiple of --rollout-num-gpus-per-engine "
+            f"{per_engine}; accepted: ACTOR_GPUS that leaves a multiple of {per_engine}"
         )
     model_parallel = flags.tensor_model_parallel_size * flags.pipeline_model_parallel_size
     model_parallel *= flags.context_parallel_size
@@ -185,7 +182,7 @@ def missing_paths(launch: Launch) -> list[str]:
               ("Megatron reference checkpoint (--ref-load)", flags.ref_load),
               ("checkpoint to resume (--load)", flags.load),
               ("training data (--prompt-data)", flags.prompt_data),
-              ("TIS config (--custom-config-path)", flags.custom_config_path if knobs.use_tis else None)]  # fmt: skip
+              ("TIS config (--custom-config-path)", flags.custom_config_path)]  # fmt: skip
     eval_data = flags.eval_prompt_data or []
     wanted += [("evaluation data (--eval-prompt-data)", path) for path in eval_data[1::2]]
     # slime's path@[start:end] reads a slice of the file
@@ -194,13 +191,14 @@ def missing_paths(launch: Launch) -> list[str]:
 
 
 def runtime_env(knobs: Section, config: SearchR1Config, plugin_dir: Path, environ) -> tuple[dict[str, str], set]:
-    """The job's environment: the paths slime and the plugin import from, every plugin variable that is set, the
-    flag-shaping settings as resolved, the wandb key, and EXTRA_RUNTIME_ENV_VARS. Returns it and its secrets."""
+    """The job's environment: the paths slime and the plugin import from (slime's examples too: TIS's helper), every
+    plugin variable that is set, the flag-shaping settings as resolved, the wandb key, and EXTRA_RUNTIME_ENV_VARS.
+    Returns it and its secrets."""
     paths = [knobs.megatron_path, str(plugin_dir), knobs.slime_dir, *environ.get("PYTHONPATH", "").split(":")]
     env = {"PYTHONPATH": ":".join(dict.fromkeys(p for p in paths if p)), "CUDA_DEVICE_MAX_CONNECTIONS": "1",
            "PYTHONUNBUFFERED": "1"}  # fmt: skip
     secrets = set()
-    for setting in SETTINGS.values():
+    for setting in read_by(PLUGIN):
         if setting.env and environ.get(setting.env):
             env[setting.env] = environ[setting.env]
         if setting.secret and setting.env:
@@ -208,7 +206,7 @@ def runtime_env(knobs: Section, config: SearchR1Config, plugin_dir: Path, enviro
     for key in FLAG_SHAPING:
         env[SETTINGS[key].env] = str(config_value(config, key))
     wandb_key = environ.get("WANDB_API_KEY") or environ.get("WANDB_KEY")
-    if wandb_key:
+    if wandb_key:  # for --use-wandb (WANDB_ARGS); only ever in the private runtime-env file
         env["WANDB_API_KEY"] = wandb_key
     for name in (knobs.extra_runtime_env_vars or "").replace(",", " ").split():
         if environ.get(name):
@@ -224,9 +222,7 @@ def config_value(config: SearchR1Config, key: str):
 
 def resolve_launch(plugin: Path, script_args: list[str], user_args: list[str], environ, dry_run: bool) -> Launch:
     """Every value, flag and check of one launch; raises ConfigError on the first thing that cannot work."""
-    knobs, knob_sources = read_environment(TRAINING.values(), {**environ, "DRY_RUN": "1"} if dry_run else environ)
-    if dry_run:
-        knob_sources["dry_run"] = "--dry-run"
+    knobs, knob_sources = read_environment(read_by(LAUNCH), environ)
     warnings = []
     try:
         user_dict = configs_from_source(plugin)
@@ -238,13 +234,13 @@ def resolve_launch(plugin: Path, script_args: list[str], user_args: list[str], e
     configs = search_r1_configs(user_dict, environ)
     config = resolve_config(configs)
     model_args = read_model_args(knobs.model_args_file) if os.path.isfile(knobs.model_args_file) else []
-    extra = shlex.split(knobs.extra_train_args or "")
-    train_args = [*cluster_flags(knobs), *model_args, *script_args, *implied_flags(knobs, config), *extra, *user_args]
+    train_args = [*cluster_flags(knobs), *model_args, *script_args, *implied_flags(knobs, config), *user_args]
     entry = [knobs.python_bin, f"{knobs.slime_dir}/{'train_async.py' if knobs.async_mode == 'fully' else 'train.py'}"]
     env, secrets = runtime_env(knobs, config, plugin.parent, environ)
+    job_id = f"search-r1-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     launch = Launch(
-        plugin, configs, config, knobs, knob_sources, model_args, train_args, entry, env, secrets, warnings,
-        paths=path_sources(script_args, extra, user_args, environ),
+        plugin, configs, config, knobs, knob_sources, dry_run, model_args, train_args, entry, env, secrets, job_id,
+        warnings, paths=path_sources(script_args, user_args, environ),
     )  # fmt: skip
     flags = launch.flags
     if config.llm_api_mode == "chat" and flags.apply_chat_template:

@@ -1,16 +1,18 @@
 """What a dry run prints (stdout; comment lines start with #): every value with where it came from, the memory plan
 of a retrieval server sharing the node (NODE_RETRIEVER_LAYOUT), the Ray runtime env with secrets as <hidden>, the Ray
-head and job commands, then the viewer command for DUMP_DIR and the commands from the latest checkpoint under --save
-to evaluate.py."""
+head and job commands, then the viewer command for slime's dumps (--save-debug-rollout-data) and the commands from
+the latest checkpoint under --save to evaluate.py."""
 
 import json
 import shlex
+from pathlib import Path
 
-from slime_search_r1.launch.command import Launch, config_value
-from slime_search_r1.launch.knobs import SCRIPT_PATHS, TRAINING
-from slime_search_r1.settings import SETTINGS, value_source
+from slime_search_r1.launch.command import RAY_HEAD_ADDRESS, SCRIPT_PATHS, Launch, config_value
+from slime_search_r1.settings.sources import value_source
+from slime_search_r1.settings.table import LAUNCH, PLUGIN, read_by
 
 DEFAULT_EVAL_DATA = "/root/Search-R1/data/nq_hotpotqa_train/test.parquet"
+RAY = "ray"  # the ray command of slime's environment
 
 
 def _aligned(rows: list[tuple[str, str]]) -> list[str]:
@@ -20,19 +22,19 @@ def _aligned(rows: list[tuple[str, str]]) -> list[str]:
 
 def sources(launch: Launch) -> list[str]:
     rows = []
-    for setting in SETTINGS.values():
+    for setting in read_by(PLUGIN):
         value = config_value(launch.config, setting.key)
         shown = "<hidden>" if setting.secret and value else repr(value)
         rows.append((f"{setting.key} = {shown}", value_source(launch.configs, setting)))
-    knob_rows = [(f"{s.env}={getattr(launch.knobs, key)!r}", launch.knob_sources[key]) for key, s in TRAINING.items()]
+    knob_rows = [(f"{s.env}={getattr(launch.knobs, s.key)!r}", launch.knob_sources[s.key]) for s in read_by(LAUNCH)]
     path_rows = [(f"{variable}={value!r}", where) for variable, (value, where) in launch.paths.items()]
     return [
         f"# the plugin's settings (default < SEARCH_R1_CONFIGS in {launch.plugin} < environment variable):",
         *_aligned(rows),
-        "# the launch's knobs (default < environment variable; python -m slime_search_r1.launch --help):",
+        "# the launch's settings (default < environment variable; python -m slime_search_r1.launch --list):",
         *_aligned(knob_rows),
         f"# the script's paths, as {', '.join(SCRIPT_PATHS.values())} (default in the script < environment "
-        "variable < EXTRA_TRAIN_ARGS < the script's command line):",
+        "variable < the script's command line):",
         *_aligned(path_rows),
     ]
 
@@ -43,23 +45,31 @@ def runtime_env_json(launch: Launch, hide_secrets: bool) -> str:
 
 
 def head_command(launch: Launch) -> list[str]:
-    knobs = launch.knobs
-    return [knobs.ray_bin, "start", "--head", "--block", "--node-ip-address", knobs.master_addr,
-            "--num-gpus", str(knobs.num_gpus), "--disable-usage-stats",
-            "--dashboard-port", str(knobs.ray_dashboard_port)]  # fmt: skip
+    return [RAY, "start", "--head", "--block", "--node-ip-address", RAY_HEAD_ADDRESS,
+            "--num-gpus", str(launch.knobs.num_gpus), "--disable-usage-stats",
+            "--dashboard-port", str(launch.knobs.ray_dashboard_port)]  # fmt: skip
 
 
 def submit_command(launch: Launch, runtime_env_file: str) -> list[str]:
-    knobs = launch.knobs
-    return [knobs.ray_bin, "job", "submit", "--address", knobs.ray_dashboard_url, "--submission-id", knobs.job_id,
+    return [RAY, "job", "submit", "--address", launch.dashboard_url, "--submission-id", launch.job_id,
             "--runtime-env", runtime_env_file, "--", *launch.entry, *launch.train_args]  # fmt: skip
 
 
+def dump_folder(launch: Launch) -> str | None:
+    """The folder of slime's dumps (--save-debug-rollout-data DIR/rollout_data/{rollout_id}.pt, as --dump-details
+    lays them out: the viewer reads rollout_data/ and train_data/ under DIR), or None without dumps."""
+    template = launch.flags.save_debug_rollout_data
+    if not template:
+        return None
+    folder = Path(template).parent
+    return str(folder.parent if folder.name == "rollout_data" else folder)
+
+
 def viewer_command(launch: Launch) -> str:
-    """The latest rollout's dumps under DUMP_DIR, as one offline page."""
-    dump_dir, knobs = launch.knobs.dump_dir, launch.knobs
-    words = [knobs.python_bin, "-m", "slime_search_r1.viewer", dump_dir, "--rollouts=-1:", "--tokenizer",
-             launch.flags.hf_checkpoint, "--output", f"{dump_dir}/viewer"]  # fmt: skip
+    """The latest rollout's dumps, as one offline page."""
+    dumps = dump_folder(launch)
+    words = [launch.knobs.python_bin, "-m", "slime_search_r1.viewer", dumps, "--rollouts=-1:", "--tokenizer",
+             launch.flags.hf_checkpoint, "--output", f"{dumps}/viewer"]  # fmt: skip
     return f"PYTHONPATH={shlex.quote(str(launch.plugin.parent))} {shlex.join(words)}"
 
 
@@ -74,7 +84,8 @@ def checkpoint_commands(launch: Launch) -> list[str]:
     vocab = (
         launch.model_args[launch.model_args.index("--vocab-size") + 1] if "--vocab-size" in launch.model_args else None
     )
-    reference = knobs.reference or ("search-r1-instruct-grpo" if "instruct" in hf.lower() else "search-r1-base-grpo")
+    # the paper's GRPO row of the same model kind; the printed command is the place to name another
+    reference = "search-r1-instruct-grpo" if "instruct" in hf.lower() else "search-r1-base-grpo"
     eval_data = (flags.eval_prompt_data or [None, DEFAULT_EVAL_DATA])[1].rsplit("@[", 1)[0]
     python, it = q(knobs.python_bin), '"$ITER"'
     lines = ["# after training: the latest checkpoint under --save to Hugging Face (slime's converter), served, "
@@ -96,21 +107,18 @@ def checkpoint_commands(launch: Launch) -> list[str]:
 
 
 def dry_run(launch: Launch) -> str:
-    knobs = launch.knobs
     lines = sources(launch)
     if launch.memory:
         lines += ["# the retrieval server sharing this node (NODE_RETRIEVER_*), checked beside training:"]
         lines += [f"# {line}" for line in launch.memory.lines]
     lines.append("# Ray runtime env (written to a private file at run time; secrets shown as <hidden>):")
     lines.append(runtime_env_json(launch, hide_secrets=True).rstrip("\n"))
-    url = knobs.ray_dashboard_url
-    if knobs.start_ray == "0":
-        lines.append(f"# Ray head: not started (START_RAY=0); the job goes to {url}")
-    else:
-        when = "started only if nothing answers at " + url if knobs.start_ray == "auto" else "always started"
-        lines += [f"# Ray head, {when} (START_RAY={knobs.start_ray}):", shlex.join(head_command(launch))]
+    lines += [
+        f"# Ray head, started only if nothing answers at {launch.dashboard_url}:",
+        shlex.join(head_command(launch)),
+    ]
     lines += ["# training job:", shlex.join(submit_command(launch, "<runtime-env-file>"))]
-    if knobs.dump_dir:
+    if dump_folder(launch):
         lines += ["# trajectory viewer, while or after training (--rollouts=-1: the latest rollout; ::50 every 50th; "
                   "10,20 those):", viewer_command(launch)]  # fmt: skip
     lines += checkpoint_commands(launch)

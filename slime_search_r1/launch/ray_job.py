@@ -14,11 +14,19 @@ import urllib.request
 from pathlib import Path
 
 from slime_search_r1.launch.command import Launch
-from slime_search_r1.launch.printed import head_command, runtime_env_json, submit_command, viewer_command
+from slime_search_r1.launch.printed import (
+    RAY,
+    dump_folder,
+    head_command,
+    runtime_env_json,
+    submit_command,
+    viewer_command,
+)
 from slime_search_r1.launch.signals import Stopped, holding, ignore_signals, stop_on_signals
-from slime_search_r1.settings import ConfigError
+from slime_search_r1.settings.kinds import ConfigError
 
 PROG = "run_qwen2.5_3B.sh"
+HEAD_START_TIMEOUT_S = 120  # for a started Ray head's dashboard to answer
 
 
 def info(message: str) -> None:
@@ -42,16 +50,15 @@ def start_head(launch: Launch, log_path: Path) -> subprocess.Popen:
 
 
 def wait_for_head(launch: Launch, head: subprocess.Popen, log_path: Path) -> None:
-    knobs = launch.knobs
-    deadline = time.monotonic() + knobs.ray_start_timeout
-    while not dashboard_up(knobs.ray_dashboard_url):
+    deadline = time.monotonic() + HEAD_START_TIMEOUT_S
+    while not dashboard_up(launch.dashboard_url):
         if head.poll() is not None:
             tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-20:])
             raise ConfigError(f"ray start failed:\n{tail}\nif a stale cluster holds the ports, check 'ray status' and "
                               "stop it yourself")  # fmt: skip
         if time.monotonic() > deadline:
-            raise ConfigError(f"the Ray dashboard did not answer at {knobs.ray_dashboard_url} within "
-                              f"{knobs.ray_start_timeout:g} s (RAY_START_TIMEOUT)")  # fmt: skip
+            raise ConfigError(f"the Ray dashboard did not answer at {launch.dashboard_url} within "
+                              f"{HEAD_START_TIMEOUT_S} s; see 'ray status'")  # fmt: skip
         time.sleep(1)
 
 
@@ -66,9 +73,8 @@ def stop_head(head: subprocess.Popen) -> None:
 
 
 def run(launch: Launch) -> int:
-    knobs = launch.knobs
-    if shutil.which(knobs.ray_bin) is None:
-        raise ConfigError(f"'{knobs.ray_bin}' not found on PATH; run inside slime's environment or set RAY_BIN")
+    if shutil.which(RAY) is None:
+        raise ConfigError(f"'{RAY}' not found on PATH; run inside slime's environment")
     stop_on_signals()
     head = job = None
     finished = False
@@ -77,20 +83,15 @@ def run(launch: Launch) -> int:
         with os.fdopen(os.open(env_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as out:
             out.write(runtime_env_json(launch, hide_secrets=False))
         try:
-            if dashboard_up(knobs.ray_dashboard_url):
-                if knobs.start_ray == "1":
-                    raise ConfigError(f"START_RAY=1 but a Ray cluster already answers at {knobs.ray_dashboard_url}")
-                info(f"using the Ray cluster that answers at {knobs.ray_dashboard_url} (it is left running)")
-            elif knobs.start_ray == "0":
-                raise ConfigError(f"START_RAY=0 but no Ray cluster answers at {knobs.ray_dashboard_url}; start one or "
-                                  "set START_RAY=auto")  # fmt: skip
+            if dashboard_up(launch.dashboard_url):
+                info(f"using the Ray cluster that answers at {launch.dashboard_url} (it is left running)")
             else:  # the head is ours from the moment it exists: a signal or a failed start stops it (finally)
                 with holding():
                     head = start_head(launch, Path(run_dir) / "ray_head.log")
                 wait_for_head(launch, head, Path(run_dir) / "ray_head.log")
-            if knobs.dump_dir:
-                info(f"dumps go to {knobs.dump_dir}; see them with: {viewer_command(launch)}")
-            info(f"submitting job {knobs.job_id}")
+            if dump_folder(launch):
+                info(f"dumps go to {dump_folder(launch)}; see them with: {viewer_command(launch)}")
+            info(f"submitting job {launch.job_id}")
             with holding():
                 job = subprocess.Popen(submit_command(launch, str(env_file)), start_new_session=True)
             code = job.wait()
@@ -101,10 +102,10 @@ def run(launch: Launch) -> int:
         finally:
             ignore_signals()
             if job is not None and not finished:
-                info(f"stopping Ray job {knobs.job_id}")
-                stop = [knobs.ray_bin, "job", "stop", "--address", knobs.ray_dashboard_url, knobs.job_id]
+                info(f"stopping Ray job {launch.job_id}")
+                stop = [RAY, "job", "stop", "--address", launch.dashboard_url, launch.job_id]
                 if subprocess.run(stop, timeout=90, stdout=sys.stderr).returncode != 0:
-                    info(f"warning: could not stop job {knobs.job_id}")
+                    info(f"warning: could not stop job {launch.job_id}")
                 job.terminate()
                 job.wait()
             if head is not None and head.poll() is None:

@@ -3,7 +3,8 @@ it starts the server) and by the launch (before Ray starts, when NODE_RETRIEVER_
 
 What training declares on each GPU comes from train.py's own flags (declared_training):
 - --colocate (ASYNC_MODE=off): SGLang takes --sglang-mem-fraction-static of each GPU it shares with the trainer, and
-  the trainer, offloaded while SGLang generates, keeps TRAINER_RESIDUAL_GIB there (memory_plan.COLOCATED_TRAINER_GIB);
+  the trainer, offloaded while SGLang generates, keeps memory_plan.COLOCATED_TRAINER_GIB there (slime's release notes
+  measured 3-5 GB after offload);
 - without it (ASYNC_MODE=fully): slime gives the trainer the lowest GPU ids, 0 .. A-1, where it declares no bound, and
   SGLang its fraction of the next --rollout-num-gpus;
 - a GPU outside training holds nothing of it.
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 
 from local_dense_retriever.retrieval.layouts import parse_layout
 from local_dense_retriever.retrieval.memory_plan import (
+    COLOCATED_TRAINER_GIB,
     GIB,
     MemoryPlan,
     MemoryPlanError,
@@ -33,11 +35,13 @@ from local_dense_retriever.retrieval.memory_plan import (
     table_layouts,
 )
 from local_dense_retriever.serving.launcher import ServerLayout
-from slime_search_r1.launch.knobs import TRAINING, expand_ids
-from slime_search_r1.settings import ConfigError, Section
+from slime_search_r1.settings.kinds import ConfigError, expand_ids
+from slime_search_r1.settings.table import SETTINGS
+from slime_search_r1.settings.view import Section
 
 DESCRIBE_VARIABLE = "SEARCH_R1_DESCRIBE_TRAINING"
-NODE_RETRIEVER_VARIABLES = tuple(s.env for key, s in TRAINING.items() if key.startswith("node_retriever_"))
+NODE_RETRIEVER_VARIABLES = tuple(s.env for key, s in SETTINGS.items() if key.startswith("node_retriever_"))
+TRAINER_BYTES = int(COLOCATED_TRAINER_GIB * GIB)
 # Without --sglang-mem-fraction-static SGLang sizes its share from the GPU itself (about 0.8-0.9 on large GPUs).
 SGLANG_ASSUMED_FRACTION = 0.9
 TUNER = "python -m local_dense_retriever.tune_index"
@@ -139,7 +143,6 @@ def check_beside_training(
     setting: str,
     training: TrainingGpus | None,
     gpu_total: tuple[int | None, str],
-    trainer_bytes: int,
     ram: tuple[int, str] | None = None,
 ) -> Checked:
     """The plan of `server` (named by `setting` in messages), checked on its GPUs against what `training` declares
@@ -153,7 +156,7 @@ def check_beside_training(
     plan = server.plan()
     checked = Checked(plan, [f"memory plan ({setting}): {plan.describe()}"])
     if plan.gpus:
-        _check_gpus(server, setting, plan, training, gpu_total, trainer_bytes, checked)
+        _check_gpus(server, setting, plan, training, gpu_total, checked)
     if ram is not None:
         try:
             check_fits(plan, None, ram[0])
@@ -166,14 +169,14 @@ def check_beside_training(
     return checked
 
 
-def _check_gpus(server, setting, plan, training, gpu_total, trainer_bytes, checked) -> None:
+def _check_gpus(server, setting, plan, training, gpu_total, checked) -> None:
     total, source = gpu_total
     if total is None:
         checked.warnings.append(f"each GPU's memory is not known ({source}; set GPU_MEMORY_GIB): the plan's "
                                 f"{gib(plan.gpu_bytes)} per GPU is not checked")  # fmt: skip
         return
     gpus = server.gpu_ids
-    budgets = {gpu: training.budget(gpu, total, trainer_bytes) if training else TrainingBudget(total) for gpu in gpus}
+    budgets = {gpu: training.budget(gpu, total, TRAINER_BYTES) if training else TrainingBudget(total) for gpu in gpus}
     tightest = min(gpus, key=lambda gpu: budgets[gpu].available_bytes)
     budget = budgets[tightest]
     role = training.role(tightest) if training else "what training holds there is not known"
@@ -264,20 +267,20 @@ def node_retriever(knobs: Section, training: TrainingGpus) -> ServerLayout | Non
         raise ConfigError(f"NODE_RETRIEVER_GPUS={knobs.node_retriever_gpus} with NODE_RETRIEVER_LAYOUT={spec}: a CPU "
                           "layout uses no GPU; accepted: a GPU layout (torch-fp16, faiss-gpu-fp16, ...) or no "
                           "NODE_RETRIEVER_GPUS")  # fmt: skip
-    size, dim, mmap = knobs.node_retriever_corpus_size, knobs.node_retriever_dim, knobs.node_retriever_mmap
-    return ServerLayout(layout.spec, size, dim, gpus, mmap)
+    return ServerLayout(layout.spec, knobs.node_retriever_corpus_size, knobs.node_retriever_dim, gpus)
 
 
 def node_retriever_environment(server: ServerLayout) -> dict[str, str]:
-    """NODE_RETRIEVER_* for `server`, for the launch in the training window (empty for a CPU index the byte model
-    does not cover: it holds no GPU)."""
-    if server.file_bytes is not None:
+    """NODE_RETRIEVER_* for `server`, for the launch in the training window: what it holds on the GPUs (empty for a
+    server on the CPU, whose RAM the wrapper checked before it started)."""
+    if not server.gpu_ids:
         return {}
-    env = {"NODE_RETRIEVER_LAYOUT": server.layout, "NODE_RETRIEVER_CORPUS_SIZE": str(server.corpus_size),
-           "NODE_RETRIEVER_DIM": str(server.dim), "NODE_RETRIEVER_MMAP": "1" if server.mmap else "0"}  # fmt: skip
-    if server.gpu_ids:
-        env["NODE_RETRIEVER_GPUS"] = ",".join(map(str, server.gpu_ids))
-    return env
+    return {
+        "NODE_RETRIEVER_LAYOUT": server.layout,
+        "NODE_RETRIEVER_CORPUS_SIZE": str(server.corpus_size),
+        "NODE_RETRIEVER_DIM": str(server.dim),
+        "NODE_RETRIEVER_GPUS": ",".join(map(str, server.gpu_ids)),
+    }
 
 
 def check_node_retriever(knobs: Section, training: TrainingGpus) -> Checked | None:
@@ -291,6 +294,6 @@ def check_node_retriever(knobs: Section, training: TrainingGpus) -> Checked | No
         setting += f" on NODE_RETRIEVER_GPUS={id_text(server.gpu_ids)}"
     gpu_total = gpu_memory_total(knobs.gpu_memory_gib) if server.gpu_ids else (None, "")
     try:
-        return check_beside_training(server, setting, training, gpu_total, int(knobs.trainer_residual_gib * GIB))
+        return check_beside_training(server, setting, training, gpu_total)
     except MemoryPlanError as err:
         raise ConfigError(str(err)) from None

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from slime_search_r1.episode import Action, Reply, ToolCall, Turn, encode_text
 from slime_search_r1.protocols.chat_template import ChatRenderer, chat_template_kwargs, turn_stop_ids
 from slime_search_r1.protocols.xml_tags import ANSWER_PATTERN
-from slime_search_r1.settings import ConfigError
+from slime_search_r1.settings.kinds import ConfigError
 from slime_search_r1.tools.contract import Tool, read_call
 
 TOOL_CALL_PATTERN = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)

@@ -33,19 +33,12 @@ _clients: dict[tuple, JudgeClient] = {}
 
 
 def judge_client(config) -> JudgeClient:
-    """The judge the settings name, built once per process (its prompt file read once)."""
+    """The judge the settings name, built once per process (its prompt file read once); its requests in flight,
+    attempts and timeout are JudgeConfig's defaults, as evaluate.py's."""
     judge = config.judge
-    key = (judge.url, judge.model, judge.prompt, judge.concurrency, judge.timeout, judge.attempts, judge.max_tokens)
-    key += (judge.api_key,)
+    key = (judge.url, judge.model, judge.prompt, judge.max_tokens, judge.api_key)
     if key not in _clients:
-        settings = JudgeConfig(
-            url=judge.url,
-            model=judge.model,
-            concurrency=judge.concurrency,
-            attempts=judge.attempts,
-            timeout=judge.timeout,
-            max_tokens=judge.max_tokens,
-        )
+        settings = JudgeConfig(url=judge.url, model=judge.model, max_tokens=judge.max_tokens)
         _clients[key] = JudgeClient(settings, JudgePrompt.load(judge.prompt), api_key=judge.api_key)
     return _clients[key]
 

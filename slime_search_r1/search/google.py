@@ -25,12 +25,12 @@ from slime_search_r1.http_client import (
     read_prefix,
     retrying,
 )
-from slime_search_r1.settings import SETTINGS
 
 logger = logging.getLogger(__name__)
 
-SERPER_URL = SETTINGS["google.search_url"].default
+SERPER_URL = "https://google.serper.dev/search"
 PAGE_TIMEOUT_S = 5.0
+PAGE_FETCH_CONCURRENCY = 8  # result pages fetched at once (snippet_only=False), per rollout process
 # Pages are cut here: most HTML pages are well under 1 MB, the snippet's paragraph sits near the top of a long
 # one, and HTMLParser costs ~0.2 s of CPU per MB (so a cut page costs at most ~0.4 s).
 PAGE_MAX_BYTES = 2 * 1024 * 1024
@@ -140,7 +140,7 @@ async def google_search(
     *,
     search_url: str = SERPER_URL,
     max_attempts: int = 3,
-    fetch_concurrency: int = 8,
+    fetch_concurrency: int = PAGE_FETCH_CONCURRENCY,
     give_up: Callable[[], bool] | None = None,
 ) -> list[dict]:
     """Top-k Google results for `query` as [{"document": {"contents": '"title"\\ncontext'}}, ...]."""
@@ -187,8 +187,7 @@ async def search(config, query: str, give_up: Callable[[], bool] | None = None) 
         timeout=config.search_timeout,
         proxy=config.google.proxy,
         snippet_only=config.google.snippet_only,
-        search_url=config.google.search_url,
+        search_url=SERPER_URL,  # read here, not bound as the default: a test points it at a stand-in
         max_attempts=config.search_attempts,
-        fetch_concurrency=config.google.fetch_concurrency,
         give_up=give_up,
     )

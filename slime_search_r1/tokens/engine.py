@@ -30,6 +30,8 @@ logger = logging.getLogger(__name__)
 ENGINE_ATTEMPTS = 60
 ENGINE_RETRY_WAIT_S = 1.0
 FINISH_TYPES = ("stop", "length", "abort")
+# The policy's name in --sglang-config, as slime's docs name it; without it slime's default router (its first model).
+POLICY_MODEL = "actor"
 
 
 class EngineProtocolError(RuntimeError):
@@ -40,8 +42,8 @@ class EngineUnavailable(RuntimeError):
     """The engine kept failing (connection errors, 5xx) for every attempt."""
 
 
-def engine_url(args, model: str) -> str:
-    return get_model_url(args, model, "/generate")
+def engine_url(args) -> str:
+    return get_model_url(args, POLICY_MODEL, "/generate")
 
 
 def routing_headers(args, sample) -> dict | None:
@@ -51,10 +53,10 @@ def routing_headers(args, sample) -> dict | None:
     return None
 
 
-def base_url(args, model: str) -> str:
+def base_url(args) -> str:
     """The policy's router (sglang-router in front of the engines, or the old slime router), found as slime finds
-    it: `model`'s router from --sglang-config, else --sglang-router-ip/--sglang-router-port."""
-    return get_model_url(args, model, endpoint="")
+    it: POLICY_MODEL's router from --sglang-config, else --sglang-router-ip/--sglang-router-port."""
+    return get_model_url(args, POLICY_MODEL, endpoint="")
 
 
 async def post_with_retries(url: str, payload: dict, headers: dict | None = None) -> object:

@@ -96,11 +96,11 @@ class _RouterDriver:
     @classmethod
     async def prepare(cls, state) -> None:
         """Fail before the sample is touched when the router lacks this driver's endpoint."""
-        await require_endpoint(base_url(state.args, state.config.engine_model), cls.retrieve_endpoint, cls.mode)
+        await require_endpoint(base_url(state.args), cls.retrieve_endpoint, cls.mode)
 
     def __init__(self, state, trajectory):
         self.tokenizer, self.config, self.trajectory = state.tokenizer, state.config, trajectory
-        self.router = base_url(state.args, state.config.engine_model)
+        self.router = base_url(state.args)
         self.context_length = len(trajectory.prompt_ids)
         self.response_length = 0
 

@@ -41,7 +41,7 @@ class ManualDriver:
     def __init__(self, state, trajectory, protocol):
         self.tokenizer = state.tokenizer
         self.trajectory = trajectory
-        self.url = engine_url(state.args, state.config.engine_model)
+        self.url = engine_url(state.args)
         self.use_slime_post = state.config.engine_transport == "slime" or bool(
             getattr(state.args, "use_distributed_post", False)
         )

@@ -4,7 +4,7 @@ the local retriever's POST /access (started with --pages_path), cut to max_page_
 observation that says so. Off by default: SEARCH_R1_TOOLS=search,access turns it on, and search results then show
 each passage's URL. Pages are read from the servers the search tool's local backend spreads its searches over.
 
-Reading chunks (page_chunk_tokens > 0, as ASearcher trains them): a page is cut into at most max_page_chunks chunks of
+Reading chunks (page_chunk_tokens > 0, as ASearcher trains them): a page is cut into at most MAX_PAGE_CHUNKS chunks of
 page_chunk_tokens tokens and shown one chunk per call, `[part i of n]` first: accessing the same URL again shows
 the next one. Each chunk result carries a short form (its first page_short_tokens tokens), which the contexts after
 the turn that read it show instead (loop.py, with split_trajectories), so a long page costs the context one chunk
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from slime_search_r1.episode import encode_text
 from slime_search_r1.http_client import RequestFailed
-from slime_search_r1.settings import PAGE_CHUNK_FRAME_TOKENS
+from slime_search_r1.settings.rules import PAGE_CHUNK_FRAME_TOKENS
 from slime_search_r1.tools.contract import Tool, ToolAborted, ToolError
 from slime_search_r1.tools.search import SearchAborted, SearchError, client_for, guarded
 
@@ -27,6 +27,8 @@ CHARACTERS_PER_TOKEN_AT_MOST = 32
 # A page answer may weigh this much: ASearcher shows at most 250,000 characters of a page, and the observation is
 # cut to max_page_tokens anyway; a server's --max_response_mb (16 by default) bounds it too.
 PAGE_ANSWER_BYTES = 8 * 1024 * 1024
+# Chunks of one page at most, as ASearcher reads pages; the rest of the page is never shown.
+MAX_PAGE_CHUNKS = 10
 
 
 def read_access_arguments(arguments: dict) -> dict:
@@ -83,10 +85,10 @@ class PageReading:
 
 
 def page_chunks(tokenizer, text: str, config) -> list[str]:
-    """The page's first max_page_chunks * page_chunk_tokens tokens in chunks of page_chunk_tokens, as text; a chunk
+    """The page's first MAX_PAGE_CHUNKS * page_chunk_tokens tokens in chunks of page_chunk_tokens, as text; a chunk
     ends a token or two early rather than in the middle of a character."""
     size = config.page_chunk_tokens
-    limit = size * config.max_page_chunks
+    limit = size * MAX_PAGE_CHUNKS
     ids = encode_text(tokenizer, text[: limit * CHARACTERS_PER_TOKEN_AT_MOST])[:limit]
     chunks, start = [], 0
     while start < len(ids):
@@ -155,7 +157,7 @@ ACCESS = Tool(
 
 async def access_page(config, url: str, aborted: Callable[[], bool] | None = None) -> dict | None:
     """The page at `url` from the configured servers' /access (ASearcher's), or None; SearchError when it fails for
-    good. It shares the searches' bound (search_concurrency): the same servers answer both."""
+    good. It shares the searches' bound (SEARCH_CONCURRENCY): the same servers answer both."""
 
     async def page() -> dict | None:
         body, answered = await client_for(config).post({"urls": [url]}, PAGE_ANSWER_BYTES, access_url, aborted)

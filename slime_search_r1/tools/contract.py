@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 class ToolError(RuntimeError):
     """The tool failed for good (its service down after retries, or an answer it cannot use): the sample ends
-    FAILED, with remove_sample when drop_failed_samples."""
+    FAILED, with remove_sample."""
 
 
 class ToolAborted(ToolError):

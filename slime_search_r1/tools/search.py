@@ -4,7 +4,7 @@ The model writes `<search> query </search>` (XML) or calls search(query) (chat),
 the backend the `search_backend` setting names, as Search-R1 formats them (`Doc 1(Title: ...) ...`):
 
   SEARCH, run_search        the tool: its arguments, its run (every query at once), its observation budget
-  search()                  one query to the top-k documents, bounded by search_concurrency, any failure a SearchError
+  search()                  one query to the top-k documents, SEARCH_CONCURRENCY at once, any failure a SearchError
   local_search              SEARCH_BACKEND=local: Search-R1's /retrieve API over one or more servers, round-robin
                             (local_dense_retriever/retrieval_server.py, or Search-R1's own); google: search/google.py
   format_documents          documents as Search-R1's passages2string writes them
@@ -34,6 +34,8 @@ from slime_search_r1.tools.contract import Tool, ToolAborted, ToolError
 logger = logging.getLogger(__name__)
 
 MAX_QUERIES_PER_CALL = 5
+# Searches (and the access tool's page reads) in flight per rollout process: every episode of a 256-sample batch.
+SEARCH_CONCURRENCY = 256
 
 SearchBackend = Callable[[object, str, Callable[[], bool] | None], Awaitable[list[dict]]]
 
@@ -125,10 +127,10 @@ async def search(config, query: str, aborted: Callable[[], bool] | None = None) 
 
 
 async def guarded(config, what: str, call: Callable[[], Awaitable], aborted: Callable[[], bool] | None):
-    """`call()` within the searches' bound (search_concurrency), skipped once `aborted()`, any failure a SearchError
+    """`call()` within the searches' bound (SEARCH_CONCURRENCY), skipped once `aborted()`, any failure a SearchError
     (the access tool's page reads share it: the same servers answer both)."""
     try:
-        async with loop_semaphore("search", config.search_concurrency):
+        async with loop_semaphore("search", SEARCH_CONCURRENCY):
             if aborted is not None and aborted():
                 raise SearchAborted(f"the rollout was aborted before this {what} ran")
             return await call()
@@ -160,13 +162,12 @@ class LocalRetrieverClient:
     """Single-query /retrieve calls (and the access tool's single-URL /access calls) spread round-robin over one or
     more servers; a retry moves to the next one."""
 
-    def __init__(self, urls: tuple[str, ...], *, timeout: float, max_attempts: int, proxy: str | None = None):
+    def __init__(self, urls: tuple[str, ...], *, timeout: float, max_attempts: int):
         if not urls:
             raise ValueError("LocalRetrieverClient needs at least one URL")
         self.urls = urls
         self.timeout = timeout
         self.max_attempts = max_attempts
-        self.proxy = proxy
         self._next_url = itertools.cycle(range(len(urls)))
 
     async def post(
@@ -178,7 +179,7 @@ class LocalRetrieverClient:
         async for attempt in retrying(self.max_attempts, give_up=give_up):
             with attempt:
                 url = endpoint(self.urls[next(self._next_url)])
-                body = await post_json(session, url, payload, self.timeout, max_body_bytes=limit, proxy=self.proxy)
+                body = await post_json(session, url, payload, self.timeout, max_body_bytes=limit)
         return body, url
 
     async def search(self, query: str, topk: int, give_up: Callable[[], bool] | None = None) -> list:
@@ -196,14 +197,11 @@ _clients: dict[tuple, LocalRetrieverClient] = {}
 
 def client_for(config) -> LocalRetrieverClient:
     """One client per setting, so that its round-robin position persists across calls."""
-    key = (config.local.search_url, config.search_timeout, config.search_attempts, config.local.proxy)
+    key = (config.local.search_url, config.search_timeout, config.search_attempts)
     client = _clients.get(key)
     if client is None:
         client = _clients[key] = LocalRetrieverClient(
-            config.local.search_url,
-            timeout=config.search_timeout,
-            max_attempts=config.search_attempts,
-            proxy=config.local.proxy,
+            config.local.search_url, timeout=config.search_timeout, max_attempts=config.search_attempts
         )
     return client
 

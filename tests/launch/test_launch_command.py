@@ -2,18 +2,20 @@
 came from, the flags the values imply, the checks (one line naming the setting and what is accepted), the runtime
 env, and the fully-asynchronous launch."""
 
+import shlex
 from argparse import Namespace
 
 import pytest
 
-from slime_search_r1.settings import ConfigError, resolve_config, search_r1_configs
+from slime_search_r1.settings.kinds import ConfigError
+from slime_search_r1.settings.sources import resolve_config, search_r1_configs
 from slime_search_r1.slime_flags import (
     DEFAULT_ROLLOUT,
     FULLY_ASYNC_ROLLOUT,
     REWARD_POST_PROCESS_PATH,
     check_slime_args,
 )
-from support.launch_runs import dry_run_here, launch_here
+from support.launch_runs import SCRIPT, dry_run_here, launch_here
 from support.slime_rollout import EVAL_ROLLOUT_LOG_FUNCTION, ROLLOUT_LOG_FUNCTION, load_function
 
 
@@ -61,8 +63,7 @@ def test_the_dry_run_says_where_each_value_came_from(dry_run):
     assert run.sources["google.api_key"] == ("<hidden>", "environment variable GOOGLE_API_KEY")
     assert run.sources["NUM_GPUS"] == ("4", "environment variable NUM_GPUS")
     assert run.sources["ASYNC_MODE"] == ("'off'", "default")
-    assert run.sources["RAY_DASHBOARD_URL"] == ("'http://127.0.0.1:8265'", "default, derived from the others")
-    assert run.sources["DRY_RUN"] == ("True", "--dry-run")
+    assert run.sources["ACTOR_GPUS"] == ("2", "default, derived from the others")
     assert "sk-hidden" not in run.stdout + run.stderr
 
 
@@ -73,34 +74,50 @@ def test_the_dry_run_says_where_each_of_the_scripts_paths_came_from(dry_run):
         "default in the script (export HF_CHECKPOINT to change it)",
     )
     assert run.sources["PROMPT_DATA"][0] == repr(run.value("--prompt-data"))
-    run = dry_run("--ref-load", "/mine/ref", EXTRA_TRAIN_ARGS="--prompt-data /x.parquet --ref-load /extra/ref")
+    run = dry_run("--ref-load", "/mine/ref", REF_LOAD="/exported/ref")
     assert run.sources["REF_LOAD"] == ("'/mine/ref'", "the script's command line")  # the command line wins
-    assert run.sources["PROMPT_DATA"] == ("'/x.parquet'", "EXTRA_TRAIN_ARGS")
     assert run.sources["HF_CHECKPOINT"][1].startswith("default in the script")
 
 
-def test_tis_wandb_dumps_and_evaluation_are_switched_on_by_variables(dry_run, tmp_path):
-    run = dry_run(USE_TIS="1", SLIME_DIR="/opt/slime", USE_WANDB="yes", DUMP_DIR="/dumps",
-                  EVAL_PROMPT_DATA="/data/test.parquet@[0:3000]")  # fmt: skip
+def optional_lines(array: str) -> list[str]:
+    """The script's commented flags in one of its arrays, as uncommented words (what a user turns on)."""
+    text = SCRIPT.read_text()
+    body = text[text.index(f"{array}=(") : text.index("\n)", text.index(f"{array}=("))]
+    lines = [line.strip()[2:] for line in body.splitlines() if line.strip().startswith("# --")]
+    return [word for line in lines for word in shlex.split(line.split("  #")[0])]
+
+
+def test_tis_wandb_dumps_and_evaluation_are_commented_flags_of_the_script(dry_run):
+    """Each is the script's own commented line, as slime's examples write optional flags: uncommented (here,
+    appended), it reaches train.py as it is, and its files are checked like every other path."""
+    tis, wandb, evaluation = optional_lines("GRPO_ARGS"), optional_lines("WANDB_ARGS"), optional_lines("EVAL_ARGS")
+    dumps = optional_lines("MISC_ARGS")
+    run = dry_run(*tis, *wandb, *evaluation, *dumps, SLIME_DIR="/opt/slime")
     assert run.has("--use-tis")
-    assert run.value("--custom-config-path") == "/opt/slime/examples/train_infer_mismatch_helper/mis.yaml"
+    assert run.value("--custom-config-path") == "/root/slime/examples/train_infer_mismatch_helper/mis.yaml"
     assert (
         run.value("--custom-tis-function-path")
         == "examples.train_infer_mismatch_helper.mis.compute_mis_weights_with_cp"
     )
-    assert "/opt/slime" in run.runtime_env["PYTHONPATH"].split(":")  # the TIS module imports
+    assert "/opt/slime" in run.runtime_env["PYTHONPATH"].split(":")  # the TIS module imports from slime's tree
     assert run.has("--use-wandb") and run.value("--wandb-project") == "slime-search-r1"
-    assert run.value("--save-debug-rollout-data") == "/dumps/rollout_data/{rollout_id}.pt"
-    assert run.value("--save-debug-train-data") == "/dumps/train_data/{rollout_id}.pt"
+    assert run.value("--save-debug-rollout-data") == "/root/dumps/rollout_data/{rollout_id}.pt"
+    assert run.value("--save-debug-train-data") == "/root/dumps/train_data/{rollout_id}.pt"
     position = run.train_args.index("--eval-prompt-data")
-    assert run.train_args[position + 1 : position + 3] == ["search_r1_test", "/data/test.parquet@[0:3000]"]
+    assert run.train_args[position + 1 : position + 3] == [
+        "search_r1_test",
+        "/root/Search-R1/data/nq_hotpotqa_train/test.parquet@[0:3000]",
+    ]
     assert run.value("--eval-interval") == "25"
     assert run.value("--eval-temperature") == "0"
-    # the path checks look at the file behind slime's @[start:end] slice
-    assert "evaluation data (--eval-prompt-data) not found: /data/test.parquet\n" in run.stderr
-    for value in ("0", "false", "off"):
-        assert not dry_run(USE_TIS=value).has("--use-tis")
-    assert not dry_run(DUMP_DIR="/dumps", DUMP_TRAIN_DATA="0").has("--save-debug-train-data")
+    # the path checks look at the file behind slime's @[start:end] slice, and at TIS's config
+    assert "evaluation data (--eval-prompt-data) not found: /root/Search-R1/data/nq_hotpotqa_train/test.parquet\n" in (
+        run.stderr
+    )
+    assert "TIS config (--custom-config-path) not found: /root/slime/examples/" in run.stderr
+    assert run.after[0].startswith("# trajectory viewer") and " /root/dumps --rollouts=-1: " in run.after[1]
+    plain = dry_run()
+    assert not {"--use-tis", "--use-wandb", "--eval-interval", "--save-debug-rollout-data"} & set(plain.train_args)
 
 
 def test_search_metrics_are_logged_and_failed_samples_kept_out_of_group_advantages(dry_run):
@@ -127,18 +144,17 @@ def test_chat_mode_keeps_messages_and_reads_tools(dry_run, refused):
 
 def test_paths_and_knobs_come_from_the_environment(dry_run):
     run = dry_run(SLIME_DIR="/opt/slime", MEGATRON_PATH="/opt/Megatron-LM",
-                  PYTHON_BIN="/usr/bin/python3.11", NUM_GPUS="4", JOB_ID="my-job",
-                  RAY_DASHBOARD_URL="http://10.0.0.1:8265")  # fmt: skip
+                  PYTHON_BIN="/usr/bin/python3.11", NUM_GPUS="4", RAY_DASHBOARD_PORT="8300")  # fmt: skip
     assert run.entry == ["/usr/bin/python3.11", "/opt/slime/train.py"]
     assert run.value("--actor-num-gpus-per-node") == "4"
     assert run.head[run.head.index("--num-gpus") + 1] == "4"
-    assert run.submit[run.submit.index("--submission-id") + 1] == "my-job"
-    assert run.submit[run.submit.index("--address") + 1] == "http://10.0.0.1:8265"
+    assert run.head[run.head.index("--dashboard-port") + 1] == "8300"
+    assert run.submit[run.submit.index("--submission-id") + 1].startswith("search-r1-")
+    assert run.submit[run.submit.index("--address") + 1] == "http://127.0.0.1:8300"
     assert run.runtime_env["PYTHONPATH"].split(":")[0] == "/opt/Megatron-LM"
     assert "model architecture flags (MODEL_ARGS_FILE) not found: /opt/slime/scripts/models/qwen2.5-3B.sh" in (
         run.stderr
     )
-    assert dry_run(START_RAY="0").head is None
 
 
 def test_plugin_variables_are_forwarded_and_secrets_never_shown(dry_run):
@@ -157,11 +173,12 @@ def test_plugin_variables_are_forwarded_and_secrets_never_shown(dry_run):
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        ({"USE_TIS": "1", "TRACK_LOG_PROBS": "false"}, "--use-tis needs the engine's log probs"),
-        ({"USE_TIS": "1", "LOSS_MASK_MODE": "simple"}, "which --use-tis would treat as real"),
-        ({"USE_TIS": "maybe"}, "environment variable USE_TIS='maybe' is invalid; accepted: one of 1, true"),
+        (
+            {"SKIP_PLUGIN_CHECK": "maybe"},
+            "environment variable SKIP_PLUGIN_CHECK='maybe' is invalid; accepted: one of 1",
+        ),
         ({"LLM_API_MODE": "xml"}, "environment variable LLM_API_MODE='xml' is invalid; accepted: generate | chat"),
-        ({"START_RAY": "yes"}, "environment variable START_RAY='yes' is invalid; accepted: auto | 1 | 0"),
+        ({"RAY_DASHBOARD_PORT": "0"}, "environment variable RAY_DASHBOARD_PORT='0' is out of range; accepted: 1 to"),
         ({"ASYNC_MODE": "partly"}, "environment variable ASYNC_MODE='partly' is invalid; accepted: off | fully"),
         ({"NUM_GPUS": "0"}, "environment variable NUM_GPUS='0' is out of range; accepted: >= 1"),
         ({"SEARCH_R1_MAX_TURNS": "two"}, "SEARCH_R1_MAX_TURNS='two' is invalid; accepted: an integer, 1 to 128"),
@@ -219,7 +236,7 @@ def test_a_missing_path_warns_in_a_dry_run_and_stops_a_real_run(dry_run, refused
         "warning: Hugging Face checkpoint (--hf-checkpoint) not found: /nowhere"
         in dry_run("--hf-checkpoint", "/nowhere").stderr
     )
-    error = refused(RAY_BIN="/no/ray")  # every missing path of the real run, at once
+    error = refused()  # every missing path of the real run, at once, before ray is looked for
     assert "error: 5 paths are missing" in error
     assert "\n  - slime's train.py (SLIME_DIR) not found: /root/slime/train.py\n" in error
 
@@ -228,7 +245,7 @@ def test_a_missing_path_warns_in_a_dry_run_and_stops_a_real_run(dry_run, refused
 
 
 def test_fully_async_uses_train_async_on_split_gpus_with_slimes_rollout_function(dry_run):
-    run = dry_run("--partial-rollout", ASYNC_MODE="fully", EVAL_PROMPT_DATA="/data/test.parquet")
+    run = dry_run("--partial-rollout", "--eval-interval", "25", ASYNC_MODE="fully")
     assert run.entry == ["python3", "/root/slime/train_async.py"]
     assert not run.has("--colocate")
     assert (run.value("--actor-num-gpus-per-node"), run.value("--rollout-num-gpus")) == ("4", "4")  # 8 GPUs, halved
@@ -237,7 +254,7 @@ def test_fully_async_uses_train_async_on_split_gpus_with_slimes_rollout_function
     assert run.value("--eval-function-path") == DEFAULT_ROLLOUT  # slime's default one evaluates; the async one raises
     assert run.head[run.head.index("--num-gpus") + 1] == "8"
     assert "--partial-rollout" not in run.stderr  # no warning with it
-    split = dry_run("--partial-rollout", ASYNC_MODE="fully", ACTOR_GPUS="2", ROLLOUT_GPUS="6")
+    split = dry_run("--partial-rollout", ASYNC_MODE="fully", ACTOR_GPUS="2")
     assert (split.value("--actor-num-gpus-per-node"), split.value("--rollout-num-gpus")) == ("2", "6")
     assert dry_run(ASYNC_MODE="fully", NUM_GPUS="4").value("--rollout-num-gpus") == "2"
 
@@ -251,31 +268,27 @@ def test_fully_async_without_partial_rollout_is_warned_about_with_the_reason(dry
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
-        ([], {"ACTOR_GPUS": "2", "ROLLOUT_GPUS": "2"}, "ACTOR_GPUS=2 + ROLLOUT_GPUS=2 is 4 GPUs, but NUM_GPUS=8"),
+        ([], {"ACTOR_GPUS": "8"}, "ACTOR_GPUS=8 leaves 0 of NUM_GPUS=8 to generate; accepted: ACTOR_GPUS from 1 to 7"),
+        ([], {"NUM_GPUS": "1"}, "but NUM_GPUS=1; accepted: NUM_GPUS of 2 or more, or ASYNC_MODE=off"),
         (
             [],
-            {"ACTOR_GPUS": "4", "ROLLOUT_GPUS": "6"},
-            "ACTOR_GPUS=4 + ROLLOUT_GPUS=6 is 10 GPUs, but NUM_GPUS=8; accepted: ACTOR_GPUS + ROLLOUT_GPUS = NUM_GPUS",
-        ),
-        (
-            [],
-            {"ACTOR_GPUS": "5", "ROLLOUT_GPUS": "3"},
-            "ROLLOUT_GPUS=3 is not a multiple of --rollout-num-gpus-per-engine 2",
+            {"ACTOR_GPUS": "5"},
+            "NUM_GPUS - ACTOR_GPUS = 3 rollout GPUs is not a multiple of --rollout-num-gpus-per-engine 2",
         ),
         (
             ["--rollout-num-gpus-per-engine", "1"],
-            {"ACTOR_GPUS": "3", "ROLLOUT_GPUS": "5"},
+            {"ACTOR_GPUS": "3"},
             "ACTOR_GPUS=3 is not a multiple of Megatron's tensor x pipeline x context parallel size 2",
         ),
         (["--colocate"], {}, f"--colocate with --rollout-function-path {FULLY_ASYNC_ROLLOUT}"),
         (
-            ["--eval-function-path", FULLY_ASYNC_ROLLOUT],
-            {"EVAL_PROMPT_DATA": "/data/test.parquet"},
+            ["--eval-function-path", FULLY_ASYNC_ROLLOUT, "--eval-interval", "25"],
+            {},
             f"accepted: --eval-function-path {DEFAULT_ROLLOUT}",
         ),
         (["--disable-rollout-global-dataset"], {}, "--disable-rollout-global-dataset with"),
     ],
-    ids=["split-short", "split-over", "engines", "megatron", "colocate", "evaluation", "global-dataset"],
+    ids=["all-train", "one-gpu", "engines", "megatron", "colocate", "evaluation", "global-dataset"],
 )
 def test_fully_async_refusals_name_the_setting_and_what_is_accepted(refused, args, env, message):
     stderr = refused("--dry-run", "--partial-rollout", *args, ASYNC_MODE="fully", **env)
@@ -290,7 +303,7 @@ def test_the_fully_async_rollout_function_with_colocate_or_its_evaluation_is_ref
 
 
 def test_the_gpu_split_is_warned_about_without_fully_async(dry_run):
-    assert "ACTOR_GPUS and ROLLOUT_GPUS apply with ASYNC_MODE=fully only" in dry_run(ACTOR_GPUS="2").stderr
+    assert "ACTOR_GPUS applies with ASYNC_MODE=fully only" in dry_run(ACTOR_GPUS="2").stderr
 
 
 def test_at_a_sample_the_fully_async_refusals_are_warnings():

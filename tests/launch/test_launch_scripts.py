@@ -5,6 +5,7 @@ details are tested in this process by test_launch_command.py."""
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -44,6 +45,7 @@ SLIME_FLAGS = {
     "--custom-rollout-log-function-path", "--custom-eval-rollout-log-function-path",
     "--custom-reward-post-process-path", "--rollout-function-path", "--eval-function-path",
     "--save-debug-rollout-data", "--save-debug-train-data",  # slime/utils/arguments.py add_debug_arguments
+    "--partial-rollout", "--over-sampling-batch-size", "--mask-offpolicy-in-partial-rollout",
 }  # fmt: skip
 # slime's tools/convert_torch_dist_to_hf.py, checked by hand against THUDM/slime main (and read from a real
 # checkout's file when the tests run with SLIME_SRC).
@@ -58,7 +60,7 @@ MEGATRON_FLAGS = {
     "--recompute-granularity", "--recompute-method", "--recompute-num-layers", "--optimizer", "--lr-decay-style",
     "--weight-decay", "--adam-beta1", "--adam-beta2", "--attention-dropout", "--hidden-dropout",
     "--accumulate-allreduce-grads-in-fp32", "--attention-softmax-in-fp32", "--attention-backend", "--num-layers",
-    "--hidden-size",
+    "--hidden-size", "--micro-batch-size",
 }  # fmt: skip
 
 
@@ -76,16 +78,16 @@ def test_the_script_hands_its_arrays_to_the_launcher_which_prints_the_command():
     assert run.runtime_env["PYTHONPATH"].split(":")[:2] == ["/root/Megatron-LM", str(REPO)]
     assert "warning: slime's train.py (SLIME_DIR) not found: /root/slime/train.py" in run.stderr
     # the flags a user appends to the script come last, so they win
-    appended = dry_run_script("--num-rollout", "5", EXTRA_TRAIN_ARGS="--rollout-top-p 0.99")
+    appended = dry_run_script("--rollout-top-p", "0.99", "--num-rollout", "5")
     assert appended.train_args[-4:] == ["--rollout-top-p", "0.99", "--num-rollout", "5"]
     assert appended.value("--num-rollout") == "5"
-    result = run_script(DRY_RUN="1", HF_CHECKPOINT="/models/qwen")  # DRY_RUN=1 is --dry-run
-    by_variable = DryRun(result.stdout, result.stderr)
-    assert by_variable.sources["DRY_RUN"] == ("True", "environment variable DRY_RUN")
+    by_variable = dry_run_script(HF_CHECKPOINT="/models/qwen")
     assert by_variable.sources["HF_CHECKPOINT"] == ("'/models/qwen'", "environment variable HF_CHECKPOINT")
     assert by_variable.value("--hf-checkpoint") == "/models/qwen"
     assert by_variable.sources["REF_LOAD"][1] == "default in the script (export REF_LOAD to change it)"
-    assert "ASYNC_MODE" in run_script("--help").stdout
+    assert "--list" in run_script("--help").stdout
+    listed = run_script("--list").stdout
+    assert "\tASYNC_MODE\t'off'\toff | fully\tlaunch\t" in listed and "\tRETRIEVER_ARGS\t" in listed
 
 
 # What each flag-shaping setting's values do to the command: (flags present, flags absent). A setting added to
@@ -106,13 +108,13 @@ def edited_copy(tmp_path):
 
 @pytest.mark.parametrize(("key", "value"), [(k, v) for k in FLAG_EFFECTS for v in FLAG_EFFECTS[k]])
 def test_the_dict_a_user_edits_reaches_the_flags_and_the_job(edited_copy, key, value):
-    """The defect this layout fixes: the script's own default for LLM_API_MODE beat the dict the user edited."""
+    """The dict a user edits decides the flags, not a default of the script's, and the job gets the same value."""
     assert set(FLAG_EFFECTS) == set(FLAG_SHAPING)
     script = edited_copy(f"        {key!r}: {value!r},\n")
-    from slime_search_r1.settings import SETTINGS
+    from slime_search_r1.settings.table import SETTINGS
 
     variable = SETTINGS[key].env
-    run = dry_run_script(script=script, EVAL_PROMPT_DATA="/data/test.parquet")
+    run = dry_run_script(script=script)
     present, absent = FLAG_EFFECTS[key][value]
     assert present <= set(run.train_args) and not absent & set(run.train_args)
     assert run.runtime_env[variable] == value  # the job trains what the flags were built for
@@ -120,7 +122,7 @@ def test_the_dict_a_user_edits_reaches_the_flags_and_the_job(edited_copy, key, v
     assert run.sources[key] == (repr(value), f"SEARCH_R1_CONFIGS[{key!r}]")
     # an environment variable that is set still wins over the dict, and says so
     other = next(v for v in FLAG_EFFECTS[key] if v != value)
-    overridden = dry_run_script(script=script, EVAL_PROMPT_DATA="/data/test.parquet", **{variable: other})
+    overridden = dry_run_script(script=script, **{variable: other})
     present, absent = FLAG_EFFECTS[key][other]
     assert present <= set(overridden.train_args) and not absent & set(overridden.train_args)
     assert overridden.runtime_env[variable] == other
@@ -143,7 +145,8 @@ def test_a_bad_value_in_the_edited_dict_stops_the_launch(edited_copy):
 def test_an_extensions_setting_reaches_the_job_too(tmp_path):
     """A setting registered by an extension module is forwarded like the built-in ones (no list to edit)."""
     (tmp_path / "my_extension.py").write_text(
-        "from slime_search_r1.settings import Integer, Setting, register_setting\n"
+        "from slime_search_r1.settings.kinds import Integer\n"
+        "from slime_search_r1.settings.table import Setting, register_setting\n"
         "register_setting(Setting('my_extension.retries', 2, Integer(0, 9), 'MY_EXTENSION_RETRIES'))\n"
     )
     env = {"SEARCH_R1_EXTENSIONS": "my_extension", "PYTHONPATH": str(tmp_path)}
@@ -157,9 +160,10 @@ def test_an_extensions_setting_reaches_the_job_too(tmp_path):
 
 
 def every_flag_run(tmp_path, **env) -> DryRun:
-    """A launch command with every optional group switched on."""
-    return dry_run_script("--save", "/ckpt", "--load", "/ckpt", USE_TIS="1", USE_WANDB="1", DUMP_DIR="/dumps",
-                          EVAL_PROMPT_DATA=str(tmp_path / "test.parquet"), **env)  # fmt: skip
+    """A launch command with every optional group switched on: the script's commented flags, uncommented."""
+    lines = re.findall(r"^\s+# (--[a-z][^#\n]*)", SCRIPT.read_text(), re.M)  # in the arrays, indented
+    optional = [word for line in lines for word in shlex.split(line)]
+    return dry_run_script(*optional, **env)
 
 
 def test_every_flag_is_a_real_slime_megatron_or_sglang_flag(tmp_path):
@@ -204,7 +208,7 @@ def test_scripts_are_shellcheck_clean():
 
 
 def test_no_setting_is_resolved_in_the_scripts():
-    """The scripts hold paths and slime flags; every other value is Python's (knobs.py, settings.py)."""
+    """The scripts hold paths and slime flags; every other value is Python's (settings/table.py)."""
     for script in (SCRIPT, REPO / "run_qwen2.5_3B_with_retrieval.sh"):
         code = re.sub(r"#.*", "", script.read_text())
         defaults = set(re.findall(r"\$\{(\w+):-", code))
@@ -369,15 +373,9 @@ def test_a_running_cluster_is_used_and_left_running(slime_tree):
         assert result.returncode == 0, result.stderr
         assert "it is left running" in result.stderr
         assert [c["event"] for c in ray_calls(env)] == ["job-submitted", "job-finished"]
-        refused = run_script(**slime_tree, START_RAY="1")
-        assert refused.returncode == 1
-        assert "START_RAY=1 but a Ray cluster already answers" in refused.stderr
     finally:
         dashboard.shutdown()
         dashboard.server_close()
-    refused = run_script(**slime_tree, START_RAY="0")
-    assert refused.returncode == 1
-    assert "START_RAY=0 but no Ray cluster answers" in refused.stderr
 
 
 def test_a_real_run_stops_at_a_missing_path_before_ray(slime_tree):
@@ -400,8 +398,8 @@ def test_a_real_run_names_every_missing_path_at_once(slime_tree):
 
 def test_dumps_for_the_viewer_and_the_printed_viewer_command_runs(viewer_dumps):
     """slime writes the dumps at every rollout (it has no interval); the printed command runs on them as it is."""
-    run = dry_run_script(DUMP_DIR=str(viewer_dumps.folder), HF_CHECKPOINT=str(viewer_dumps.folder / "tokenizer"))
-    assert run.value("--save-debug-rollout-data") == f"{viewer_dumps.folder}/rollout_data/{{rollout_id}}.pt"
+    dumps = f"{viewer_dumps.folder}/rollout_data/{{rollout_id}}.pt"
+    run = dry_run_script("--save-debug-rollout-data", dumps, HF_CHECKPOINT=str(viewer_dumps.folder / "tokenizer"))
     comment, command = run.after[:2]
     assert comment.startswith("# trajectory viewer")
     result = subprocess.run(["bash", "-c", command.replace("python3", sys.executable, 1)], env=clean_env(),

@@ -1,7 +1,7 @@
-"""The retriever's memory plan before any GPU is spent (issue 29 item 4): the launch (python -m slime_search_r1.launch,
+"""The retriever's memory plan before any GPU is spent: the launch (python -m slime_search_r1.launch,
 what run_qwen2.5_3B.sh runs) checks a retrieval server that NODE_RETRIEVER_* say shares the node, and the tmux wrapper
 (run_qwen2.5_3B_with_retrieval.sh) checks the server it is about to start, beside what train.py's flags declare:
-SGLang's --sglang-mem-fraction-static and the colocated trainer's TRAINER_RESIDUAL_GIB. Both print the plan, and
+SGLang's --sglang-mem-fraction-static and what the colocated trainer keeps (6 GiB). Both print the plan, and
 refuse a layout that cannot fit with one line that holds the figures."""
 
 import shutil
@@ -12,10 +12,11 @@ import pytest
 
 from local_dense_retriever.retrieval.memory_plan import gib, plan_memory
 from local_dense_retriever.serving.launcher import ServerFacts
-from slime_search_r1.launch import with_retrieval
-from slime_search_r1.launch.retriever_memory import TrainingGpus, declared_training
+from slime_search_r1.launch import retriever_server
 from slime_search_r1.launch.command import read_flags
-from slime_search_r1.settings import read_environment
+from slime_search_r1.launch.retriever_memory import TrainingGpus, declared_training
+from slime_search_r1.settings.sources import read_environment
+from slime_search_r1.settings.table import WRAPPER, read_by
 from support.launch_runs import SCRIPT, dry_run_here, launch_here, run_script
 from support.retriever_fixtures import small_wiki_fixture  # noqa: F401
 from test_wrapper import logs, run_wrapper, tmux_server_running
@@ -53,8 +54,8 @@ def test_the_launch_prints_the_plan_of_a_server_that_fits_beside_training(monkey
 
 
 def test_the_launch_refuses_a_layout_that_cannot_fit_beside_training_with_the_figures():
-    """Through the script itself (DRY_RUN=1 bash run_qwen2.5_3B.sh): the whole wiki-18 on one 80 GiB GPU."""
-    result = run_script(DRY_RUN="1", NODE_RETRIEVER_LAYOUT="torch-fp16", NODE_RETRIEVER_GPUS="0",
+    """Through the script itself (bash run_qwen2.5_3B.sh --dry-run): the whole wiki-18 on one 80 GiB GPU."""
+    result = run_script("--dry-run", NODE_RETRIEVER_LAYOUT="torch-fp16", NODE_RETRIEVER_GPUS="0",
                         NODE_RETRIEVER_CORPUS_SIZE=WIKI_18, GPU_MEMORY_GIB="80")  # fmt: skip
     assert result.returncode == 1
     error = result.stderr.splitlines()[-1]
@@ -67,14 +68,14 @@ def test_the_launch_refuses_a_layout_that_cannot_fit_beside_training_with_the_fi
     assert "# Ray" not in result.stdout  # nothing printed as if it would run
 
 
-def test_a_lower_sglang_fraction_or_a_smaller_trainer_makes_room(monkeypatch, capsys):
-    """The budget follows train.py's flags (the last --sglang-mem-fraction-static wins) and TRAINER_RESIDUAL_GIB."""
+def test_a_lower_sglang_fraction_makes_room(monkeypatch, capsys):
+    """The budget follows train.py's flags (the last --sglang-mem-fraction-static wins)."""
     env = {"NODE_RETRIEVER_LAYOUT": "torch-fp16", "NODE_RETRIEVER_GPUS": "0", "NODE_RETRIEVER_CORPUS_SIZE": WIKI_18,
            "GPU_MEMORY_GIB": "80"}  # fmt: skip
     code, _, stderr = launch_here(monkeypatch, capsys, "--dry-run", **env)
     assert code == 1 and "needs 31.9 GiB" in stderr
-    run = dry_run_here(monkeypatch, capsys, "--sglang-mem-fraction-static", "0.5", TRAINER_RESIDUAL_GIB="4", **env)
-    assert "- 4.0 GiB trainer - 1.0 GiB reserve = 35.0 GiB (GPU memory: GPU_MEMORY_GIB); the plan's 31.9 GiB fits" in (
+    run = dry_run_here(monkeypatch, capsys, "--sglang-mem-fraction-static", "0.5", **env)
+    assert "- 6.0 GiB trainer - 1.0 GiB reserve = 33.0 GiB (GPU memory: GPU_MEMORY_GIB); the plan's 31.9 GiB fits" in (
         run.stdout
     )
 
@@ -112,7 +113,6 @@ def test_without_node_retriever_layout_nothing_is_planned(monkeypatch, capsys):
          "NODE_RETRIEVER_LAYOUT=torch-fp16 on NODE_RETRIEVER_GPUS=6-9: GPU 9 is not on the node "
          "(--num-gpus-per-node 8); accepted: GPU ids 0-7"),
         ({"GPU_MEMORY_GIB": "0"}, (), "GPU_MEMORY_GIB='0' is out of range; accepted: >= 0.1"),
-        ({"TRAINER_RESIDUAL_GIB": "-1"}, (), "TRAINER_RESIDUAL_GIB='-1' is out of range; accepted: >= 0"),
         ({}, ("--sglang-mem-fraction-static", "1.2"),
          "--sglang-mem-fraction-static 1.2: accepted is a fraction in [0, 1)"),
     ],
@@ -160,12 +160,13 @@ def assert_nothing_started(env) -> None:
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_the_wrapper_refuses_a_gpu_layout_beside_the_declared_training_before_anything_starts(launch_as_training):
     """A 24 GiB GPU shared with run_qwen2.5_3B.sh's colocated training leaves 24 x 0.3 - 6 - 1 = 0.2 GiB."""
-    env = {**launch_as_training, "RETRIEVER_EXTRA_ARGS": "--num_threads 1 --torch_search 0", "GPU_MEMORY_GIB": "24"}
+    args = launch_as_training["RETRIEVER_ARGS"] + " --torch_search 0"
+    env = {**launch_as_training, "RETRIEVER_ARGS": args, "GPU_MEMORY_GIB": "24"}
     result = run_wrapper(env, timeout=120)
     assert result.returncode == 1, result.stderr
     assert result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith(
-        "run_qwen2.5_3B_with_retrieval.sh: error: --torch_search 0 (RETRIEVER_EXTRA_ARGS): layout torch-fp16 over 1 "
+        "run_qwen2.5_3B_with_retrieval.sh: error: --torch_search 0 (RETRIEVER_ARGS): layout torch-fp16 over 1 "
         "GPU(s) needs "
     )
     assert (
@@ -178,7 +179,8 @@ def test_the_wrapper_refuses_a_gpu_layout_beside_the_declared_training_before_an
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 def test_a_training_launch_that_would_fail_stops_the_wrapper_when_asked(launch_as_training):
     """Asked what training holds, the launch checks its own settings first: a bad one stops the wrapper then."""
-    env = {**launch_as_training, "RETRIEVER_EXTRA_ARGS": "--torch_search 0", "GPU_MEMORY_GIB": "80", "NUM_GPUS": "0"}
+    args = launch_as_training["RETRIEVER_ARGS"] + " --torch_search 0"
+    env = {**launch_as_training, "RETRIEVER_ARGS": args, "GPU_MEMORY_GIB": "80", "NUM_GPUS": "0"}
     result = run_wrapper(env, timeout=120)
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1, result.stderr
@@ -207,11 +209,11 @@ def test_the_wrapper_refuses_an_index_that_does_not_fit_in_ram(wrapper_env, smal
 
 
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-def test_the_wrapper_prints_the_plan_and_hands_the_server_to_the_launch(wrapper_env, small_wiki, tmp_path):
-    """A layout that fits: the plan is printed, the server starts, and training sees NODE_RETRIEVER_* (the launch in
-    the training window checks the same server beside its flags)."""
+def test_the_wrapper_prints_the_plan_of_a_cpu_server_and_hands_the_launch_none(wrapper_env, small_wiki, tmp_path):
+    """A layout that fits: the plan is printed and the server starts; on the CPU it holds no GPU, so training sees no
+    NODE_RETRIEVER_* (not even the caller's: they described another server)."""
     seen = tmp_path / "node_retriever.env"
-    env = {**wrapper_env, "TRAIN_CMD": f"env | grep ^NODE_RETRIEVER_ | sort > {seen}"}
+    env = {**wrapper_env, "TRAIN_CMD": f"env | grep ^NODE_RETRIEVER_ | sort > {seen}", "NODE_RETRIEVER_DIM": "1024"}
     result = run_wrapper(env)
     assert result.returncode == 0, result.stderr
     size = len(small_wiki.titles)
@@ -223,28 +225,23 @@ def test_the_wrapper_prints_the_plan_and_hands_the_server_to_the_launch(wrapper_
     assert f"run_qwen2.5_3B_with_retrieval.sh: RAM: {ram} of the " in result.stderr
     assert "TRAIN_CMD" not in result.stderr  # a CPU layout: what training holds on the GPUs is not asked
     assert "Uvicorn running" in logs(env, "retrieval_server")
-    assert seen.read_text().splitlines() == [
-        f"NODE_RETRIEVER_CORPUS_SIZE={size}", "NODE_RETRIEVER_DIM=384", "NODE_RETRIEVER_LAYOUT=Flat",
-        "NODE_RETRIEVER_MMAP=0",
-    ]  # fmt: skip
+    assert seen.read_text() == ""
 
 
 def test_the_wrapper_checks_a_fitting_gpu_layout_beside_what_the_launch_declares(monkeypatch, capsys):
     """The wrapper's check on the flags a GPU node would run (no GPU here: the plan needs none), with training asked
     from run_qwen2.5_3B.sh itself."""
     monkeypatch.setenv("PYTHON_BIN", sys.executable)
-    knobs, _ = read_environment(with_retrieval.WRAPPER.values(), {
-        "GPU_MEMORY_GIB": "80", "RETRIEVER_FAISS_GPU": "0", "RETRIEVER_EXTRA_ARGS": "--torch_search 2,3",
+    knobs, _ = read_environment(read_by(WRAPPER), {
+        "GPU_MEMORY_GIB": "80", "RETRIEVER_FAISS_GPU": "0", "RETRIEVER_ARGS": "--torch_search 2,3",
         "TRAIN_CMD": f"bash {SCRIPT} --sglang-mem-fraction-static 0.6",  # the last one wins
     })  # fmt: skip
     flags = ["--index_path", "wiki.index", "--corpus_path", "wiki.jsonl", "--torch_search", "2,3"]
     facts = ServerFacts(ram_available=64 * 2**30, visible_gpus=0, header={"code": "IxFI", "dim": 768,
                         "size": int(WIKI_18)}, index_bytes=0)  # fmt: skip
-    node_env = with_retrieval.check_memory(knobs, flags, facts)
+    node_env = retriever_server.check_memory(knobs, flags, facts)
     printed = capsys.readouterr().err
-    assert (
-        "memory plan (--torch_search 2,3 (RETRIEVER_EXTRA_ARGS)): layout torch-fp16, 21,015,324 x 768: RAM "
-    ) in printed
+    assert ("memory plan (--torch_search 2,3 (RETRIEVER_ARGS)): layout torch-fp16, 21,015,324 x 768: RAM ") in printed
     assert (
         "beside training (SGLang and the colocated trainer on GPU(s) 0-7, --sglang-mem-fraction-static 0.6): GPU 2 "
         "(SGLang and the colocated trainer) leaves 80.0 GiB x (1 - 0.6 SGLang static fraction) - 6.0 GiB trainer - "
@@ -252,7 +249,7 @@ def test_the_wrapper_checks_a_fitting_gpu_layout_beside_what_the_launch_declares
     ) in printed
     assert node_env == {
         "NODE_RETRIEVER_LAYOUT": "torch-fp16", "NODE_RETRIEVER_CORPUS_SIZE": WIKI_18, "NODE_RETRIEVER_DIM": "768",
-        "NODE_RETRIEVER_MMAP": "0", "NODE_RETRIEVER_GPUS": "2,3",
+        "NODE_RETRIEVER_GPUS": "2,3",
     }  # fmt: skip
 
 
@@ -260,10 +257,10 @@ def test_the_wrapper_asks_only_a_train_cmd_that_runs_the_launch(tmp_path):
     """A TRAIN_CMD that is not the launch would run for real if asked: it is not asked, and the plan is checked
     against each GPU's total only."""
     ran = tmp_path / "ran"
-    assert with_retrieval.ask_training(f"touch {ran}") is None
+    assert retriever_server.ask_training(f"touch {ran}") is None
     assert not ran.exists()
-    assert with_retrieval.runs_the_launch(f"bash {SCRIPT}")
-    assert with_retrieval.runs_the_launch("python -m slime_search_r1.launch plugin.py -- --colocate")
+    assert retriever_server.runs_the_launch(f"bash {SCRIPT}")
+    assert retriever_server.runs_the_launch("python -m slime_search_r1.launch plugin.py -- --colocate")
 
 
 @pytest.mark.parametrize(
@@ -271,13 +268,14 @@ def test_the_wrapper_asks_only_a_train_cmd_that_runs_the_launch(tmp_path):
     [
         ({"RETRIEVER_RAM_GIB": "0"}, "RETRIEVER_RAM_GIB='0' is out of range; accepted: >= 0.1"),
         ({"GPU_MEMORY_GIB": "lots"}, "GPU_MEMORY_GIB='lots' is invalid"),
-        ({"TRAINER_RESIDUAL_GIB": "-2"}, "TRAINER_RESIDUAL_GIB='-2' is out of range; accepted: >= 0"),
-        ({"RETRIEVER_EXTRA_ARGS": "--torch_search 0,0"}, "--torch_search 0,0: a GPU is named twice"),
+        ({"RETRIEVER_ARGS": "--torch_search 0,0"}, "--torch_search 0,0: a GPU is named twice"),
     ],
 )
 def test_bad_memory_settings_stop_the_wrapper_with_one_line(wrapper_env, override, message):
     if shutil.which("tmux") is None:
         pytest.skip("tmux is not installed")
+    if "RETRIEVER_ARGS" in override:  # flags given last win
+        override = {"RETRIEVER_ARGS": wrapper_env["RETRIEVER_ARGS"] + " " + override["RETRIEVER_ARGS"]}
     result = run_wrapper({**wrapper_env, **override, "TRAIN_CMD": "exit 0"}, timeout=120)
     assert result.returncode == 1
     assert result.stderr.startswith("run_qwen2.5_3B_with_retrieval.sh: error: ") and message in result.stderr

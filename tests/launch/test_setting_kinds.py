@@ -1,13 +1,10 @@
 """What each kind of setting accepts and the exact line it refuses with, the read-only view, registering settings
-and rules, and the extensions variable: the messages a user reads when a launch stops (bench/mutation.py's
-settings target found these unchecked)."""
+and rules, and the extensions variable: the messages a user reads when a launch stops."""
 
 import pytest
 
-from slime_search_r1 import settings
-from slime_search_r1.launch.knobs import TRAINING
-from slime_search_r1.settings import (
-    SETTINGS,
+from slime_search_r1.settings import sources as reading
+from slime_search_r1.settings.kinds import (
     Choice,
     ConfigError,
     Flag,
@@ -15,17 +12,24 @@ from slime_search_r1.settings import (
     Names,
     Number,
     Refused,
-    Section,
-    Setting,
+    ShellWords,
     Text,
     Urls,
-    register_rule,
-    read_environment,
-    register_setting,
-    resolve_config,
-    search_r1_configs,
-    value_source,
 )
+from slime_search_r1.settings.rules import RULES, register_rule
+from slime_search_r1.settings.sources import read_environment, resolve_config, search_r1_configs, value_source
+from slime_search_r1.settings.table import LAUNCH, SETTINGS, Setting, read_by, register_setting
+from slime_search_r1.settings.view import Section
+
+
+@pytest.fixture
+def own_settings():
+    """What the test registers (settings, rules) is gone after it."""
+    settings, rules = dict(SETTINGS), list(RULES)
+    yield
+    SETTINGS.clear()
+    SETTINGS.update(settings)
+    RULES[:] = rules
 
 
 def refusal(kind, value, from_env=False) -> str:
@@ -133,8 +137,7 @@ def test_the_resolved_view_hides_exactly_the_secret_settings():
     assert "max_turns=3" in repr(config)
 
 
-def test_a_secret_from_the_environment_is_hidden_in_its_message(monkeypatch):
-    monkeypatch.setattr(settings, "SETTINGS", dict(SETTINGS))
+def test_a_secret_from_the_environment_is_hidden_in_its_message(own_settings):
     register_setting(Setting("vault.token", None, Integer(1, 10, optional=True), "TEST_VAULT_TOKEN", secret=True))
     with pytest.raises(ConfigError) as info:
         search_r1_configs({}, {"TEST_VAULT_TOKEN": "abc"})
@@ -149,11 +152,10 @@ def test_a_secret_from_the_environment_is_hidden_in_its_message(monkeypatch):
     )
 
 
-def test_registering_a_setting_makes_it_read_checked_and_overridable(monkeypatch):
-    monkeypatch.setattr(settings, "SETTINGS", dict(SETTINGS))
+def test_registering_a_setting_makes_it_read_checked_and_overridable(own_settings):
     setting = Setting("bing.market", "en-US", Text(), "TEST_BING_MARKET")
     register_setting(setting)
-    assert settings.SETTINGS["bing.market"] is setting
+    assert SETTINGS["bing.market"] is setting
     assert resolve_config(search_r1_configs({}, {"TEST_BING_MARKET": "de-DE"})).bing.market == "de-DE"
     with pytest.raises(ValueError, match=r"^the setting 'bing.market' is declared already$"):
         register_setting(Setting("bing.market", "x", Text()))
@@ -164,8 +166,7 @@ def test_registering_a_setting_makes_it_read_checked_and_overridable(monkeypatch
     register_setting(Setting("bing.safe", True, Flag()))  # no variable: may share None with others
 
 
-def test_a_registered_rule_runs_on_every_resolve(monkeypatch):
-    monkeypatch.setattr(settings, "RULES", list(settings.RULES))
+def test_a_registered_rule_runs_on_every_resolve(own_settings):
 
     def no_more_than_two_turns(config):
         if config.max_turns > 2:
@@ -238,8 +239,7 @@ def test_without_an_environment_given_the_process_environment_is_read(monkeypatc
     assert search_r1_configs({})["max_turns"] == 7
 
 
-def test_secrets_are_hidden_by_key_at_the_top_and_in_their_own_section_only(monkeypatch):
-    monkeypatch.setattr(settings, "SETTINGS", dict(SETTINGS))
+def test_secrets_are_hidden_by_key_at_the_top_and_in_their_own_section_only(own_settings):
     register_setting(Setting("test_token", None, Text(optional=True), "TEST_TOKEN", secret=True))
     register_setting(Setting("vault.passphrase", None, Text(optional=True), secret=True))
     register_setting(Setting("notes.passphrase", None, Text(optional=True)))  # same name, not a secret
@@ -256,8 +256,7 @@ def test_where_a_value_came_from_in_a_plain_dict():
     assert value_source({"max_turns": 4}, SETTINGS["max_turns"]) == "SEARCH_R1_CONFIGS['max_turns']"
 
 
-def test_nested_defaults_are_deep_copies(monkeypatch):
-    monkeypatch.setattr(settings, "SETTINGS", dict(SETTINGS))
+def test_nested_defaults_are_deep_copies(own_settings):
     nested = Setting("test_nested", {"a": ["x"]}, Text(), "TEST_NESTED")
     register_setting(nested)
     search_r1_configs({}, {})["test_nested"]["a"].append("y")
@@ -271,7 +270,7 @@ def test_a_bare_host_gets_the_path_without_losing_its_own_last_letters():
 
 
 def test_a_launch_knob_left_unset_reads_its_default_as_a_copy():
-    values, sources = read_environment(TRAINING.values(), {})
+    values, sources = read_environment(read_by(LAUNCH), {})
     assert sources["num_gpus"] == "default" and values.num_gpus == 8
     listed = Setting("models", ["a"], Names(None), "TEST_MODELS")
     unbound = Setting("plain", 1, Integer(0))  # no variable: nothing in the environment can set it
@@ -287,6 +286,25 @@ def test_an_extension_from_the_variable_that_fails_at_resolve_names_the_variable
     def gone(name):
         raise ImportError(f"{name} was removed")
 
-    monkeypatch.setattr(settings.importlib, "import_module", gone)
+    monkeypatch.setattr(reading.importlib, "import_module", gone)
     with pytest.raises(ConfigError, match=r"^environment variable SEARCH_R1_EXTENSIONS: cannot import .*'json'"):
         resolve_config(configs)
+
+
+def test_a_launch_setting_is_not_a_key_of_search_r1_configs():
+    """One table holds both, but the dict takes the plugin's only: NUM_GPUS is the launch's, read from the
+    environment, and never reaches the job's view."""
+    with pytest.raises(ConfigError, match=r"^SEARCH_R1_CONFIGS has an unknown key 'num_gpus'; accepted: llm_api_mode"):
+        search_r1_configs({"num_gpus": 4}, {})
+    config = resolve_config(search_r1_configs({}, {"NUM_GPUS": "4"}))
+    with pytest.raises(AttributeError, match="no setting 'num_gpus' here"):
+        config.num_gpus  # noqa: B018
+
+
+def test_shell_words_must_split_as_a_shell_splits_them():
+    kind = ShellWords()
+    assert kind.from_env(" --index_path '/a b/c.index' ") == "--index_path '/a b/c.index'"
+    assert kind.check("  ") is None and kind.check(None) is None
+    assert refusal(kind, "--index_path 'x", from_env=True) == (
+        "invalid; accepted: flags as a shell splits them (No closing quotation)"
+    )

@@ -1,5 +1,5 @@
-"""Settings: each declared once, read from SEARCH_R1_CONFIGS and the environment, checked with messages that say where
-a bad value came from; and the slime-flag combinations the settings refuse."""
+"""Settings: each declared once in one table, read from SEARCH_R1_CONFIGS and the environment, checked with messages
+that say where a bad value came from, printed by one command; and the slime-flag combinations the settings refuse."""
 
 import os
 import re
@@ -11,15 +11,11 @@ from pathlib import Path
 import pytest
 
 import generate_with_search
-from slime_search_r1.launch.knobs import TRAINING, WRAPPER
-from slime_search_r1.settings import (
-    SETTINGS,
-    ConfigError,
-    read_environment,
-    resolve_config,
-    search_r1_configs,
-    value_source,
-)
+from slime_search_r1.launch.__main__ import main as launch
+from slime_search_r1.launch.checks import configs_from_source
+from slime_search_r1.settings.kinds import ConfigError
+from slime_search_r1.settings.sources import read_environment, resolve_config, search_r1_configs, value_source
+from slime_search_r1.settings.table import LAUNCH, PLUGIN, SETTINGS, WRAPPER, read_by
 from slime_search_r1.slime_flags import check_slime_args
 from support.slime_compat import subprocess_pythonpath
 
@@ -63,7 +59,7 @@ def test_a_variable_beats_the_dict():
 
 
 @pytest.mark.parametrize(
-    "key", ["max_turns", "topk", "search_concurrency", "search_backend", "return_logprob", "format_score"]
+    "key", ["max_turns", "topk", "search_attempts", "search_backend", "return_logprob", "format_score"]
 )
 def test_the_settings_a_slime_user_edits_are_in_search_r1_configs(key):
     assert key in generate_with_search.SEARCH_R1_CONFIGS
@@ -71,8 +67,6 @@ def test_the_settings_a_slime_user_edits_are_in_search_r1_configs(key):
 
 def test_the_plugin_dict_holds_no_setting_of_its_own():
     """Every default lives in the settings table only: the dict in generate_with_search.py is the user's."""
-    from slime_search_r1.launch_check import configs_from_source
-
     assert configs_from_source(ROOT / "generate_with_search.py") == {}
 
 
@@ -222,17 +216,29 @@ def test_a_section_must_be_a_dict():
         search_r1_configs({"local": "http://127.0.0.1:8000"}, {})
 
 
-def test_renamed_settings_name_their_new_name():
-    with pytest.raises(ConfigError, match=r"SEARCH_R1_CONFIGS\['search_max_retries'\] was renamed 'search_attempts'"):
-        resolve_config({**DEFAULTS, "search_max_retries": 3})
-    with pytest.raises(ConfigError, match="SEARCH_R1_SEARCH_RETRIES was renamed; set SEARCH_R1_SEARCH_ATTEMPTS"):
-        resolved(SEARCH_R1_SEARCH_RETRIES="3")
-
-
-def test_every_variable_belongs_to_one_setting_or_launch_knob():
-    declared = {id(s): s for s in [*SETTINGS.values(), *TRAINING.values(), *WRAPPER.values()]}  # one may serve both
-    variables = [s.env for s in declared.values() if s.env]
+def test_every_variable_belongs_to_one_setting():
+    variables = [s.env for s in SETTINGS.values() if s.env]
     assert len(variables) == len(set(variables))
+    assert {reader for s in SETTINGS.values() for reader in s.read_by} == {PLUGIN, LAUNCH, WRAPPER}
+
+
+def test_one_table_of_at_most_sixty_settings_each_read_by_someone():
+    """The plugin's and both scripts' settings are rows of one table; a slime flag is not one (the script's arrays
+    hold those), nor is a value nobody changes (a constant where it is used)."""
+    assert len(SETTINGS) <= 60
+    assert all(s.read_by for s in SETTINGS.values())
+    assert not any(s.env in {"USE_TIS", "USE_WANDB", "DUMP_DIR", "EVAL_PROMPT_DATA"} for s in SETTINGS.values())
+
+
+def test_one_command_lists_every_setting_with_what_it_accepts(capsys):
+    assert launch(["--list"]) == 0
+    rows = capsys.readouterr().out.splitlines()
+    assert rows[0] == "key\tvariable\tdefault\taccepted\tread by\twhat it sets"
+    listed = {row.split("\t")[1] for row in rows[1:]}
+    assert listed == {s.env or "-" for s in SETTINGS.values()}
+    assert len(rows) == len(SETTINGS) + 1
+    assert "max_turns\tSEARCH_R1_MAX_TURNS\t3\tinteger, 1 to 128\tplugin\t" in "\n".join(rows)
+    assert "-\tGPU_MEMORY_GIB\tNone\tnumber, >= 0.1, or None\tlaunch, wrapper\t" in "\n".join(rows)
 
 
 def test_each_value_says_where_it_came_from_in_the_documented_order():
@@ -250,26 +256,29 @@ def test_each_value_says_where_it_came_from_in_the_documented_order():
     assert value_source(both, SETTINGS["max_turns"]) == "default"
 
 
-def test_launch_knobs_are_read_like_settings():
-    knobs, sources = read_environment(TRAINING.values(), {"NUM_GPUS": "4", "ACTOR_GPUS": " ", "USE_TIS": "on"})
-    assert (knobs.num_gpus, knobs.actor_gpus, knobs.rollout_gpus, knobs.use_tis) == (4, 2, 2, True)
+def test_launch_settings_are_read_like_the_plugins():
+    environ = {"NUM_GPUS": "4", "ACTOR_GPUS": " ", "SKIP_PLUGIN_CHECK": "on"}
+    knobs, sources = read_environment(read_by(LAUNCH), environ)
+    assert (knobs.num_gpus, knobs.actor_gpus, knobs.skip_plugin_check) == (4, 2, True)
     assert sources["num_gpus"] == "environment variable NUM_GPUS"
     assert sources["actor_gpus"] == "default, derived from the others"  # a blank variable is unset
-    with pytest.raises(ConfigError, match=r"^environment variable USE_TIS='maybe' is invalid; accepted: one of 1"):
-        read_environment(TRAINING.values(), {"USE_TIS": "maybe"})
+    with pytest.raises(
+        ConfigError, match=r"^environment variable SKIP_PLUGIN_CHECK='maybe' is invalid; accepted: one"
+    ):
+        read_environment(read_by(LAUNCH), {"SKIP_PLUGIN_CHECK": "maybe"})
     with pytest.raises(ConfigError, match=r"^environment variable RETRIEVER_CPUS='0-x' is invalid; accepted: a CPU"):
-        read_environment(WRAPPER.values(), {"RETRIEVER_CPUS": "0-x"})
+        read_environment(read_by(WRAPPER), {"RETRIEVER_CPUS": "0-x"})
 
 
 @pytest.mark.parametrize("readme", ["README.md", "README_zh.md"])
 def test_every_launch_variable_is_in_the_readme(readme):
     text = (ROOT / readme).read_text(encoding="utf-8")
-    knobs = [*TRAINING.values(), *WRAPPER.values()]
+    knobs = [*read_by(LAUNCH), *read_by(WRAPPER)]
     assert [s.env for s in knobs if not re.search(rf"`{s.env}[`=]", text)] == []  # `NAME` or `NAME=value`
 
 
 @pytest.mark.parametrize("readme", ["README.md", "README_zh.md"])
 def test_every_variable_is_in_the_readmes_configuration_table(readme):
     table = (ROOT / readme).read_text(encoding="utf-8")
-    missing = [s.env for s in SETTINGS.values() if s.env and f"| `{s.env}` |" not in table]
+    missing = [s.env for s in read_by(PLUGIN) if s.env and f"| `{s.env}` |" not in table]
     assert missing == []

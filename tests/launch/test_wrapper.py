@@ -1,25 +1,26 @@
 """run_qwen2.5_3B_with_retrieval.sh for real: tmux, the retrieval server on the mini-Wikipedia index, and a
 stand-in training command that runs real rollouts through the plugin against the server the wrapper started.
 
-Every test uses its own tmux server (TMUX_TMPDIR under tmp_path) and session name, so a user's tmux is never
-touched, and checks afterwards that the session, the server process and the port are gone.
+Every test uses its own tmux server (TMUX_TMPDIR under tmp_path), so a user's tmux is never touched, and checks
+afterwards that the session, the server process and the port are gone.
 """
 
 import contextlib
 import json
 import os
 import select
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import threading
-import uuid
 from pathlib import Path
 
 import pytest
 
+from slime_search_r1.launch.tmux_session import SESSION
 from support import process_tree
 from support.fake_retriever import FakeRetriever
 from support.interrupt import interruptible
@@ -41,18 +42,15 @@ def wrapper_env_fixture(tmp_path, small_wiki):
     env = {
         **os.environ,
         "TMUX_TMPDIR": str(tmux_dir),  # a private tmux server
-        "TMUX_SESSION": f"search-r1-test-{uuid.uuid4().hex[:8]}",
         "LOG_DIR": str(tmp_path / "logs"),
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
         "RETRIEVER_PYTHON": sys.executable,
-        "RETRIEVER_INDEX_PATH": str(small_wiki.index_path),
-        "RETRIEVER_CORPUS_PATH": str(small_wiki.corpus_path),
-        "RETRIEVER_NAME": "minilm",
-        "RETRIEVER_MODEL": str(small_wiki.model_dir),
-        "RETRIEVER_EXTRA_ARGS": "--num_threads 1",
+        "RETRIEVER_ARGS": shlex.join(
+            ["--index_path", str(small_wiki.index_path), "--corpus_path", str(small_wiki.corpus_path),
+             "--retriever_name", "minilm", "--retriever_model", str(small_wiki.model_dir), "--num_threads", "1"]
+        ),
         "RETRIEVAL_SERVER_URL": f"http://127.0.0.1:{free_port()}",
-        "SHUTDOWN_TIMEOUT": "20",
-    }
+    }  # fmt: skip
     for name in ("TMUX", "TMUX_PANE", "SEARCH_BACKEND", "START_RETRIEVER", "RETRIEVER_PRESET"):
         env.pop(name, None)  # inside a user's tmux, $TMUX would point tmux at the user's server
     yield env
@@ -204,10 +202,7 @@ def test_embedded_preset_serves_the_index_that_embedded_default_prepared(wrapper
         **wrapper_env,
         "RETRIEVER_PRESET": "embedded",
         "RETRIEVER_PYTHON": str(shim),
-        "RETRIEVER_INDEX_PATH": "/nonexistent/e5_Flat.index",  # the preset's flags must win over these
-        "RETRIEVER_CORPUS_PATH": "/nonexistent/wiki-18.jsonl",
-        "RETRIEVER_NAME": "e5",
-        "RETRIEVER_MODEL": "intfloat/e5-base-v2",
+        "RETRIEVER_ARGS": "--num_threads 1",  # after the preset's flags
     }
     env, _, report = run_standin_training(preset_env, small_wiki, tmp_path, questions=2)
     assert report["rollouts"] == 4
@@ -216,8 +211,8 @@ def test_embedded_preset_serves_the_index_that_embedded_default_prepared(wrapper
     server_log = logs(env, "retrieval_server")  # begins with the command the wrapper ran
     assert str(small_wiki.index_path) in server_log
     assert f"--pages_path {small_wiki.pages_path}" in server_log  # the articles by URL, for the access tool
-    assert "minilm" in server_log
-    assert "e5_Flat" not in server_log
+    assert "minilm" in server_log and "--num_threads 1" in server_log
+    assert "e5_Flat" not in server_log  # RETRIEVER_ARGS' default is not used with the preset
     assert_all_stopped(env)
 
 
@@ -265,9 +260,9 @@ def test_a_signal_stops_training_and_the_retriever(wrapper_env, tmp_path, signum
         assert any(str(training) in p.command for p in recorded)
 
         process.send_signal(signum)  # Ctrl-C in the wrapper's terminal, kill, the terminal closing
-        # The wrapper's own bounds, in wall-clock time: SHUTDOWN_TIMEOUT s for training, 10 s after SIGTERM, 15 s
-        # for the server; this guard is only against a hang.
-        _, err = process.communicate(timeout=int(env["SHUTDOWN_TIMEOUT"]) + 10 + 15 + 60)
+        # The wrapper's own bounds, in wall-clock time: 60 s for training, 10 s after SIGTERM, 15 s for the server;
+        # this guard is only against a hang.
+        _, err = process.communicate(timeout=60 + 10 + 15 + 60)
         assert process_tree.survivors(recorded) == []
     finally:
         if process.poll() is None:
@@ -325,7 +320,7 @@ def test_a_signal_while_the_launch_is_asked_what_training_holds_stops_that_launc
     launch.write_text(blocking_step(asked) + "\n")
     env = {
         **wrapper_env,
-        "RETRIEVER_EXTRA_ARGS": "--num_threads 1 --torch_search 0",  # a layout on GPU 0
+        "RETRIEVER_ARGS": wrapper_env["RETRIEVER_ARGS"] + " --torch_search 0",  # a layout on GPU 0
         "TRAIN_CMD": f"bash {launch} -m slime_search_r1.launch",  # what a command that runs the launch looks like
     }
     assert_a_signal_stops_what_the_checks_started(env, asked, signal.SIGTERM)
@@ -372,21 +367,29 @@ def test_the_retrieval_url_in_the_edited_dict_decides_what_starts(wrapper_env, t
 @pytest.mark.parametrize(
     "override, message",
     [
-        ({"RETRIEVER_INDEX_PATH": "/nonexistent/e5_Flat.index"}, "index not found: /nonexistent/e5_Flat.index"),
-        ({"RETRIEVER_CORPUS_PATH": "/nonexistent/wiki-18.jsonl"}, "corpus not found: /nonexistent/wiki-18.jsonl"),
+        ({"RETRIEVER_ARGS": "--index_path /nonexistent/e5_Flat.index"}, "index not found: /nonexistent/e5_Flat.index"),
+        (
+            {"RETRIEVER_ARGS": "--corpus_path /nonexistent/wiki-18.jsonl"},
+            "corpus not found: /nonexistent/wiki-18.jsonl",
+        ),
         ({"RETRIEVER_PYTHON": "/nonexistent/python"}, "the retriever's Python '/nonexistent/python' not found"),
         (
             {"RETRIEVAL_SERVER_URL": "127.0.0.1:8000"},
             "RETRIEVAL_SERVER_URL='127.0.0.1:8000' is invalid; accepted: http://host:port[/retrieve]",
         ),
         ({"SEARCH_BACKEND": "google"}, "SEARCH_BACKEND=google needs no retrieval server"),
-        ({"RETRIEVER_NUM_THREADS": "0"}, "RETRIEVER_NUM_THREADS='0' is out of range; accepted: >= 1"),
+        (
+            {"RETRIEVER_ARGS": "--index_path 'unclosed"},
+            """RETRIEVER_ARGS="--index_path 'unclosed" is invalid; accepted: flags as a shell splits them""",
+        ),
         ({"RETRIEVER_CPUS": "0-x"}, "RETRIEVER_CPUS='0-x' is invalid; accepted: a CPU list for taskset -c"),
         ({"RETRIEVER_CPUS": "4095"}, "RETRIEVER_CPUS=4095 names no CPU this script may use"),
         ({"RETRIEVER_PRESET": "tiny"}, "RETRIEVER_PRESET='tiny' is invalid; accepted: none | embedded"),
     ],
 )
 def test_bad_settings_fail_before_anything_starts(wrapper_env, override, message):
+    if "RETRIEVER_ARGS" in override and "'" not in override["RETRIEVER_ARGS"]:  # flags given last win
+        override = {"RETRIEVER_ARGS": wrapper_env["RETRIEVER_ARGS"] + " " + override["RETRIEVER_ARGS"]}
     result = run_wrapper({**wrapper_env, **override, "TRAIN_CMD": "exit 0"}, timeout=60)
     assert result.returncode == 1
     assert result.stderr.startswith("run_qwen2.5_3B_with_retrieval.sh: error: ")
@@ -414,8 +417,7 @@ def test_in_a_fresh_clone_the_checks_use_the_projects_environment(wrapper_env, t
         PATH=f"{bare.parent}{os.pathsep}{env['PATH']}",
         PYTHON_BIN=sys.executable,
         TRAIN_CMD="exit 0",
-        RETRIEVER_INDEX_PATH="/nonexistent/e5_Flat.index",
-        RETRIEVER_CORPUS_PATH="/nonexistent/wiki-18.jsonl",
+        RETRIEVER_ARGS="--index_path /nonexistent/e5_Flat.index --corpus_path /nonexistent/wiki-18.jsonl",
     )
     result = run_wrapper(env, timeout=60, script=clone / WRAPPER.name)
     assert result.returncode == 1
@@ -432,10 +434,8 @@ def test_every_missing_package_and_file_is_named_at_once(wrapper_env, tmp_path):
         **wrapper_env,
         "RETRIEVER_PYTHON": str(bare),
         "TRAIN_CMD": "exit 0",
-        "RETRIEVER_INDEX_PATH": "/nonexistent/e5_Flat.index",
-        "RETRIEVER_CORPUS_PATH": "/nonexistent/wiki-18.jsonl",
-        "RETRIEVER_MODEL": "/nonexistent/e5-base-v2",
-        "RETRIEVER_EXTRA_ARGS": "--pages_path /nonexistent/pages.jsonl",
+        "RETRIEVER_ARGS": "--index_path /nonexistent/e5_Flat.index --corpus_path /nonexistent/wiki-18.jsonl "
+        "--retriever_model /nonexistent/e5-base-v2 --pages_path /nonexistent/pages.jsonl",
     }
     result = run_wrapper(env, timeout=60)
     assert result.returncode == 1
@@ -452,20 +452,19 @@ def test_every_missing_package_and_file_is_named_at_once(wrapper_env, tmp_path):
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning to one CPU must differ from the default")
-def test_retriever_cpus_pins_the_server_and_retriever_num_threads_sets_its_threads(wrapper_env, tmp_path):
+def test_retriever_cpus_pins_the_server_and_its_num_threads_sets_its_threads(wrapper_env, tmp_path):
     health = tmp_path / "health.json"
     env = {
         **wrapper_env,
-        "RETRIEVER_EXTRA_ARGS": "",
+        "RETRIEVER_ARGS": wrapper_env["RETRIEVER_ARGS"] + " --num_threads 3",
         "RETRIEVER_CPUS": str(min(os.sched_getaffinity(0))),
-        "RETRIEVER_NUM_THREADS": "3",
         "TRAIN_CMD": f'curl -sf "$RETRIEVAL_SERVER_URL/health" -o {health}',
     }
     result = run_wrapper(env)
     assert result.returncode == 0, result.stderr
     threads = json.loads(health.read_text())["cpu_threads"]
     assert threads["affinity_cpus"] == 1  # taskset -c RETRIEVER_CPUS
-    assert threads["torch_threads"] == 3 and threads["faiss_threads"] == 3  # --num_threads RETRIEVER_NUM_THREADS
+    assert threads["torch_threads"] == 3 and threads["faiss_threads"] == 3  # the last --num_threads of RETRIEVER_ARGS
     assert_all_stopped(env)
 
 
@@ -482,7 +481,7 @@ def test_port_in_use_is_reported(wrapper_env):
 
 
 def test_existing_session_is_left_alone(wrapper_env):
-    session = wrapper_env["TMUX_SESSION"]
+    session = SESSION
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "sleep 120"], env=wrapper_env, check=True)
     result = run_wrapper({**wrapper_env, "TRAIN_CMD": "exit 0"}, timeout=60)
     assert result.returncode == 1
@@ -506,7 +505,8 @@ def test_server_never_healthy_fails_with_its_log_and_is_stopped(wrapper_env):
 def test_server_that_dies_at_startup_is_reported_with_its_log(wrapper_env, tmp_path):
     broken = tmp_path / "broken.index"
     broken.write_bytes(b"this is not a FAISS index")
-    env = {**wrapper_env, "RETRIEVER_INDEX_PATH": str(broken), "TRAIN_CMD": "exit 0"}
+    args = wrapper_env["RETRIEVER_ARGS"] + f" --index_path {broken}"
+    env = {**wrapper_env, "RETRIEVER_ARGS": args, "TRAIN_CMD": "exit 0"}
     result = run_wrapper(env)
     assert result.returncode == 1
     assert "the retrieval server exited during startup" in result.stderr
@@ -517,7 +517,7 @@ def test_server_that_dies_at_startup_is_reported_with_its_log(wrapper_env, tmp_p
 @pytest.mark.parametrize("pidfds", [True, False], ids=["pidfd", "no-pidfd"])
 def test_the_wrapper_sees_which_process_exits_first(monkeypatch, pidfds):
     """What the wrapper waits on (training's pane, the server): pidfds, or /proc on a kernel without them."""
-    from slime_search_r1.launch.with_retrieval import first_to_exit
+    from slime_search_r1.launch.tmux_session import first_to_exit
 
     if not pidfds:
         monkeypatch.setattr(

@@ -15,7 +15,8 @@ from slime.utils.types import Sample
 from slime_search_r1.http_client import close_loop_sessions
 from slime_search_r1.protocols.chat_reward import conversation_format_problem
 from slime_search_r1.protocols.xml_tags import TOOL_LINES_AFTER, invalid_action_message, prompt_text
-from slime_search_r1.settings import ConfigError, resolve_config, search_r1_configs
+from slime_search_r1.settings.kinds import ConfigError
+from slime_search_r1.settings.sources import resolve_config, search_r1_configs
 from slime_search_r1.tools.access import ACCESS
 from slime_search_r1.loop import enabled_tools
 from slime_search_r1.tools.search import SEARCH

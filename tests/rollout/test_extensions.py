@@ -17,7 +17,7 @@ from qa_em_format import format_problem
 from slime.utils.types import Sample
 from slime_search_r1.data import search_r1_prompt
 from slime_search_r1.registry import ANSWER_SCORES, TOOLS
-from slime_search_r1.settings import resolve_config
+from slime_search_r1.settings.sources import resolve_config
 from slime_search_r1.tools.search import SEARCH_SCHEMA
 from slime_search_r1.training.metrics import search_metrics
 from support.episodes import QUESTION, chat_messages, info, label

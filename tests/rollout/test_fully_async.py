@@ -32,7 +32,8 @@ from slime_search_r1.episode import (
     version_number,
     version_spans,
 )
-from slime_search_r1.settings import ConfigError, resolve_config, search_r1_configs
+from slime_search_r1.settings.kinds import ConfigError
+from slime_search_r1.settings.sources import resolve_config, search_r1_configs
 from slime_search_r1.slime_flags import REWARD_POST_PROCESS_PATH
 from slime_search_r1.tokens.manual import Trajectory
 from slime_search_r1.training.metrics import TRAIN_PREFIX, search_metrics

@@ -20,12 +20,15 @@ from generate_with_search import post_process_rewards, reward_func
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
 from slime_search_r1.http_client import close_loop_sessions
-from slime_search_r1.launch_check import main as launch_check
+from slime_search_r1.launch.__main__ import main as launch
+from slime_search_r1.launch.checks import PLUGIN
 from slime_search_r1.loop import enabled_tools
 from slime_search_r1.protocols.chat import FORCE_ANSWER_MESSAGE, FORCED_ANSWER_KEY
 from slime_search_r1.protocols.xml_tags import FORCE_ANSWER_NOTE, prompt_text
-from slime_search_r1.settings import ConfigError, resolve_config
+from slime_search_r1.settings.kinds import ConfigError
+from slime_search_r1.settings.sources import resolve_config
 from slime_search_r1.slime_flags import REWARD_POST_PROCESS_PATH
+from slime_search_r1.tools import access
 from slime_search_r1.tools.access import ACCESS
 from slime_search_r1.tools.search import SEARCH as SEARCH_TOOL
 from slime_search_r1.training.metrics import search_metrics
@@ -232,16 +235,16 @@ async def test_the_log_hooks_count_forced_answers(make_args, tokenizer, engine, 
 
 
 @pytest.fixture
-def chunked(search_config):
+def chunked(search_config, monkeypatch):
     """Access on, pages read in 100-token chunks (the Paris page: 3 of them at most), split trajectories."""
     search_config.update(
         max_turns=6,
         tools=["search", "access"],
         split_trajectories=True,
         page_chunk_tokens=100,
-        max_page_chunks=3,
         page_short_tokens=8,
     )
+    monkeypatch.setattr(access, "MAX_PAGE_CHUNKS", 3)
     return search_config
 
 
@@ -308,7 +311,7 @@ async def test_a_three_chunk_page_gives_three_reading_turns_with_one_full_chunk_
 
 
 async def test_accessing_a_page_read_to_its_end_says_so(split_args, tokenizer, engine, policy, retriever, chunked):
-    chunked["max_page_chunks"] = 1
+    access.MAX_PAGE_CHUNKS = 1  # the fixture restores it
     policy.scripts[QUESTION + "?"] = READ_THE_PAGE["generate"][:3] + READ_THE_PAGE["generate"][-1:]
     [[segments]] = await slime_rollout(split_args(), [[new_sample("generate", tokenizer)]])
     shown = "".join(segment.response for segment in segments)
@@ -442,11 +445,11 @@ def test_random_long_horizon_episodes_are_token_exact_in_every_segment(
     chunked.update(
         page_chunk_tokens=chunk,
         page_short_tokens=int(short_fraction * chunk),
-        max_page_chunks=max_chunks,
         max_turns=max_turns,
         force_answer=force,
         return_logprob=log_probs,
     )
+    access.MAX_PAGE_CHUNKS = max_chunks  # the fixture restores it
     args = split_args()
     sample = new_sample("generate", tokenizer, question)
 
@@ -488,8 +491,8 @@ HOOK = ["--custom-reward-post-process-path", REWARD_POST_PROCESS_PATH]
     [
         (SPLIT, [*HOOK, "--partial-rollout"], r"SEARCH_R1_SPLIT_TRAJECTORIES=true .* --partial-rollout .*accepted"),
         (
-            SPLIT,
-            [*HOOK, "--rollout-function-path", "slime.rollout.fully_async_rollout.generate_rollout_fully_async"],
+            {**SPLIT, "ASYNC_MODE": "fully"},  # the launch passes slime's fully-async rollout function
+            HOOK,
             r"SEARCH_R1_SPLIT_TRAJECTORIES=true .* fully-async rollout's abort check .*accepted",
         ),
         (SPLIT, [*HOOK, "--group-rm"], r"SEARCH_R1_SPLIT_TRAJECTORIES=true .* --group-rm .*accepted"),
@@ -543,7 +546,7 @@ HOOK = ["--custom-reward-post-process-path", REWARD_POST_PROCESS_PATH]
 def test_bad_long_horizon_settings_are_refused_at_launch_in_one_line(env, flags, message, monkeypatch, capsys):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert launch_check(["--", *flags]) == 2
+    assert launch([str(PLUGIN), "--dry-run", "--", *flags]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1
     assert re.search(message, lines[0]), lines[0]

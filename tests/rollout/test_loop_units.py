@@ -26,7 +26,7 @@ from slime_search_r1.episode import (
     write_episode,
 )
 from slime_search_r1.registry import PROTOCOLS, TOKEN_DRIVERS, TOOLS
-from slime_search_r1.settings import ConfigError
+from slime_search_r1.settings.kinds import ConfigError
 from slime_search_r1.tokens.engine import EngineProtocolError
 from slime_search_r1.tools.access import ChunkResult
 from slime_search_r1.tools.contract import Tool, ToolAborted, ToolError
@@ -188,7 +188,6 @@ def config_of(**overrides) -> SimpleNamespace:
         force_answer="off",
         force_answer_reserve=0,
         split_trajectories=False,
-        drop_failed_samples=False,
         llm_api_mode="generate",
         token_tracking_mode="manual",
         tools=[TOOL],
@@ -654,15 +653,11 @@ def test_finish_records_no_resume_point_otherwise(status, partial_rollout):
 
 
 @pytest.mark.parametrize(
-    "status, drop, removed",
-    [
-        (Sample.Status.FAILED, True, True),
-        (Sample.Status.FAILED, False, False),
-        (Sample.Status.TRUNCATED, True, False),
-    ],
+    "status, removed",
+    [(Sample.Status.FAILED, True), (Sample.Status.TRUNCATED, False), (Sample.Status.COMPLETED, False)],
 )
-def test_finish_removes_failed_samples_only_when_asked(status, drop, removed):
-    sample = loop.finish(record_state(status, drop_failed_samples=drop), status, FinishReason.TOOL_FAILED)
+def test_finish_removes_failed_samples_only(status, removed):
+    sample = loop.finish(record_state(status), status, FinishReason.TOOL_FAILED)
     assert sample.remove_sample is removed
 
 

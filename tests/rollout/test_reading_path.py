@@ -18,7 +18,9 @@ from support.slime_rollout import slime_sampling_params
 
 ROOT = Path(__file__).resolve().parents[2]
 MOST_MODULES = 11
-CHECKS = {"slime_search_r1.settings", "slime_search_r1.slime_flags"}  # once per configuration and args
+# once per configuration and args: the settings, resolved and checked, and slime's flags
+CHECKS = {f"slime_search_r1.settings.{module}" for module in ("kinds", "table", "sources", "view", "rules")}
+CHECKS |= {"slime_search_r1.slime_flags"}
 
 
 async def modules_run_by(episode) -> set[str]:
@@ -83,8 +85,8 @@ def imported_by(code: str) -> list[str]:
 
 def test_naming_and_checking_a_setting_imports_no_implementation():
     modules = imported_by(
-        "import slime_search_r1.launch_check\n"
-        "from slime_search_r1.settings import resolve_config, search_r1_configs\n"
+        "import slime_search_r1.launch.__main__\n"
+        "from slime_search_r1.settings.sources import resolve_config, search_r1_configs\n"
         "resolve_config(search_r1_configs({'llm_api_mode': 'chat', 'tools': ['search', 'access']}, {}))"
     )
     implementations = ("loop", "episode", "tokens", "tools", "protocols", "search")

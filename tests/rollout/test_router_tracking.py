@@ -213,7 +213,7 @@ def test_a_router_trajectory_that_does_not_fit_is_refused(retrieved, track, mess
 
 def state_for(*, track=True, return_logprob=True, conversation=()):
     args = Namespace(sglang_router_ip="127.0.0.1", sglang_router_port=30000)
-    config = SimpleNamespace(engine_model="policy", return_logprob=return_logprob)
+    config = SimpleNamespace(return_logprob=return_logprob)
     trajectory = Trajectory(args, Sample(), PROMPT, track_log_probs=track, train_observations=False)
     state = SimpleNamespace(args=args, config=config, tokenizer=TOKENIZER, conversation=list(conversation))
     return state, trajectory
@@ -226,7 +226,7 @@ def radix(**state) -> RouterRadixDriver:
 
 async def test_the_radix_driver_checks_its_endpoint_at_the_router_slime_would_use(probed):
     state, _ = state_for()
-    state.args.sglang_model_routers = {"policy": ("10.0.0.2", 31000)}
+    state.args.sglang_model_routers = {"actor": ("10.0.0.2", 31000)}  # the policy, as slime names it
     await RouterRadixDriver.prepare(state)
     await RouterHandlerDriver.prepare(state)
     assert RouterRadixDriver(state, state_for()[1], SimpleNamespace(prompt_text="")).router == "http://10.0.0.2:31000"

@@ -12,7 +12,9 @@ import pytest
 from generate_with_search import generate, reward_func
 from slime.utils.types import Sample
 from slime_search_r1.registry import SEARCH_BACKENDS, TOKEN_DRIVERS
-from slime_search_r1.settings import SETTINGS, ConfigError, Integer, Setting, register_setting, resolve_config
+from slime_search_r1.settings.kinds import ConfigError, Integer
+from slime_search_r1.settings.sources import resolve_config
+from slime_search_r1.settings.table import SETTINGS, Setting, register_setting
 from slime_search_r1.tokens.manual import ManualDriver
 from support.episodes import ANSWER, MODES, MODE_IDS, QUESTION, SEARCH, run_chat, run_episode, sample_for, searches
 from support.fidelity import assert_faithful
@@ -99,7 +101,7 @@ def rerank_setting():
 
 
 def test_a_registered_setting_is_read_from_the_dict_and_the_environment(rerank_setting):
-    from slime_search_r1.settings import search_r1_configs
+    from slime_search_r1.settings.sources import search_r1_configs
 
     assert resolve_config(search_r1_configs({}, {})).atlas.rerank_depth == 10
     assert resolve_config(search_r1_configs({"atlas": {"rerank_depth": 20}}, {})).atlas.rerank_depth == 20
@@ -107,7 +109,7 @@ def test_a_registered_setting_is_read_from_the_dict_and_the_environment(rerank_s
 
 
 def test_a_registered_setting_is_checked_and_its_errors_name_their_source(rerank_setting):
-    from slime_search_r1.settings import search_r1_configs
+    from slime_search_r1.settings.sources import search_r1_configs
 
     with pytest.raises(ConfigError, match=r"^environment variable ATLAS_RERANK_DEPTH='99' is out of range"):
         resolve_config(search_r1_configs({}, {"ATLAS_RERANK_DEPTH": "99"}))
@@ -122,11 +124,12 @@ def test_a_setting_is_declared_once():
         register_setting(Setting("atlas.topk", 3, Integer(1, 64), "SEARCH_R1_TOPK"))
 
 
-# ---- an extension module, as the launch check and generate() meet it ----------------------------------------------
+# ---- an extension module, as the launch and generate() meet it --------------------------------------------------
 
 EXTENSION = """
 from slime_search_r1.registry import SEARCH_BACKENDS
-from slime_search_r1.settings import Integer, Setting, register_setting
+from slime_search_r1.settings.kinds import Integer
+from slime_search_r1.settings.table import Setting, register_setting
 
 
 async def search(config, query, give_up):
@@ -138,34 +141,35 @@ register_setting(Setting("atlas.rerank_depth", 3, Integer(1, 50), "ATLAS_RERANK_
 """
 
 
-def launch_check(tmp_path: Path, **env) -> subprocess.CompletedProcess:
+def launch_dry_run(tmp_path: Path, **env) -> subprocess.CompletedProcess:
+    """A dry run of the launch (its checks, before Ray starts) with the extension on the path."""
     (tmp_path / "atlas_extension.py").write_text(EXTENSION)
     environment = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("SEARCH", "ATLAS"))},
         "PYTHONPATH": os.pathsep.join([str(tmp_path), subprocess_pythonpath()]),
         **env,
     }
-    command = [sys.executable, "-m", "slime_search_r1.launch_check", "--plugin", str(ROOT / "generate_with_search.py")]
+    command = [sys.executable, "-m", "slime_search_r1.launch", str(ROOT / "generate_with_search.py"), "--dry-run"]
     return subprocess.run([*command, "--"], env=environment, capture_output=True, text=True, cwd=tmp_path, timeout=60)
 
 
-def test_the_launch_check_sees_what_an_extension_registers(tmp_path):
-    result = launch_check(tmp_path, SEARCH_R1_EXTENSIONS="atlas_extension", SEARCH_BACKEND="atlas")
+def test_the_launch_sees_what_an_extension_registers(tmp_path):
+    result = launch_dry_run(tmp_path, SEARCH_R1_EXTENSIONS="atlas_extension", SEARCH_BACKEND="atlas")
     assert result.returncode == 0, result.stderr
-    result = launch_check(tmp_path, SEARCH_R1_EXTENSIONS="atlas_extension", ATLAS_RERANK_DEPTH="0")
-    assert result.returncode == 2
+    result = launch_dry_run(tmp_path, SEARCH_R1_EXTENSIONS="atlas_extension", ATLAS_RERANK_DEPTH="0")
+    assert result.returncode == 1
     assert "environment variable ATLAS_RERANK_DEPTH='0' is out of range; accepted: 1 to 50" in result.stderr
 
 
 def test_without_the_extension_its_backend_is_refused_at_launch(tmp_path):
-    result = launch_check(tmp_path, SEARCH_BACKEND="atlas")
-    assert result.returncode == 2
+    result = launch_dry_run(tmp_path, SEARCH_BACKEND="atlas")
+    assert result.returncode == 1
     assert "environment variable SEARCH_BACKEND='atlas' is invalid; accepted: local | google" in result.stderr
 
 
 def test_an_extension_that_cannot_be_imported_stops_the_launch(tmp_path):
-    result = launch_check(tmp_path, SEARCH_R1_EXTENSIONS="atlas_extension,no_such_module")
-    assert result.returncode == 2
+    result = launch_dry_run(tmp_path, SEARCH_R1_EXTENSIONS="atlas_extension,no_such_module")
+    assert result.returncode == 1
     assert "environment variable SEARCH_R1_EXTENSIONS: cannot import the extension module 'no_such_module'" in (
         result.stderr
     )
@@ -174,7 +178,7 @@ def test_an_extension_that_cannot_be_imported_stops_the_launch(tmp_path):
 def test_the_settings_list_shows_an_extensions_setting(tmp_path):
     (tmp_path / "atlas_extension.py").write_text(EXTENSION)
     result = subprocess.run(
-        [sys.executable, "-m", "slime_search_r1.launch_check", "--list"],
+        [sys.executable, "-m", "slime_search_r1.launch", "--list"],
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), subprocess_pythonpath()]),
              "SEARCH_R1_EXTENSIONS": "atlas_extension"},
         capture_output=True,
@@ -182,8 +186,8 @@ def test_the_settings_list_shows_an_extensions_setting(tmp_path):
         timeout=60,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "atlas.rerank_depth\tATLAS_RERANK_DEPTH\t3\tinteger" in result.stdout
-    assert "max_turns\tSEARCH_R1_MAX_TURNS\t3\tinteger" in result.stdout
+    assert "atlas.rerank_depth\tATLAS_RERANK_DEPTH\t3\tinteger, 1 to 50\tplugin\t" in result.stdout
+    assert "max_turns\tSEARCH_R1_MAX_TURNS\t3\tinteger, 1 to 128\tplugin\t" in result.stdout
 
 
 async def test_generate_imports_the_extensions_its_settings_name(make_args, engine, search_config):

@@ -13,8 +13,10 @@ from slime_search_r1 import http_client
 from slime_search_r1.http_client import RequestFailed, close_loop_sessions, loop_session, post_json
 from google_search_server import PAGE_MAX_BYTES, google_search
 from slime_search_r1.registry import SEARCH_BACKENDS
+from slime_search_r1.search import google
+from slime_search_r1.tools import search as search_tool
 from slime_search_r1.tools.search import LocalRetrieverClient, SearchError, hit_document, search
-from slime_search_r1.settings import resolve_config, search_r1_configs
+from slime_search_r1.settings.sources import resolve_config, search_r1_configs
 from support.fake_retriever import FakeRetriever
 from support.fake_serper import FakeSerper
 from support.loopback import free_port, serve_in_thread
@@ -111,9 +113,10 @@ async def test_one_session_per_event_loop():
     await close_loop_sessions()
 
 
-async def test_search_concurrency_bounds_requests_in_flight(retriever):
+async def test_search_concurrency_bounds_requests_in_flight(retriever, monkeypatch):
     retriever.together = 4  # the first four wait for each other: the bound is reached however slow the machine
-    env = {"RETRIEVAL_SERVER_URL": retriever.url, "SEARCH_R1_SEARCH_CONCURRENCY": "4"}
+    monkeypatch.setattr(search_tool, "SEARCH_CONCURRENCY", 4)
+    env = {"RETRIEVAL_SERVER_URL": retriever.url}
     config = resolve_config(search_r1_configs({}, env))
     results = await asyncio.gather(*(search(config, f"Paris {i}") for i in range(40)))
     assert len(results) == 40
@@ -140,11 +143,13 @@ RESULTS = [
 
 
 @pytest.fixture
-def serper():
+def serper(monkeypatch):
+    """A stand-in serper.dev, where the google backend sends its searches."""
     # a copy: the links below are rewritten to this test's server, which stops with the test
     fake = FakeSerper("test-key-123", copy.deepcopy(RESULTS), {"flore": (LATIN1_PAGE, "text/html")})
     with serve_in_thread(fake.app) as url:
         fake.url = url
+        monkeypatch.setattr(google, "SERPER_URL", url + "/search")
         for item in fake.results:
             if "link" in item:
                 item["link"] = item["link"].replace("PAGE", url)
@@ -186,7 +191,7 @@ async def test_google_errors_never_show_the_key(serper):
 
 
 async def test_google_backend_through_the_config(serper):
-    env = {"SEARCH_BACKEND": "google", "GOOGLE_API_KEY": "test-key-123", "GOOGLE_SEARCH_URL": serper.url + "/search"}
+    env = {"SEARCH_BACKEND": "google", "GOOGLE_API_KEY": "test-key-123"}
     config = resolve_config(search_r1_configs({}, env))
     found = contents(await search(config, "cafe"))
     assert found[0].startswith('"Café de Flore"')
@@ -203,8 +208,9 @@ def local_config(url: str, **env):
     return resolve_config(search_r1_configs({}, env))
 
 
-def google_config(url: str, **env):
-    env = {"SEARCH_BACKEND": "google", "GOOGLE_API_KEY": "test-key-123", "GOOGLE_SEARCH_URL": url, **env}
+def google_config(**env):
+    """The google backend's settings; its searches go to the `serper` fixture's server."""
+    env = {"SEARCH_BACKEND": "google", "GOOGLE_API_KEY": "test-key-123", **env}
     return resolve_config(search_r1_configs({}, env))
 
 
@@ -217,7 +223,7 @@ async def test_a_retriever_answering_deeply_nested_json_is_a_search_error(retrie
 async def test_serper_answering_deeply_nested_json_is_a_search_error(serper):
     serper.raw_answer = (b'{"organic": ' + b"[" * 5000 + b"]" * 5000 + b"}", 200)
     with pytest.raises(SearchError, match="nested too deeply"):
-        await search(google_config(serper.url + "/search"), "cafe")
+        await search(google_config(), "cafe")
 
 
 async def test_serper_items_whose_fields_are_not_text_are_read_as_missing(serper):
@@ -227,7 +233,7 @@ async def test_serper_items_whose_fields_are_not_text_are_read_as_missing(serper
     ]
     expected = ['"Only a title"\nNo snippet available.', '"No title."\nThis snippet has more than five words in it.']
     for snippet_only in ("true", "false"):
-        config = google_config(serper.url + "/search", GOOGLE_SNIPPET_ONLY=snippet_only)
+        config = google_config(GOOGLE_SNIPPET_ONLY=snippet_only)
         assert contents(await search(config, "x")) == expected
 
 
@@ -324,7 +330,7 @@ async def test_search_error_names_the_server_detail_of_a_5xx(retriever):
 async def test_a_serper_error_that_echoes_the_key_does_not_show_it(serper):
     serper.raw_answer = (b'{"message": "bad key test-key-123 for this plan"}', 402)
     with pytest.raises(SearchError) as info:
-        await search(google_config(serper.url + "/search"), "cafe")
+        await search(google_config(), "cafe")
     assert "HTTP 402" in str(info.value)
     assert "bad key" in str(info.value)
     assert "test-key-123" not in str(info.value)

@@ -17,6 +17,7 @@ import pytest
 from generate_with_search import generate, reward_func
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
+from slime_search_r1.tools import search as search_tool
 from support.episodes import (
     search_failures,
     searches,
@@ -116,9 +117,9 @@ async def test_an_abort_is_not_held_up_by_a_retrying_search(
 
 
 async def test_searches_queued_behind_the_concurrency_bound_are_skipped_on_abort(
-    make_args, tokenizer, engine, policy, retriever, search_config
+    make_args, tokenizer, engine, policy, retriever, search_config, monkeypatch
 ):
-    search_config["search_concurrency"] = 1
+    monkeypatch.setattr(search_tool, "SEARCH_CONCURRENCY", 1)
     held = retriever.hold_next()  # the first search holds the one slot; the others queue behind it
     questions = [f"Question number {i}" for i in range(6)]
     for question in questions:

@@ -458,7 +458,7 @@ def driver(*, track=True, turn_start=0, sample=None, transport="aiohttp", **args
     args = Namespace(sglang_router_ip="127.0.0.1", sglang_router_port=30000, **args)
     sample = sample if sample is not None else Sample(session_id="s-1")
     traj = Trajectory(args, sample, PROMPT, track_log_probs=track, train_observations=False)
-    config = SimpleNamespace(engine_model="policy", engine_transport=transport)
+    config = SimpleNamespace(engine_transport=transport)
     state = SimpleNamespace(tokenizer=TOKENIZER, args=args, config=config, sample=sample, turn_start=turn_start)
     return ManualDriver(state, traj, SimpleNamespace(cut_at_stops=STOPS))
 
@@ -470,10 +470,11 @@ def test_the_driver_finds_the_engine_the_transport_and_the_routing_as_slime_does
     assert plain.headers is None
     assert plain.keep_aborted is False
     assert plain.cut_at_stops == STOPS
-    routed = driver(sglang_model_routers={"policy": ("10.0.0.2", 31000), "ref": ("10.0.0.3", 1)})
-    assert routed.url == "http://10.0.0.2:31000/generate"
-    assert engine.base_url(routed.state.args, "policy") == "http://10.0.0.2:31000"
-    assert engine.base_url(routed.state.args, "judge") == "http://127.0.0.1:30000"
+    routed = driver(sglang_model_routers={"actor": ("10.0.0.2", 31000), "ref": ("10.0.0.3", 1)})
+    assert routed.url == "http://10.0.0.2:31000/generate"  # the policy is "actor" in --sglang-config
+    assert engine.base_url(routed.state.args) == "http://10.0.0.2:31000"
+    unnamed = driver(sglang_model_routers={"policy": ("10.0.0.2", 31000)})
+    assert engine.base_url(unnamed.state.args) == "http://127.0.0.1:30000"  # else slime's default router
     assert driver(transport="slime").use_slime_post is True
     assert driver(use_distributed_post=True).use_slime_post is True
     assert driver(use_distributed_post=False).use_slime_post is False

@@ -10,7 +10,8 @@ from slime.utils.types import Sample
 from slime_search_r1.protocols.chat_reward import conversation_format_problem
 from slime_search_r1.protocols.xml_tags import TOOL_LINES_AFTER, invalid_action_message, stop_strings
 from slime_search_r1.registry import TOOLS
-from slime_search_r1.settings import ConfigError, resolve_config
+from slime_search_r1.settings.kinds import ConfigError
+from slime_search_r1.settings.sources import resolve_config
 from slime_search_r1.loop import enabled_tools
 from slime_search_r1.tools.contract import Tool, ToolError, read_call
 from slime_search_r1.tools.access import ACCESS

@@ -11,8 +11,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from slime_search_r1.launch.knobs import SCRIPT_PATHS, TRAINING, WRAPPER
-from slime_search_r1.settings import SETTINGS
+from slime_search_r1.launch.command import SCRIPT_PATHS
+from slime_search_r1.settings.table import SETTINGS
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "run_qwen2.5_3B.sh"
@@ -20,8 +20,8 @@ SCRIPT = REPO / "run_qwen2.5_3B.sh"
 
 def clean_env(**overrides) -> dict[str, str]:
     """The caller's environment without any variable the launch reads, plus `overrides`."""
-    knobs = {s.env for s in [*TRAINING.values(), *WRAPPER.values(), *SETTINGS.values()] if s.env}
-    drop = knobs | set(SCRIPT_PATHS) | {"WANDB_KEY", "WANDB_API_KEY", "PYTHONPATH", "SEARCH_R1_SEARCH_RETRIES"}
+    variables = {s.env for s in SETTINGS.values() if s.env}
+    drop = variables | set(SCRIPT_PATHS) | {"WANDB_KEY", "WANDB_API_KEY", "PYTHONPATH"}
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(overrides)
     return env
@@ -37,7 +37,7 @@ class DryRun:
         start = lines.index("# Ray runtime env (written to a private file at run time; secrets shown as <hidden>):")
         end = next(i for i in range(start, len(lines)) if lines[i].startswith("# Ray head"))
         self.runtime_env = json.loads("\n".join(lines[start + 1 : end]))["env_vars"]
-        self.head = shlex.split(lines[end + 1]) if not lines[end].startswith("# Ray head: not started") else None
+        self.head = shlex.split(lines[end + 1])
         job = lines.index("# training job:")
         self.submit = shlex.split(lines[job + 1])
         self.after = lines[job + 2 :]  # the viewer and checkpoint commands

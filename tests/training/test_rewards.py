@@ -9,6 +9,7 @@ fixture): it says "correct" when the answer contains a reference answer.
 """
 
 import asyncio
+import functools
 import logging
 import re
 from argparse import Namespace
@@ -21,12 +22,17 @@ from generate_with_search import post_process_rewards, reward_func
 from qa_em_format import FormatWeights, read_response, score_reading
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
-from slime_search_r1 import launch_check, settings
 from slime_search_r1.episode import METADATA_KEY
+from slime_search_r1.launch.__main__ import main as launch
+from slime_search_r1.launch.checks import PLUGIN
 from slime_search_r1.registry import reward_names
 from slime_search_r1.slime_flags import check_slime_args
+from slime_search_r1.scoring import rewards
+from slime_search_r1.scoring.judge import JudgeConfig
 from slime_search_r1.scoring.rewards import grade, judge_client, question_of
-from slime_search_r1.settings import ConfigError, resolve_config, search_r1_configs
+from slime_search_r1.settings.kinds import ConfigError
+from slime_search_r1.settings.sources import resolve_config, search_r1_configs
+from slime_search_r1.settings.table import SETTINGS
 from support.episodes import MODE_IDS, MODES, QUESTION, SEARCH, info, label, run_episode
 from support.fake_judge import default_rule, prediction_of
 from support.fake_sglang import question_of as question_of_context
@@ -44,10 +50,12 @@ F1_PARIS_FRANCE = 2 * 0.5 * 1.0 / 1.5  # precision 1/2, recall 1/1
 
 
 @pytest.fixture
-def judged(search_config, judge_server):
-    """SEARCH_R1_REWARD=judge against the loopback judge, two attempts per answer."""
+def judged(search_config, judge_server, monkeypatch):
+    """SEARCH_R1_REWARD=judge against the loopback judge, two attempts per answer (JudgeConfig's 4, halved to keep
+    the failing cases short)."""
     search_config.update(reward="judge")
-    search_config["judge"] = {**search_config["judge"], "url": judge_server.url, "model": "judge-7b", "attempts": 2}
+    search_config["judge"] = {**search_config["judge"], "url": judge_server.url, "model": "judge-7b"}
+    monkeypatch.setattr(rewards, "JudgeConfig", functools.partial(JudgeConfig, attempts=2))
     return judge_server
 
 
@@ -103,7 +111,7 @@ def test_em_as_s_gives_search_r1_s_rows_to_the_last_bit(response, weights):
 
 def test_the_reward_names_are_the_answer_scores_and_the_judge():
     assert reward_names() == ("em", "f1", "cover_em", "judge")
-    assert settings.SETTINGS["reward"].kind.names() == reward_names()  # what SEARCH_R1_REWARD accepts
+    assert SETTINGS["reward"].kind.names() == reward_names()  # what SEARCH_R1_REWARD accepts
 
 
 # ---- reward_func on real episodes -------------------------------------------------------------------------------
@@ -235,10 +243,10 @@ async def test_each_grade_names_its_score(search_config, judged):
 async def test_the_judge_is_built_from_the_judge_settings(search_config, judged, tmp_path):
     prompt = tmp_path / "strict_judge.txt"
     prompt.write_text("Strict grader.\nQuestion: {question}\nGold answers: {gold_answers}\nAnswer: {prediction}\n")
-    search_config["judge"].update(prompt=str(prompt), concurrency=3, timeout=7.5)
+    search_config["judge"].update(prompt=str(prompt), max_tokens=512)
     config = resolve_config(search_config)
     settings_used = judge_client(config).config
-    assert (settings_used.concurrency, settings_used.timeout, settings_used.attempts) == (3, 7.5, 2)
+    assert (settings_used.url, settings_used.model, settings_used.max_tokens) == (judged.url, "judge-7b", 512)
     await grade(config, "judge", "What is the capital of France?", ["Paris"], "Paris")
     assert judged.bodies[-1]["messages"][0]["content"].startswith("Strict grader.\nQuestion: What is the capital")
 
@@ -326,20 +334,22 @@ def test_a_judge_prompt_without_its_placeholders_is_refused(tmp_path):
         ({"SEARCH_R1_JUDGE_URL": "http://127.0.0.1:8001/v1"}, "SEARCH_R1_JUDGE_MODEL is not set"),
     ],
 )
-def test_the_launch_check_stops_on_one_line(variables, line, monkeypatch, capsys):
-    """What run_qwen2.5_3B.sh runs before Ray starts (python -m slime_search_r1.launch_check -- <train.py's flags>)."""
+def test_the_launch_stops_on_one_line(variables, line, monkeypatch, capsys):
+    """What run_qwen2.5_3B.sh runs before Ray starts (python -m slime_search_r1.launch PLUGIN --dry-run -- <flags>)."""
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
-    assert launch_check.main(["--", "--use-tis"]) == 2
+    assert launch([str(PLUGIN), "--dry-run", "--", "--use-tis"]) == 1
     stderr = capsys.readouterr().err
     assert stderr.count("\n") == 1 and line in stderr
 
 
-def test_the_post_process_warning_covers_judge_failures_even_when_failed_samples_are_kept(make_args):
-    config = resolved(SEARCH_R1_REWARD="judge", SEARCH_R1_JUDGE_URL="http://h:1/v1", SEARCH_R1_JUDGE_MODEL="m",
-                      SEARCH_R1_DROP_FAILED_SAMPLES="false")  # fmt: skip
+def test_the_post_process_warning_covers_judge_failures_beside_failed_samples(make_args):
+    config = resolved(SEARCH_R1_REWARD="judge", SEARCH_R1_JUDGE_URL="http://h:1/v1", SEARCH_R1_JUDGE_MODEL="m")
     [warning] = check_slime_args(make_args(custom_reward_post_process_path=None), config)
-    assert warning.startswith("Samples the judge could not score get remove_sample")
+    assert warning.startswith(
+        "FAILED samples (a tool still failing after its retries) and samples the judge could not score get "
+        "remove_sample"
+    )
     assert (
         check_slime_args(
             make_args(custom_reward_post_process_path="generate_with_search.post_process_rewards"), config
