@@ -116,7 +116,13 @@ TARGETS = (
     Target(
         "settings",
         "SEARCH_R1_CONFIGS, its environment variables, their precedence and checks",
-        ("slime_search_r1/settings.py",),
+        (
+            "slime_search_r1/settings/kinds.py",
+            "slime_search_r1/settings/table.py",
+            "slime_search_r1/settings/sources.py",
+            "slime_search_r1/settings/rules.py",
+            "slime_search_r1/settings/view.py",
+        ),
         ("tests/launch/test_settings.py", "tests/launch/test_setting_kinds.py"),
     ),
     Target(

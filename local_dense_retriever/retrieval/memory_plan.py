@@ -35,10 +35,9 @@ CUDA_CONTEXT_BYTES = 600 * 2**20  # a torch process's CUDA context and kernels o
 TORCH_WORKSPACE_BYTES = GIB  # torch_search's default score workspace on a GPU
 TORCH_LOAD_CHUNK_BYTES = (1 << 18) * 4  # per dimension: rows streamed from the file to a GPU at a time (fp32)
 DEFAULT_RESERVE_GIB = 1.0
-# What slime's colocated trainer keeps on each GPU while SGLang generates (the launch checks' default, overridden by
-# TRAINER_RESIDUAL_GIB): slime's v0.1.0 release notes (docs/en/blogs/release_v0.1.0.md) measured Megatron's residual
-# GPU memory after offloading at 3-5 GB (NCCL buffers and CUDA contexts once torch_memory_saver paused its tensors);
-# 6 GiB, the figure of this module's example, keeps a margin above it.
+# What slime's colocated trainer keeps on each GPU while SGLang generates (what the launch checks count): slime's
+# v0.1.0 release notes (docs/en/blogs/release_v0.1.0.md) measured Megatron's residual GPU memory after offloading at
+# 3-5 GB (NCCL buffers and CUDA contexts once torch_memory_saver paused its tensors); 6 GiB keeps a margin above it.
 COLOCATED_TRAINER_GIB = 6.0
 
 
