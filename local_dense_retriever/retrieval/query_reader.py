@@ -9,7 +9,10 @@ tokenizes each word on its own, so those tokens are the ones it gives for the wh
 (4-5 characters per token) is read in one window. A tokenizer that does not split into words, or keeps the last
 tokens of a query, reads it whole.
 
-The counts are what the batcher bounds its batches by; the cut text is what the encoder then tokenizes again.
+The counts are what the batcher bounds its batches by; the text read is what the encoder then tokenizes again, in a
+batch. A query read past its first window reaches it as the words its kept tokens come from, one space apart and a
+word over LONG_WORD characters cut to that many, when the tokenizer gives the same kept tokens for that (checked
+each time): then megabytes of whitespace, or one word of megabytes, cost one read here and not a stalled batch.
 """
 
 import copy
@@ -18,6 +21,8 @@ import copy
 # in one window, and a long query costs the tokenizer no more than its kept tokens need (twice: here and in the
 # encoder, which tokenizes the cut query again).
 CHARS_PER_KEPT_TOKEN = 8
+# Far over any tokenizer's longest word (BERT's WordPiece makes one [UNK] of a word over 100 characters).
+LONG_WORD = 1000
 
 
 class QueryReader:
@@ -54,9 +59,28 @@ class QueryReader:
             while len(query) > size and not (self._keeps_the_start and _complete(encoding.word_ids, kept)):
                 size *= 2
                 encoding = self._backend.encode(self.prefix + query[:size], add_special_tokens=False)
-            read.append(query if len(query) <= size else query[:size])
+            text = query[:size]  # the whole query when it is not longer
+            read.append(self._compact(text, encoding, kept) if size > window and self._keeps_the_start else text)
             counts.append(min(len(encoding.ids), kept) + self._specials)
         return read, counts
+
+    def _compact(self, text: str, encoding, kept: int) -> str:
+        """The words the kept tokens come from (`encoding`: of the prefix and `text`, what was read of a query), one
+        space apart where the text had any gap between them and each cut to LONG_WORD characters, if the tokenizer
+        keeps the same tokens of that; else `text`."""
+        skip, parts, last_end = len(self.prefix), [], None
+        for word in dict.fromkeys(encoding.word_ids[:kept]):
+            start, end = encoding.word_to_chars(word)
+            if start < skip:  # the prefix's words
+                continue
+            start, end = start - skip, end - skip
+            if last_end is not None:
+                parts.append("" if start == last_end else " ")
+            parts.append(text[start : min(end, start + LONG_WORD)])
+            last_end = end
+        compact = "".join(parts)
+        same = self._backend.encode(self.prefix + compact, add_special_tokens=False).ids[:kept] == encoding.ids[:kept]
+        return compact if same else text
 
 
 def _complete(words: list[int | None], kept: int) -> bool:
