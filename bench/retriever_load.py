@@ -553,14 +553,23 @@ def measure_max_size_case(url: str, questions: list[str], clients: int, duration
     return results
 
 
-def render_max_size_case(result: dict, clients: int, started: str) -> str:
+def batch_bounds(url: str) -> str:
+    """The server's batch bounds as /health reports them (a server without a token bound says none)."""
+    import httpx
+
+    health = httpx.get(f"{url}/health", timeout=30).json()
+    tokens = health.get("max_batch_tokens")
+    return f"max batch {health['max_batch_size']} queries" + (f" and {tokens:,} tokens" if tokens else "")
+
+
+def render_max_size_case(result: dict, clients: int, started: str, bounds: str, load: str) -> str:
     alone, beside = result["alone"], result["beside"]
     return "\n".join(
         [
             "### Single queries beside maximum-size requests",
             "",
             f"Measured by `python bench/retriever_load.py {' '.join(sys.argv[1:])}`".rstrip() + f" on {started}; "
-            f"{os.cpu_count()} CPU cores, no GPU, the 10k corpus, the server's defaults (max batch 64). "
+            f"{os.cpu_count()} CPU cores, no GPU, the 10k corpus, the server's defaults ({bounds}); {load}. "
             f"{clients} closed-loop single-query clients, first alone, then beside one client sending maximum-size "
             "requests back to back (512 queries of 4,096 characters, top-3: every query is encoded at the full "
             "256 tokens). The machine is shared: compare the ratios, which come from one run.",
@@ -1257,8 +1266,11 @@ def run_max_size_case(args) -> int:
     flags = embedded_default.server_flags(assets.model_dir, assets.index_path, assets.corpus_path, topk=TOPK)
     with ServerProcess(flags, log_path=CACHE_DIR / "server_max_size.log", startup_timeout=900) as server:
         wait_until_quiet(args.wait_for_quiet, server.process.pid)
+        bounds = batch_bounds(server.url)
+        load = f"1-minute load average {os.getloadavg()[0]:.1f} as the measurement began (other processes: near 0 on "
+        load += "a quiet machine)"
         result = measure_max_size_case(server.url, questions, args.max_size_clients, args.max_size_seconds)
-    text = render_max_size_case(result, args.max_size_clients, started)
+    text = render_max_size_case(result, args.max_size_clients, started, bounds, load)
     print("\n" + text)
     if not args.no_write:
         write_section(text, key="max-size")

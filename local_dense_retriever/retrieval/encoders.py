@@ -14,6 +14,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from local_dense_retriever.retrieval.query_reader import QueryReader
+
 logger = logging.getLogger(__name__)
 
 POOLING_METHODS = ("mean", "cls", "pooler")
@@ -134,6 +136,10 @@ class TextEncoder:
 
     def encode_queries(self, texts: list[str]) -> np.ndarray:
         return self.encode([self.family.query_prefix + text for text in texts])
+
+    def query_reader(self) -> QueryReader:
+        """How far this encoder reads each query and how many tokens it encodes it at, for another thread."""
+        return QueryReader(self.tokenizer, self.max_length, self.family.query_prefix)
 
     def encode_passages(self, texts: list[str], **options) -> np.ndarray:
         """`options`: encode()'s `on_batch` and `run`."""

@@ -78,6 +78,7 @@ class HealthReady(BaseModel):
     retriever: str
     documents: int
     max_batch_size: int
+    max_batch_tokens: int | None = Field(description="tokens per batch at most (null: not counted, BM25)")
     max_wait_ms: float
     batches: dict[str, Any] = Field(description="batch counts, what is queued and running, relative worker speeds")
     load_seconds: dict[str, float]

@@ -35,7 +35,6 @@ from local_dense_retriever.serving.limits import (
     InFlight,
     ResponseTooLarge,
     check_response_size,
-    clip_queries,
 )
 from local_dense_retriever.serving.loading import Resources, Runtime, load_resources
 
@@ -145,6 +144,7 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
                 "retriever": resources.description,
                 "documents": len(resources.corpus),
                 "max_batch_size": resources.batcher.max_batch_size,
+                "max_batch_tokens": resources.batcher.max_batch_tokens,
                 "max_wait_ms": resources.batcher.max_wait * 1000.0,
                 "batches": resources.batcher.report(),
                 "load_seconds": runtime.load_seconds,
@@ -190,15 +190,20 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
         if not in_flight.admit(count):
             return error_response(503, in_flight.refusal(count), headers=RETRY_LATER)
         try:
-            queries = clip_queries(config, payload.queries)
-            return await answer_queries(request, resources, queries, topk, payload.return_scores)
+            queries, tokens = await resources.reading.read(payload.queries)
+            return await answer_queries(request, resources, queries, tokens, topk, payload.return_scores)
         finally:
             in_flight.release(count)
 
     async def answer_queries(
-        request: Request, resources: Resources, queries: list[str], topk: int, return_scores: bool
+        request: Request,
+        resources: Resources,
+        queries: list[str],
+        tokens: list[int] | None,
+        topk: int,
+        return_scores: bool,
     ) -> Response:
-        work = asyncio.ensure_future(resources.batcher.submit(queries, topk))
+        work = asyncio.ensure_future(resources.batcher.submit(queries, topk, tokens))
         left = asyncio.ensure_future(client_left(request))
         try:
             await asyncio.wait({work, left}, return_when=asyncio.FIRST_COMPLETED)

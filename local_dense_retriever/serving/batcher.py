@@ -1,13 +1,15 @@
 """Dynamic cross-request batching: concurrent requests share encoder forward passes and index searches, computed by
 a few worker threads at once when the CPU layout says so.
 
-Requests wait in a list; a free worker builds each batch of at most `max_batch_size` queries by fair share over
-every request waiting (a large request is split into slices and interleaved with the others, so a single query
-sent while a 512-query request is in flight waits about one batch, not the whole request), runs it, and hands each
-request its rows once all its slices are done (slices of one request may finish out of order on different
-workers). While batches run, the next ones accumulate, so batches grow with load. With `max_wait_ms` > 0 a worker
-may also wait that long for its batch to reach the size of the previous one (the clients just answered are likely
-to return at once); it never waits when idle.
+Requests wait in a list; a free worker builds each batch of at most `max_batch_size` queries and `max_batch_tokens`
+tokens (what the encoder encodes them at, counted when the request came in) by fair share over every request
+waiting (a large request is split into slices and interleaved with the others, so a single query sent while a
+512-query request is in flight waits for at most the one batch running, not the whole request; bounding the tokens
+too keeps that batch short when the request's queries are long), runs it, and hands each request its rows once all
+its slices are done (slices of one request may finish out of order on different workers). While batches run, the
+next ones accumulate, so batches grow with load. With `max_wait_ms` > 0 a worker may also wait that long for its
+batch to reach the size of the previous one, in queries and in requests (the clients just answered are likely to
+return at once, and a large request's queries must not start a batch without them); it never waits when idle.
 
 How many batches run at once, and on how many threads each, is the tuner's call (retrieval/cpu_threads.py): one
 batch on every CPU while that is fastest, or one single-threaded batch per worker, so no OpenMP barrier waits on a
@@ -44,6 +46,7 @@ class BatcherClosed(RuntimeError):
 @dataclass(eq=False)
 class _Pending:
     queries: list[str]
+    tokens: Sequence[int] | None  # what the encoder encodes each query at (None: not counted, each costs nothing)
     topk: int
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
@@ -57,6 +60,9 @@ class _Pending:
     def unbatched(self) -> int:
         return len(self.queries) - self.next_query
 
+    def cost(self, query: int) -> int:
+        return 0 if self.tokens is None else self.tokens[query]
+
 
 @dataclass
 class _Slice:
@@ -69,7 +75,9 @@ class _Slice:
 class BatcherStats:
     batches: int = 0
     queries: int = 0
+    tokens: int = 0  # of the queries batched, as counted when their requests came in
     largest_batch: int = 0
+    largest_batch_tokens: int = 0
     busy_seconds: float = 0.0  # summed over the workers
     slowest_batch_seconds: float = 0.0
     errors: int = 0
@@ -82,6 +90,8 @@ class BatcherStats:
             "queries": self.queries,
             "mean_batch_size": round(self.queries / self.batches, 2) if self.batches else 0.0,
             "largest_batch": self.largest_batch,
+            "tokens": self.tokens,
+            "largest_batch_tokens": self.largest_batch_tokens,
             "busy_seconds": round(self.busy_seconds, 3),
             "slowest_batch_seconds": round(self.slowest_batch_seconds, 3),
             "errors": self.errors,
@@ -116,27 +126,33 @@ def _leave(threads: int) -> None:
 
 
 class DynamicBatcher:
-    """`search`: one search function per worker thread (or one function: one worker). `tuner`: when batches may
-    start and on how many threads (default: as many batches at once as workers, pools left alone). `clock`: what
-    max_wait_ms and the workers' speeds are measured on. `speed_shares`: share the queries between workers by
-    their measured speed (False: equal shares, as before, for the benchmark's comparison)."""
+    """`search`: one search function per worker thread (or one function: one worker). `max_batch_tokens`: the most
+    tokens a batch may hold, over the counts submit() is given (None: no bound); a single query over it runs in a
+    batch of its own. `tuner`: when batches may start and on how many threads (default: as many batches at once as
+    workers, pools left alone). `clock`: what max_wait_ms and the workers' speeds are measured on. `speed_shares`:
+    share the queries between workers by their measured speed (False: equal shares, as before, for the benchmark's
+    comparison)."""
 
     def __init__(
         self,
         search: SearchFn | Sequence[SearchFn],
         max_batch_size: int = 64,
         max_wait_ms: float = 0.0,
+        max_batch_tokens: int | None = None,
         tuner: ThreadTuner | None = None,
         clock: Callable[[], float] = time.monotonic,
         speed_shares: bool = True,
     ):
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        if max_batch_tokens is not None and max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be at least 1, got {max_batch_tokens}")
         searches = [search] if callable(search) else list(search)
         self.tuner = tuner or ThreadTuner(1, fixed=Layout(threads=1, batches=len(searches)), set_threads=_leave)
         if len(searches) < self.tuner.workers:
             raise ValueError(f"the tuner runs {self.tuner.workers} batches at once; got {len(searches)} searches")
         self.max_batch_size = max_batch_size
+        self.max_batch_tokens = max_batch_tokens
         self.max_wait = max_wait_ms / 1000.0
         self.speed_shares = speed_shares
         self.stats = BatcherStats()
@@ -144,7 +160,8 @@ class DynamicBatcher:
         self._lock = threading.Condition()
         self._waiting: deque[_Pending] = deque()  # requests with queries not yet in a batch, in serving order
         self._running = 0  # batches being computed
-        self._last_batch_size = 0
+        self._last_batch_size = 0  # queries
+        self._last_batch_requests = 0  # requests it held a slice of
         self._closing = False
         self.stopping = threading.Event()  # set once close() began: requests still waiting will fail
         workers = range(self.tuner.workers)
@@ -163,12 +180,17 @@ class DynamicBatcher:
     def workers(self) -> int:
         return len(self._threads)
 
-    async def submit(self, queries: list[str], topk: int) -> tuple[np.ndarray, np.ndarray]:
-        """Scores and rows, (len(queries), topk) each, for one request's queries."""
+    async def submit(
+        self, queries: list[str], topk: int, tokens: Sequence[int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Scores and rows, (len(queries), topk) each, for one request's queries; `tokens`: what the encoder encodes
+        each query at, for max_batch_tokens."""
+        if tokens is not None and len(tokens) != len(queries):
+            raise ValueError(f"{len(tokens)} token counts for {len(queries)} queries")
         if not queries:  # no batch would ever hold it
             return np.empty((0, topk), dtype=np.float32), np.empty((0, topk), dtype=np.int64)
         loop = asyncio.get_running_loop()
-        pending = _Pending(queries, topk, loop.create_future(), loop)
+        pending = _Pending(queries, tokens, topk, loop.create_future(), loop)
         with self._lock:
             if self._closing:
                 raise BatcherClosed("the retriever is shutting down")
@@ -222,9 +244,11 @@ class DynamicBatcher:
             available = sum(item.unbatched for item in self._waiting if not item.abandoned)
             if available:
                 # Waiting only pays when more requests are due: the clients answered by the last batch tend to come
-                # straight back, so wait (at most max_wait) until that many queries are here, and never when idle.
+                # straight back, so wait (at most max_wait) until that many queries, and requests, are here (a large
+                # request's queries do not stand for the clients beside it), and never when idle.
                 expected = min(self.max_batch_size, max(1, self._last_batch_size))
-                if available < expected and self.max_wait > 0:
+                requests = sum(not item.abandoned for item in self._waiting)
+                if (available < expected or requests < self._last_batch_requests) and self.max_wait > 0:
                     if deadline is None:
                         deadline = self._clock() + self.max_wait
                         self.stats.refill_waits += 1
@@ -233,28 +257,32 @@ class DynamicBatcher:
                         continue
                 ticket = self.tuner.begin()
                 if ticket is not None:
-                    room = self._room(worker, ticket.layout.batches, available)
+                    room, token_room = self._room(worker, ticket.layout.batches, available)
                     self._running += 1
                     self._idle.discard(worker)
-                    batch = self._next_batch(room)
+                    batch = self._next_batch(room, token_room)
                     self._last_batch_size = sum(part.end - part.start for part in batch)
+                    self._last_batch_requests = len(batch)
                     if any(item.unbatched for item in self._waiting):
                         self._lock.notify()  # another worker may start on the rest
                     return ticket, batch
             self._lock.wait()  # for requests, or for a batch to end and free its CPUs
         return None
 
-    def _room(self, worker: int, batches_at_once: int, available: int) -> int:
-        """How many of the `available` queries this worker takes: with several batches at once, the workers free to
-        start now share them in proportion to their speed (equally while unmeasured), and a slower worker's batch
-        is capped below max_batch_size by as much, so that batches started together end together."""
+    def _room(self, worker: int, batches_at_once: int, available: int) -> tuple[int, float]:
+        """How many of the `available` queries this worker takes, and the most tokens they may hold: with several
+        batches at once, the workers free to start now share the queries in proportion to their speed (equally
+        while unmeasured), and a slower worker's batch is capped below max_batch_size and max_batch_tokens by as
+        much, so that batches started together end together."""
+        tokens = math.inf if self.max_batch_tokens is None else self.max_batch_tokens
         free = max(1, batches_at_once - self._running)
         if free == 1 and batches_at_once == 1 or not self.speed_shares:
-            return min(self.max_batch_size, math.ceil(available / free))
+            return min(self.max_batch_size, math.ceil(available / free)), tokens
         speeds = self._relative_speeds()
         others = sorted((speeds[other] for other in self._idle if other != worker), reverse=True)[: free - 1]
         share = speeds[worker] / (speeds[worker] + sum(others))
-        return max(1, min(math.ceil(self.max_batch_size * speeds[worker]), math.ceil(available * share)))
+        room = max(1, min(math.ceil(self.max_batch_size * speeds[worker]), math.ceil(available * share)))
+        return room, tokens * speeds[worker]
 
     def _relative_speeds(self) -> list[float]:
         """Each worker's queries per second over the fastest one's (1.0 while unmeasured)."""
@@ -262,23 +290,44 @@ class DynamicBatcher:
         fastest = max((rate for rate in rates if rate), default=None)
         return [rate / fastest if rate and fastest else 1.0 for rate in rates]
 
-    def _next_batch(self, room: int) -> list[_Slice]:
-        """Fair share of `room` queries over the waiting requests: each gets an equal part, capped by what it has.
+    def _next_batch(self, room: int, token_room: float) -> list[_Slice]:
+        """Fair share of `room` queries and `token_room` tokens over the waiting requests, in rounds: each request
+        gets an equal part of what is left of both, capped by what it has, and the parts it leaves go to the others
+        in the next round. A request's queries are taken in order; one that has nothing in the batch yet may take
+        its next query over its part of the tokens if it fits in what is left (so a request of long queries still
+        gets one in), and a batch holds at least one query, even one over token_room.
 
         Requests that got nothing (more requests than room) go first next time, then those with queries left.
         """
         waiting = [item for item in self._waiting if not item.abandoned]
         takes = dict.fromkeys(waiting, 0)
+        batched = 0
+
+        def next_cost(item: _Pending) -> int:
+            return item.cost(item.next_query + takes[item])
+
+        def take(item: _Pending) -> None:
+            nonlocal batched, token_room
+            token_room -= next_cost(item)
+            takes[item] += 1
+            batched += 1
+
         open_ = waiting
-        while room and open_:
-            share = max(1, room // len(open_))
+        while batched < room and open_:
+            share, token_share = max(1, (room - batched) // len(open_)), token_room / len(open_)
+            before = batched
             for item in open_:
-                take = min(share, item.unbatched - takes[item], room)
-                takes[item] += take
-                room -= take
-                if not room:
-                    break
-            open_ = [item for item in open_ if item.unbatched > takes[item]]
+                most, part = min(share, item.unbatched - takes[item]), 0
+                while most and batched < room:
+                    cost = next_cost(item)
+                    # the batch's first query always fits; a request's first may go over its part of the tokens
+                    if (cost > token_room and batched) or (part + cost > token_share and takes[item]):
+                        break
+                    take(item)
+                    most, part = most - 1, part + cost
+            open_ = [item for item in open_ if item.unbatched > takes[item] and next_cost(item) <= token_room]
+            if batched == before and open_:  # no next query fitted its request's part: the first that fits the rest
+                take(open_[0])
         batch = []
         for item in waiting:
             if takes[item]:
@@ -307,7 +356,8 @@ class DynamicBatcher:
         seconds = self._clock() - started
         with self._lock:
             self._finish(ticket, worker, len(queries))
-            self._record(len(queries), seconds)
+            tokens = sum(part.request.cost(query) for part in batch for query in range(part.start, part.end))
+            self._record(len(queries), tokens, seconds)
             if ticket.layout.batches > 1:  # single-threaded batches side by side: how fast is this worker's core
                 per_query, before = seconds / len(queries), self._seconds_per_query[worker]
                 self._seconds_per_query[worker] = (
@@ -341,10 +391,12 @@ class DynamicBatcher:
         while self._waiting:
             _send(self._waiting.popleft(), error=error)
 
-    def _record(self, size: int, seconds: float) -> None:
+    def _record(self, size: int, tokens: int, seconds: float) -> None:
         stats = self.stats
         stats.batches += 1
         stats.queries += size
+        stats.tokens += tokens
         stats.largest_batch = max(stats.largest_batch, size)
+        stats.largest_batch_tokens = max(stats.largest_batch_tokens, tokens)
         stats.busy_seconds += seconds
         stats.slowest_batch_seconds = max(stats.slowest_batch_seconds, seconds)

@@ -63,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     class Server(uvicorn.Server):
+        """uvicorn's server, plus ASearcher's address file: written once listening, removed as shutdown begins.
+
+        Removed in shutdown(), not after run(): on every signal uvicorn handles (SIGINT, SIGTERM, ...) it shuts
+        down, then raises the signal again with its default action, and SIGTERM's ends the process at once."""
+
         address_file: Path | None = None
 
         async def startup(self, sockets=None) -> None:
@@ -71,6 +76,15 @@ def main(argv: list[str] | None = None) -> int:
                 port = self.servers[0].sockets[0].getsockname()[1]
                 self.address_file = write_address(args.save_address_to, args.host, port)
                 logger.info("address written to %s", self.address_file)
+
+        async def shutdown(self, sockets=None) -> None:
+            self.forget_address()  # first: no new client is sent here while the requests in flight finish
+            await super().shutdown(sockets)
+
+        def forget_address(self) -> None:
+            if self.address_file is not None:
+                self.address_file.unlink(missing_ok=True)
+                self.address_file = None
 
     config, args = parse_config(argv)
     # Before torch and faiss load (in the loader thread): OpenMP reads it only then.
@@ -84,6 +98,5 @@ def main(argv: list[str] | None = None) -> int:
     try:
         server.run()
     finally:  # ASearcher's clients pick any address file they find: one left by a stopped server sends them nowhere
-        if server.address_file is not None:
-            server.address_file.unlink(missing_ok=True)
+        server.forget_address()  # when run() ended without a shutdown (an error)
     return 1 if app.state.runtime.status == "failed" else 0

@@ -1,26 +1,43 @@
 """The limits that protect the server, on bytes and work rather than on request shapes: the queries in flight over
-all requests (--max_queries_in_flight) and the size of an answer (--max_response_mb). The body's size
-(--max_request_mb) is checked while it is read (bodies.py)."""
+all requests (--max_queries_in_flight), how much of a query is read, and the size of an answer (--max_response_mb).
+The body's size (--max_request_mb) is checked while it is read (bodies.py)."""
 
+import asyncio
+import threading
 from dataclasses import dataclass
 
+from local_dense_retriever.retrieval.query_reader import QueryReader
 from local_dense_retriever.serving.config import ServerConfig
 
 # A client told to come back: long enough for a few batches to finish, short enough not to idle a rollout.
 RETRY_AFTER_SECONDS = 1
-# The encoder keeps --max_length tokens of a query, but its tokenizer reads all of it first: 4.9 MB of text took
-# 7 s and 674 MB here. Natural text spends 4-5 characters per token, so cutting a query at 32 characters per kept
-# token (8,192 for 256) leaves what the encoder keeps unchanged, and bounds what one query costs.
-CHARS_PER_KEPT_TOKEN = 32
+# Requests with at most this many characters of queries are read on the event loop (a thread hop costs more than
+# reading them); larger ones in a thread, so a long request does not hold up the others.
+INLINE_READ_CHARS = 1024
 
 
-def clip_queries(config: ServerConfig, queries: list[str]) -> list[str]:
-    """Queries as the encoder will read them: each cut at CHARS_PER_KEPT_TOKEN x --max_length characters (BM25
-    reads every word: unchanged)."""
-    if config.is_bm25:
-        return queries
-    limit = CHARS_PER_KEPT_TOKEN * config.max_length
-    return [query if len(query) <= limit else query[:limit] for query in queries]
+class QueryReading:
+    """Queries as the encoder will read them (cut where that changes none of the tokens it keeps, so a huge query
+    costs what its kept tokens do), and the tokens each is encoded at, which bound the batcher's batches. `reader`:
+    None for BM25 (it reads every word: queries unchanged, no token counts). Each thread reads with a copy of its
+    own."""
+
+    def __init__(self, reader: QueryReader | None):
+        self._template = reader
+        self._own = threading.local()
+
+    async def read(self, queries: list[str]) -> tuple[list[str], list[int] | None]:
+        if self._template is None:
+            return queries, None
+        if sum(len(query) for query in queries) <= INLINE_READ_CHARS:
+            return self._read(queries)
+        return await asyncio.to_thread(self._read, queries)
+
+    def _read(self, queries: list[str]) -> tuple[list[str], list[int]]:
+        reader = getattr(self._own, "reader", None)
+        if reader is None:
+            reader = self._own.reader = self._template.copy()
+        return reader.read(queries)
 
 
 class ResponseTooLarge(Exception):

@@ -15,11 +15,16 @@ from local_dense_retriever.retrieval.corpus import Corpus
 from local_dense_retriever.retrieval.pages import Pages
 from local_dense_retriever.serving.batcher import DynamicBatcher
 from local_dense_retriever.serving.config import ServerConfig
+from local_dense_retriever.serving.limits import QueryReading
 
 logger = logging.getLogger("local_dense_retriever")
 
 CPU_MAX_BATCH_SIZE = 64
 GPU_MAX_BATCH_SIZE = 512
+# The default token bound of a batch, per query of its size (1,024 for 64): 64 questions fit (FanOutQA's average
+# 12.8 tokens with MiniLM's tokenizer, 14.8 with E5's "query: "), so it leaves their batches as they are, while 4
+# long queries of 256 tokens make a batch: what a query sent beside them waits for (bench/RESULTS.md).
+TOKENS_PER_QUERY = 16
 
 
 @dataclass
@@ -31,6 +36,7 @@ class Resources:
     thread_settings: dict = field(default_factory=dict)  # what the process was given (usable CPUs, wait policy)
     thread_tuner: cpu_threads.ThreadTuner | None = None  # how it spends the CPUs now (batches x threads)
     pages: Pages | None = None  # --pages_path: POST /access
+    reading: QueryReading = field(default_factory=lambda: QueryReading(None))  # queries as the encoder reads them
 
     def close(self) -> None:
         self.batcher.close()
@@ -46,7 +52,7 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
     report("importing torch and faiss")
     from local_dense_retriever.retrieval import backends
 
-    tuner = None
+    tuner, reader = None, None
     if config.is_bm25:
         report("loading the BM25 index")
         searcher = backends.BM25Searcher(config.index_path)
@@ -89,15 +95,23 @@ def load_resources(config: ServerConfig, report: Callable[[str], None] = lambda 
         pages = Pages(config.pages_path)
     report("warming up")
     searcher.search(["warm-up query"], min(config.topk, len(corpus)))
+    if not config.is_bm25:  # before the workers start: it copies the tokenizer no one else is using then
+        reader = searcher.encoder.query_reader()
     workers = tuner.workers if tuner else 1
     searches = [searcher.search] + [searcher.fork().search for _ in range(workers - 1)]
-    batcher = DynamicBatcher(searches, max_batch_size=max_batch_size, max_wait_ms=config.max_wait_ms, tuner=tuner)
+    batcher = DynamicBatcher(
+        searches,
+        max_batch_size=max_batch_size,
+        max_wait_ms=config.max_wait_ms,
+        max_batch_tokens=None if config.is_bm25 else config.max_batch_tokens or TOKENS_PER_QUERY * max_batch_size,
+        tuner=tuner,
+    )
     description = f"{searcher.description}; corpus {corpus.path} ({len(corpus)} documents)"
     settings = cpu_threads.report()
     logger.info("CPU threads: %s", settings)
     if pages is not None:
         description += f"; pages {pages.path} ({len(pages)})"
-    return Resources(searcher, corpus, batcher, description, settings, tuner, pages)
+    return Resources(searcher, corpus, batcher, description, settings, tuner, pages, QueryReading(reader))
 
 
 def load_vector_index(config: ServerConfig, encoder_dim: int):

@@ -283,16 +283,16 @@ def queued(batcher: DynamicBatcher) -> int:
     return batcher.report()["waiting_queries"]
 
 
-def run_behind_a_running_batch(batcher: DynamicBatcher, gate: "Gate", requests: list[tuple[list[str], int]]):
-    """Submits a blocker, then `requests` while the blocker's batch runs (so all of them queue), then lets every
-    batch through; the requests' results, in order. Closes the batcher."""
+def run_behind_a_running_batch(batcher: DynamicBatcher, gate: "Gate", requests: list[tuple]):
+    """Submits a blocker, then `requests` ((queries, topk) or (queries, topk, tokens)) while the blocker's batch runs
+    (so all of them queue), then lets every batch through; the requests' results, in order. Closes the batcher."""
 
     async def scenario():
         blocker = asyncio.ensure_future(batcher.submit(["blocker"], 1))
         await entered(gate)
-        tasks = [asyncio.ensure_future(batcher.submit(queries, topk)) for queries, topk in requests]
+        tasks = [asyncio.ensure_future(batcher.submit(*request)) for request in requests]
         await asyncio.sleep(0)  # one turn of the event loop: every task has queued its request
-        assert queued(batcher) == sum(len(queries) for queries, _ in requests)
+        assert queued(batcher) == sum(len(queries) for queries, *_ in requests)
         gate.open_all()
         await answer(blocker)
         return await settle(*tasks)
@@ -439,6 +439,49 @@ def test_an_idle_batcher_never_waits_and_a_busy_one_waits_until_the_expected_que
     assert [len(call) for call in search.calls] == [1, 10, 10]
 
 
+class ClockStoppedUntilMoved(StoppedClock):
+    """Stopped until the test sets `moving`; then a second later at each reading (every wait ends at once)."""
+
+    moving = False
+
+    def __call__(self) -> float:
+        self.now += 1.0 if self.moving else 0.0
+        return super().__call__()
+
+
+def test_a_busy_batcher_waits_for_the_clients_it_answered_though_a_large_request_has_queries_enough():
+    """A batch held 5 queries of a 16-query request and 3 single queries: the next one waits (up to max_wait) until 4
+    requests are here again, the 3 clients just answered coming back, instead of filling itself with 8 queries of
+    the large request and leaving them to wait for it. The clock stands still meanwhile: the 4th request, not a
+    timeout, starts the batch."""
+    clock = ClockStoppedUntilMoved()
+    gate = Gate()
+    batcher = DynamicBatcher(gate, max_batch_size=8, max_wait_ms=500, clock=clock)
+    large = [f"l{i}" for i in range(16)]
+
+    async def scenario():
+        blocker = asyncio.ensure_future(batcher.submit(["blocker"], 1))
+        await entered(gate)
+        big = asyncio.ensure_future(batcher.submit(large, 1))
+        first = [asyncio.ensure_future(batcher.submit([f"s{i}"], 1)) for i in range(3)]
+        await asyncio.sleep(0)
+        gate.open("blocker")
+        await entered(gate)  # 8 places over 4 requests: 2 each, then the large request takes the 3 left
+        gate.open("l0")
+        await settle(blocker, *first)
+        await until(lambda: batcher.stats.refill_waits == 1, "the batcher waited for the clients to come back")
+        entries_while_waiting = gate.entries
+        again = [asyncio.ensure_future(batcher.submit([f"s{i}"], 1)) for i in range(3, 6)]
+        await entered(gate)
+        clock.moving = True  # the waits for the rest of the large request end at once
+        gate.open_all()
+        await settle(big, *again)
+        return entries_while_waiting
+
+    assert run(scenario, batcher) == 2
+    assert gate.search.calls[1:3] == [[*large[:5], "s0", "s1", "s2"], [*large[5:10], "s3", "s4", "s5"]]
+
+
 def test_a_busy_batcher_waits_no_longer_than_max_wait():
     clock = StoppedClock()
     search = RecordingSearch()
@@ -523,6 +566,182 @@ def test_a_request_without_queries_is_answered_at_once_with_no_rows():
 def test_batch_size_must_be_positive():
     with pytest.raises(ValueError, match="max_batch_size"):
         DynamicBatcher(RecordingSearch(), max_batch_size=0)
+
+
+# ---- batches bounded by the tokens their queries are encoded at -----------------------------------------------------
+
+LONG, SHORT = 256, 8  # tokens of a query of 4,096 characters at --max_length 256, and of a question
+
+
+def test_a_single_query_sent_beside_long_queries_waits_for_one_batch_bounded_by_their_tokens():
+    """One request of 512 long queries, batches of up to 64 queries and 1,024 tokens: 4 long queries make a batch.
+    A single query sent while the first batch runs joins the second, beside the 3 long ones that fit with it."""
+    gate = Gate()
+    batcher = DynamicBatcher(gate, max_batch_size=64, max_batch_tokens=1024)
+    long_queries = [f"long {i}" for i in range(512)]
+
+    async def scenario():
+        large = asyncio.ensure_future(batcher.submit(long_queries, 3, tokens=[LONG] * 512))
+        await entered(gate)
+        single = asyncio.ensure_future(batcher.submit(["single"], 3, tokens=[SHORT]))
+        await asyncio.sleep(0)
+        assert queued(batcher) == 512 - 4 + 1
+        gate.open_all()
+        return await settle(large, single)
+
+    (_, large_rows), (_, single_rows) = run(scenario, batcher)
+    calls = gate.search.calls
+    assert calls[0] == long_queries[:4]
+    assert calls[1] == [*long_queries[4:7], "single"]  # 3 x 256 + 8 = 776; a 4th long query would make 1,032
+    assert [len(call) for call in calls[2:]] == [4] * 126 + [1]
+    assert large_rows.shape == (512, 3) and single_rows[0].tolist() == [600, 601, 602]
+    assert batcher.report()["largest_batch_tokens"] == 1024 and batcher.report()["tokens"] == 512 * LONG + SHORT
+
+
+@pytest.mark.parametrize(("bound", "sizes"), [(30, [3]), (29, [2, 1]), (20, [2, 1]), (19, [1, 1, 1]), (9, [1, 1, 1])])
+def test_a_batch_holds_the_queries_whose_tokens_fit_in_max_batch_tokens(bound, sizes):
+    """Three queries of 10 tokens: all fit in 30, two in 20 to 29, one in 10 to 19; each runs alone when even one is
+    over the bound (a batch always holds a query)."""
+    search = RecordingSearch()
+    batcher = DynamicBatcher(search, max_batch_size=8, max_batch_tokens=bound)
+    run(lambda: answer(batcher.submit(["a", "b", "c"], 1, tokens=[10, 10, 10])), batcher)
+    assert [len(call) for call in search.calls] == sizes
+
+
+def test_a_query_over_max_batch_tokens_runs_alone_and_queries_without_counts_cost_nothing():
+    search = RecordingSearch()
+    batcher = DynamicBatcher(search, max_batch_size=8, max_batch_tokens=100)
+
+    async def scenario():
+        await answer(batcher.submit(["s1", "big", "s2"], 1, tokens=[10, 500, 10]))
+        await answer(batcher.submit([f"u{i}" for i in range(8)], 1))  # BM25's: not counted
+
+    run(scenario, batcher)
+    assert search.calls == [["s1"], ["big"], ["s2"], [f"u{i}" for i in range(8)]]
+    assert batcher.report()["largest_batch_tokens"] == 500
+
+
+def test_requests_of_long_queries_take_turns_within_the_token_bound():
+    """Three requests of 4 long queries, 512 tokens a batch: two long queries a batch, one from each of two requests,
+    and the request left out goes first in the next."""
+    gate = Gate()
+    batcher = DynamicBatcher(gate, max_batch_size=64, max_batch_tokens=2 * LONG)
+    run_behind_a_running_batch(batcher, gate, [([f"{name}{i}" for i in range(4)], 1, [LONG] * 4) for name in "abc"])
+    assert gate.search.calls[1:] == [
+        ["a0", "b0"],
+        ["c0", "a1"],
+        ["b1", "c1"],
+        ["a2", "b2"],
+        ["c2", "a3"],
+        ["b3", "c3"],
+    ]
+
+
+def test_a_request_of_long_queries_first_in_line_takes_only_its_part_of_the_tokens_at_first():
+    """A request of 8 long queries, then 10 single questions, 1,024 tokens a batch: in the first round each of the
+    11 requests may take its part (93 tokens), or one query if it has none yet, so every question gets in; the long
+    request then takes what the questions left (2 more)."""
+    gate = Gate()
+    batcher = DynamicBatcher(gate, max_batch_size=64, max_batch_tokens=1024)
+    long_request = ([f"h{i}" for i in range(8)], 1, [LONG] * 8)
+    questions = [([f"s{i}"], 1, [SHORT]) for i in range(10)]
+    run_behind_a_running_batch(batcher, gate, [long_request, *questions])
+    assert gate.search.calls[1:] == [
+        ["h0", "h1", "h2", *(f"s{i}" for i in range(10))],  # 3 x 256 + 10 x 8 = 848
+        ["h3", "h4", "h5", "h6"],
+        ["h7"],
+    ]
+
+
+TOKEN_SHARES = {
+    # 60 tokens over three requests: 20 each; a and b fill theirs exactly, c's 30-token query is over what is left,
+    # and the 20 it leaves go to a and b in the next round
+    "a part filled exactly": (
+        {"a": [10, 10, 10], "b": [10, 10, 10], "c": [30]},
+        60,
+        ["a0", "a1", "a2", "b0", "b1", "b2"],
+    ),
+    # 15 each: a takes 10, b 10; the last 10 go to a in the next round, down to the last token
+    "the bound filled exactly": ({"a": [10, 10, 10], "b": [10]}, 30, ["a0", "a1", "b0"]),
+    # 15 each, then 5 each: no next query fits a part, so the first that fits what is left takes it, and no more
+    "no part fits a query": ({"a": [10, 10], "b": [10, 10]}, 30, ["a0", "a1", "b0"]),
+    # 16.7 each: one query each (a's and b's second are over their parts); then 10 each: b1 fits its part, a1 (20)
+    # is over it, and only a request with nothing in the batch may go over its part
+    "over its part only with nothing in the batch": (
+        {"a": [10, 20], "b": [10, 10], "c": [10]},
+        50,
+        ["a0", "b0", "b1", "c0"],
+    ),
+    # 18.5 each, then 8.5 each: no next query fits its part; the first that fits what is left (a's 12 tokens, not
+    # b's 10) takes it, and b's no longer fits
+    "the first query that fits what is left": ({"a": [10, 12], "b": [10, 10]}, 37, ["a0", "a1", "b0"]),
+    # a's next queries in the second round are its 5-token ones, not the 10-token ones it took in the first
+    "later rounds go on where a request stopped": (
+        {"a": [10, 10, 5, 5], "b": [10]},
+        40,
+        ["a0", "a1", "a2", "a3", "b0"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", TOKEN_SHARES)
+def test_the_tokens_of_a_batch_are_shared_in_rounds_of_equal_parts(case):
+    costs, bound, first_batch = TOKEN_SHARES[case]
+    gate = Gate()
+    batcher = DynamicBatcher(gate, max_batch_size=64, max_batch_tokens=bound)
+    requests = [([f"{name}{i}" for i in range(len(tokens))], 1, tokens) for name, tokens in costs.items()]
+    run_behind_a_running_batch(batcher, gate, requests)
+    assert gate.search.calls[1] == first_batch
+
+
+def test_a_slower_worker_takes_its_share_of_max_batch_tokens_too():
+    """Workers measured at 1 and 1/2: beside a backlog of 100-token queries and a bound of 1,000 tokens, the slow
+    worker's batch holds 500 tokens, the fast one's 1,000 (their query caps, 32 and 64, are not reached)."""
+    fast, slow = "retrieval-worker-0", "retrieval-worker-1"
+    clock = WorkerTime({fast: 0.001, slow: 0.002})
+    gate = Gate(work=clock.spend)
+    batcher = DynamicBatcher(
+        [gate, gate],
+        max_batch_size=64,
+        max_batch_tokens=1000,
+        max_wait_ms=0.0,
+        tuner=two_single_threaded_workers(),
+        clock=clock,
+    )
+
+    async def scenario():
+        measuring = asyncio.ensure_future(batcher.submit(["w0", "w1"], 1))
+        await entered(gate, 2)
+        gate.open_prefix("w")
+        await answer(measuring)
+        speeds = batcher.report()["worker_speeds"]
+        blockers = []
+        for name in ("b0", "b1"):  # one blocker held in each worker
+            blockers.append(asyncio.ensure_future(batcher.submit([name], 1)))
+            await entered(gate)
+        backlog = asyncio.ensure_future(batcher.submit([f"s{i}" for i in range(60)], 1, tokens=[100] * 60))
+        await asyncio.sleep(0)
+        holder = {worker: query for query, worker in gate.holders.items() if query[0] == "b"}
+        gate.open(holder[slow])
+        await entered(gate)
+        gate.open(holder[fast])
+        await entered(gate)
+        taken = {gate.holders[call[0]]: len(call) for call in gate.arrived[-2:]}
+        gate.open_all()
+        await settle(*blockers, backlog)
+        return speeds, taken
+
+    speeds, taken = run(scenario, batcher)
+    assert speeds == [1.0, 0.5]
+    assert taken == {slow: 5, fast: 10}
+
+
+def test_max_batch_tokens_must_be_positive_and_counts_must_match_the_queries():
+    with pytest.raises(ValueError, match="max_batch_tokens must be at least 1, got 0"):
+        DynamicBatcher(RecordingSearch(), max_batch_tokens=0)
+    batcher = DynamicBatcher(RecordingSearch())
+    with pytest.raises(ValueError, match="2 token counts for 3 queries"):
+        run(lambda: answer(batcher.submit(["a", "b", "c"], 1, tokens=[1, 2])), batcher)
 
 
 # Several workers: batches side by side, as many as the tuner's layout allows.
@@ -682,8 +901,9 @@ def test_a_tuner_with_more_batches_than_searches_is_refused():
 
 
 def test_the_counters_health_reports_add_up_on_a_clock_the_search_moves():
-    """What /health's batcher block says after a batch of 3 queries, two of 1 and two that fail: counts, sizes
-    and seconds (the search moves the batcher's clock by 0.12345 s a query, so the seconds are exact)."""
+    """What /health's batcher block says after a batch of 3 queries, two of 1 and two that fail: counts, sizes,
+    tokens (where the request counted them) and seconds (the search moves the batcher's clock by 0.12345 s a query,
+    so the seconds are exact)."""
     now = [100.0]
     recording = RecordingSearch(fail_on="boom")
 
@@ -695,11 +915,11 @@ def test_the_counters_health_reports_add_up_on_a_clock_the_search_moves():
     assert batcher.report()["mean_batch_size"] == 0.0  # no batch yet: no division by zero
 
     async def scenario():
-        await answer(batcher.submit(["a", "bb", "ccc"], 2))
-        await answer(batcher.submit(["d"], 1))
+        await answer(batcher.submit(["a", "bb", "ccc"], 2, tokens=[3, 4, 5]))
+        await answer(batcher.submit(["d"], 1, tokens=[7]))
         await answer(batcher.submit(["f"], 1))
         with pytest.raises(RuntimeError, match="cannot search 'boom'"):
-            await answer(batcher.submit(["boom", "e"], 1))
+            await answer(batcher.submit(["boom", "e"], 1, tokens=[100, 100]))
         with pytest.raises(RuntimeError, match="cannot search 'boom'"):
             await answer(batcher.submit(["boom"], 1))
         return batcher.report()
@@ -711,6 +931,8 @@ def test_the_counters_health_reports_add_up_on_a_clock_the_search_moves():
         "queries": 5,
         "mean_batch_size": 1.67,
         "largest_batch": 3,
+        "tokens": 19,  # 3 + 4 + 5, then 7; the failed batch's are not counted
+        "largest_batch_tokens": 12,
         "busy_seconds": 0.617,  # 0.61725 rounded
         "slowest_batch_seconds": 0.37,  # 0.37035 rounded
         "errors": 2,

@@ -1,6 +1,7 @@
 """The command lines: builder -> server round trip in real subprocesses, and argument validation."""
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +9,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from uvicorn import server as uvicorn_server
 
 from local_dense_retriever.building import index as index_builder
 from local_dense_retriever.serving import config as retrieval_server
@@ -278,3 +280,36 @@ def test_an_output_location_that_cannot_be_written_is_found_before_the_encoder_l
     error = capsys.readouterr().err
     assert f"cannot write {a_file / 'out'}" in error and "Not a directory" in error
     assert loaded == []
+
+
+@pytest.mark.parametrize("sig", uvicorn_server.HANDLED_SIGNALS, ids=lambda sig: signal.Signals(sig).name)
+def test_the_address_file_is_removed_on_every_signal_uvicorn_handles(small_wiki, tmp_path, sig):
+    """ASearcher's clients pick any Host*_IP*.txt they find: one left by a stopped server sends them to a dead port.
+    uvicorn shuts down on each of its signals, then raises it again (SIGTERM's default action ends the process
+    there and then), so the file must be gone by then, whichever signal it was."""
+    address_dir = tmp_path / "address"
+    flags = ["--index_path", str(small_wiki.index_path), "--corpus_path", str(small_wiki.corpus_path),
+             "--retriever_name", "minilm", "--retriever_model", str(small_wiki.model_dir),
+             "--port", "0", "--save-address-to", str(address_dir)]  # fmt: skip
+    server = subprocess.Popen(
+        [sys.executable, "-m", "local_dense_retriever.retrieval_server", *flags],
+        cwd=PACKAGE_ROOT,
+        env={**os.environ, "PYTHONPATH": str(PACKAGE_ROOT)},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    log = []
+    try:
+        for line in server.stderr:  # until it says it wrote the file; the end of its output if it never does
+            log.append(line)
+            if "address written to" in line:
+                break
+        written = sorted(address_dir.iterdir())
+        assert len(written) == 1 and written[0].read_text().startswith("127.0.0.1:"), "".join(log)
+        server.send_signal(sig)
+        log.append(server.communicate(timeout=120)[1])  # reads the rest of its output until it exits
+    finally:
+        if server.poll() is None:  # only when the test failed above
+            server.kill()
+            server.wait()
+    assert not written[0].exists(), f"{written[0].name} left behind after {signal.Signals(sig).name}:\n{''.join(log)}"

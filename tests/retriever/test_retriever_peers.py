@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from local_dense_retriever.retrieval.query_reader import CHARS_PER_KEPT_TOKEN
 from local_dense_retriever.serving.launcher import health_status
 from support.loopback import free_port
 from support.peer_clients import (
@@ -195,16 +196,33 @@ def test_queries_in_flight_past_the_limit_get_a_503_naming_it_and_a_request_over
     assert later.status_code == 200 and after["queries"] == 0
 
 
-def test_a_query_of_megabytes_reaches_the_encoder_cut_to_32_characters_per_kept_token(small_wiki):
-    """The tokenizer reads a whole query before truncating it (4.9 MB took 7 s and 674 MB): the server cuts it
-    first, far beyond what natural text needs for --max_length tokens (the 30,000-character query above gets the
-    reference's answer)."""
+def test_a_query_of_megabytes_reaches_the_encoder_cut_after_the_tokens_it_keeps(small_wiki):
+    """The tokenizer reads a whole query before truncating it (4.9 MB took 7 s and 674 MB): the server reads
+    natural text only as far as its kept tokens need: one window of CHARS_PER_KEPT_TOKEN characters per kept token."""
     huge = "word " * 400_000  # 2 MB
-    with gated_server(small_wiki, open_batches=1, max_batch_size=4, search=first_rows, max_length=64) as (url, gate):
-        gate.release()
+    with gated_server(small_wiki, open_batches=2, max_batch_size=4, search=first_rows, max_length=64) as (url, gate):
         answer = httpx.post(f"{url}/retrieve", json={"queries": ["short", huge]}, timeout=60)
     assert answer.status_code == 200 and len(answer.json()["result"]) == 2
-    assert gate.batches[0] == ["short", huge[: 32 * 64]]
+    assert sum(gate.batches, []) == ["short", huge[: CHARS_PER_KEPT_TOKEN * 64]]
+
+
+# The question after 9,000 newlines, and after 60 words of 150 letters (one [UNK] each): over 8,192 characters, yet
+# the tokenizer keeps 8 and 68 tokens of them, the question's among them, as the reference servers encode them.
+AFTER_NEWLINES = "Who painted" + "\n" * 9000 + " the Mona Lisa?"
+AFTER_LONG_WORDS = " ".join(["x" * 150] * 60) + " Who painted the Mona Lisa?"
+
+
+def test_a_question_after_whitespace_or_long_words_reaches_the_encoder_whole(small_wiki):
+    from transformers import AutoTokenizer
+
+    with gated_server(small_wiki, open_batches=2, max_batch_size=4, search=first_rows) as (url, gate):
+        answer = httpx.post(f"{url}/retrieve", json={"queries": [AFTER_NEWLINES, AFTER_LONG_WORDS]}, timeout=60)
+    assert answer.status_code == 200
+    tokenizer = AutoTokenizer.from_pretrained(str(small_wiki.model_dir))
+    for query, reached in zip([AFTER_NEWLINES, AFTER_LONG_WORDS], sum(gate.batches, []), strict=True):
+        kept = tokenizer(reached, truncation=True, max_length=256)["input_ids"]
+        assert kept == tokenizer(query, truncation=True, max_length=256)["input_ids"]
+        assert tokenizer.decode(kept).endswith("who painted the mona lisa? [SEP]")
 
 
 # ---- ASearcher and RLinf: RLinf's guide command line (ASearcher's server flags) -------------------------------------

@@ -19,7 +19,7 @@ from local_dense_retriever.serving.app import create_app
 from local_dense_retriever.serving.config import ServerConfig
 from local_dense_retriever.serving.loading import Resources, load_resources
 from support.loopback import serve_in_thread
-from support.retriever_gate import gated_server, health, wait_for
+from support.retriever_gate import first_rows, gated_server, health, wait_for
 from support.rankings import same_ranking
 from support.retriever_fixtures import (  # noqa: F401
     dense_config,
@@ -299,6 +299,35 @@ def test_a_single_query_is_answered_while_a_large_request_is_still_running(small
     assert len(large.json()["result"]) == 96
     assert single_query in gate.batches[3]  # the batch after the one running when it came
     assert len(gate.batches) == 25 and max(len(batch) for batch in gate.batches) <= 4  # split, not one batch of 96
+
+
+def test_a_single_query_sent_beside_long_queries_waits_for_one_batch_bounded_by_their_tokens(small_wiki):
+    """64 queries of 4,096 characters, each encoded at the full 256 tokens: with batches of up to 64 queries, the
+    default token bound (16 per query: 1,024) lets 4 of them into a batch, not 64. A single query sent while the
+    second batch runs joins the third, and /health counts every token the batches held."""
+    text = " ".join(q.question for q in small_wiki.questions)
+    long_queries = [(text[i * 7 :] + text)[:4096] for i in range(64)]
+    single_query = "Who painted the Mona Lisa?"
+    with gated_server(small_wiki, open_batches=1, max_batch_size=64, search=first_rows) as (url, gate):
+
+        async def scenario():
+            async with httpx.AsyncClient(timeout=120) as client:
+                large = asyncio.ensure_future(client.post(f"{url}/retrieve", json={"queries": long_queries}))
+                await asyncio.to_thread(gate.holding.wait, 60)  # its 2nd batch is running
+                single = asyncio.ensure_future(client.post(f"{url}/retrieve", json={"queries": [single_query]}))
+                queued = 64 - 8 + 1  # behind the running batch: the large request's unbatched queries and the single
+                await asyncio.to_thread(wait_for, lambda: batch_report(url)["waiting_queries"] == queued, "queued")
+                gate.release()
+                return await single, await large
+
+        single, large = asyncio.run(scenario())
+        ready = health(url)
+    assert single.status_code == 200 and large.status_code == 200 and len(large.json()["result"]) == 64
+    assert ready["max_batch_tokens"] == 1024
+    assert [len(batch) for batch in gate.batches[:2]] == [4, 4]
+    third = [query[:100] for query in gate.batches[2]]  # the long queries as read: cut after their 256 tokens
+    assert third == [query[:100] for query in long_queries[8:11]] + [single_query]  # 3 x 256 + 8; a 4th: 1,032
+    assert ready["batches"]["tokens"] == 64 * 256 + 8 and ready["batches"]["largest_batch_tokens"] == 1024
 
 
 def test_a_client_that_disconnects_stops_the_rest_of_its_large_request(small_wiki):

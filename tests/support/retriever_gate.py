@@ -53,7 +53,8 @@ def gated_server(
     search: Callable | None = None,
     **config,
 ) -> Iterator[tuple[str, BatchGate]]:
-    """A server on one worker whose searches (the real searcher's, or `search`) pass through a BatchGate."""
+    """A server on one worker whose searches (the real searcher's, or `search`) pass through a BatchGate; its
+    batches are bounded as the server's (max_batch_size, and the tokens of --max_batch_tokens or its default)."""
     config = dense_config(small_wiki, max_batch_size=max_batch_size, **config)
     gates: list[BatchGate] = []
 
@@ -61,7 +62,9 @@ def gated_server(
         resources = load_resources(config, report)
         resources.batcher.close()
         gates.append(BatchGate(search or resources.searcher.search, open_batches))
-        batcher = DynamicBatcher(gates[0], max_batch_size=max_batch_size)
+        batcher = DynamicBatcher(
+            gates[0], max_batch_size=max_batch_size, max_batch_tokens=resources.batcher.max_batch_tokens
+        )
         return dataclasses.replace(resources, batcher=batcher, thread_tuner=None)
 
     with serve_in_thread(create_app(config, load=load)) as url:
