@@ -183,11 +183,9 @@ def tool_counters(record: dict) -> dict[str, dict]:
 
 
 # ---- which policy wrote which token -----------------------------------------------------------------------------
-# SGLang answers every /generate with meta_info["weight_version"]: the version of the weights that sampled it (slime
-# sets it at each weight update: "1", "2", ...; SGLang's own "default" before the first). The trajectory records one
-# span per engine call, [start, end, version] in response-token positions, under "versions" in the record. A weight
-# update that lands while a search runs changes the policy between two spans; one that pauses the engines mid-turn
-# (slime's fully-async training) splits that turn into two spans once --partial-rollout resumes it.
+# SGLang answers every /generate with meta_info["weight_version"] (slime sets it at each weight update: "1", "2", ...;
+# SGLang's own "default" before the first), 0.5.23 with spans of output tokens per version when the weights changed
+# under a request. The record keeps [start, end, version] spans in response-token positions under "versions".
 
 VERSIONS_KEY = "versions"
 
@@ -261,9 +259,8 @@ class EngineVersions:
 
     def observe(self, versions) -> None:
         numbers = [number for version in versions if (number := version_number(version)) is not None]
-        if numbers:
-            with self._lock:
-                self.newest = max([*numbers, *([] if self.newest is None else [self.newest])])
+        with self._lock:
+            self.newest = max([*numbers, *([] if self.newest is None else [self.newest])], default=None)
 
     def forget(self) -> None:
         """Start over (a new run in the same process: tests, scripts)."""

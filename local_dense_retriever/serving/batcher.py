@@ -14,11 +14,10 @@ return at once, and a large request's queries must not start a batch without the
 How many batches run at once, and on how many threads each, is the tuner's call (retrieval/cpu_threads.py): one
 batch on every CPU while that is fastest, or one single-threaded batch per worker, so no OpenMP barrier waits on a
 core another process holds. A worker asks it before each batch; when more batches may run at once, the waiting
-queries are shared out in proportion to each worker's measured speed, so that their batches end together: beside a
-busy process the worker that shares its core runs at about half speed, and an equal share made its queries the
-slowest ones (p99 1.6-1.8x p50 at 256 clients). Each worker has its own search function (its own tokenizer: a fast
-tokenizer shared across threads has returned wrong ids here). GPU searchers keep one worker. The event loop only
-enqueues and awaits, so it stays free to accept requests.
+queries are shared out in proportion to each worker's measured speed, so that their batches end together (beside a
+busy process the worker that shares its core runs at about half speed). Each worker has its own search function (its
+own tokenizer: a fast tokenizer shared across threads has returned wrong ids here). GPU searchers keep one worker.
+The event loop only enqueues and awaits, so it stays free to accept requests.
 """
 
 import asyncio
@@ -100,8 +99,8 @@ class BatcherStats:
         }
 
 
-# How fast a worker's latest single-threaded batches ran weighs this much against the ones before (an exponential
-# average of seconds per query): a neighbour that comes or goes shows within a few batches, one odd batch does not.
+# The weight of a worker's latest batch in its speed (an exponential average of seconds per query): a neighbour that
+# comes or goes shows within a few batches, one odd batch does not.
 SPEED_WEIGHT = 0.3
 
 
@@ -130,8 +129,7 @@ class DynamicBatcher:
     tokens a batch may hold, over the counts submit() is given (None: no bound); a single query over it runs in a
     batch of its own. `tuner`: when batches may start and on how many threads (default: as many batches at once as
     workers, pools left alone). `clock`: what max_wait_ms and the workers' speeds are measured on. `speed_shares`:
-    share the queries between workers by their measured speed (False: equal shares, as before, for the benchmark's
-    comparison)."""
+    share the queries between workers by their measured speed (False: equal shares, the load benchmark's baseline)."""
 
     def __init__(
         self,
