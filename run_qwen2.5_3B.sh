@@ -47,7 +47,7 @@ ROLLOUT_ARGS=(
    --global-batch-size 256
    --balance-data
 
-   # --partial-rollout                    # resume episodes an abort cut (README: Partial rollout)
+   # --partial-rollout                    # resume episodes an abort cut (docs/rollout.md: Partial rollout)
    # --over-sampling-batch-size 96
    # --mask-offpolicy-in-partial-rollout
 )

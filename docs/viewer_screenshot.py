@@ -1,4 +1,4 @@
-"""The README's pictures of the viewer: a real page made from the test dumps, photographed in headless chromium.
+"""The viewer's pictures in docs/watching.md: a real page made from the test dumps, photographed in headless chromium.
 
 The dumps are the tests' (tests/support/viewer_dumps.py: real episodes of the test engine, written by slime's dump
 writers); the page is the viewer's; the sample view shows the first XML sample with one trained token selected,

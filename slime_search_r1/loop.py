@@ -29,7 +29,7 @@ and holds what extensions register). How an episode ends:
   the engine's answer unusable        FAILED     engine_error (a 4xx, a null log prob, ids and log probs that
                                                  disagree, ...: the record's engine_error says which), likewise
 
-Long horizons (README: "Fully asynchronous, long horizon"):
+Long horizons (docs/long_horizon.md):
   force_answer=final_turn   as Search-R1: max_turns turns run their tool calls, then one more turn whose calls are not
                             run; it answers (COMPLETED) or ends max_turns
   force_answer=inject       the reply before the last turn (or the first one after which fewer than

@@ -3,7 +3,7 @@ is spent:
 
     python -m local_dense_retriever.memory_plan --corpus_size 21000000 --dim 768 --layout torch-fp16 --gpus 8 \
         --gpu_gib 80 --sglang_mem_fraction_static 0.7 --trainer_gib 6
-    python -m local_dense_retriever.memory_plan --corpus_size 21000000 --dim 768 --table   # the README's table
+    python -m local_dense_retriever.memory_plan --corpus_size 21000000 --dim 768 --table   # docs/retriever.md's table
 
 `plan_and_check()` returns the plan, or raises MemoryPlanError with one line that holds the figures; the launch side
 (slime_search_r1/launch/retriever_memory.py) uses plan_memory, TrainingBudget and check_fits per GPU. Beside

@@ -70,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> Namespace:
         default=None,
         metavar="NAME|FILE",
         help=f"put a paper's figures per data source beside this run's: a shipped table ({', '.join(shipped())}) "
-        "or your own .json file (README: Evaluation)",
+        "or your own .json file (docs/evaluation.md)",
     )
     parser.add_argument(
         "--viewer",

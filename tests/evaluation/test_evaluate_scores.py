@@ -319,7 +319,7 @@ def test_the_api_key_reaches_the_judge_and_nothing_written(
             assert key.encode() not in path.read_bytes(), path
 
 
-README_ANSWERS = {  # the test engine's four samples of each question (README: Evaluation)
+DOCUMENTED_ANSWERS = {  # the test engine's four samples of each question (docs/evaluation.md)
     "What is the capital of France?": ["Paris", "Paris, France", "Lyon", "Paris"],
     "Who created the Python programming language?": [
         "Guido van Rossum",
@@ -332,25 +332,25 @@ README_ANSWERS = {  # the test engine's four samples of each question (README: E
 }
 
 
-def readme_judge(prompt: str) -> str:
-    """The stand-in judge of the README's run: a gold answer inside the answer, or a short form of one."""
+def documented_judge(prompt: str) -> str:
+    """The stand-in judge of docs/evaluation.md's run: a gold answer inside the answer, or a short form of one."""
     reply = default_rule(prompt)
     if reply.endswith("incorrect") and prediction_of(prompt) == "van Rossum":
         return "The surname names the same person.\nVerdict: correct"
     return reply
 
 
-def test_the_readme_s_run_every_score_side_by_side(
+def test_the_documented_run_every_score_side_by_side(
     data_file, engine, retriever, search_config, tokenizer_dir, judge_server, tmp_path, policy, capsys
 ):
-    """The run the README shows: four samples per question, judged by a stand-in."""
-    policy.answers = README_ANSWERS
-    judge_server.rule = readme_judge
+    """The run docs/evaluation.md shows: four samples per question, judged by a stand-in."""
+    policy.answers = DOCUMENTED_ANSWERS
+    judge_server.rule = documented_judge
     out = tmp_path / "eval_output"
     extra = ("--samples-per-question", "4", "--temperature", "0.7", "--reference", "asearcher-local-7b")
     assert evaluate.main(cli(data_file, engine, tokenizer_dir, out, *extra, *judge_flags(judge_server))) == 0
     printed = capsys.readouterr().out
-    print(printed)  # pytest -s shows what the README pastes
+    print(printed)  # pytest -s shows what docs/evaluation.md pastes
     summary = results(out)["data_sources"]
     # France: EM 1,0,0,1  F1 1,2/3,0,1  cover 1,1,0,1  judge 1,1,0,1; Python: EM 1,0,1,0  F1 1,.8,1,0  cover 1,0,1,0
     # and judge 1,1,1,0 ("van Rossum"); Nobel: EM 0, F1 0,.5,0,0, cover and judge 0: pass@4 0 but F1's 0.5

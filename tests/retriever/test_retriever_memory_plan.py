@@ -134,7 +134,7 @@ def test_cli_reads_size_and_dimension_from_an_index_header(flat_file, capsys):
     assert '"corpus_size": 6000, "dim": 48' in capsys.readouterr().out
 
 
-def test_the_readme_table_has_every_layout_on_1_2_4_8_gpus():
+def test_the_documented_table_has_every_layout_on_1_2_4_8_gpus():
     table = markdown_table(21_015_324, 768).splitlines()
     assert table[0].count("GPU(s)") == 4
     rows = {line.split(" | ")[0].strip("| "): line for line in table[2:]}

@@ -1,4 +1,4 @@
-"""The status table (README, "How it works"; slime_search_r1/loop.py): how an episode ends. One section per row,
+"""The status table (docs/rollout.md; slime_search_r1/loop.py): how an episode ends. One section per row,
 each row proven in XML and chat mode where it applies to both.
 
 | what happened                                                    | sample.status |

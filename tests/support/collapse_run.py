@@ -1,4 +1,4 @@
-"""A constructed run for the README's "Seeing a collapse coming": the test engine's scripted policy drifts into
+"""A constructed run for docs/watching.md's "Seeing a collapse coming": the test engine's scripted policy drifts into
 repetition over successive rollouts, and every rollout goes through slime's rollout path (generate_and_rm_group ->
 generate() -> reward_func) and slime's rollout logging (log_rollout_data -> log_rollout_metrics).
 
@@ -164,7 +164,7 @@ def warned_signals(rollout: Rollout) -> list[str]:
 
 
 def table(rollouts: list[Rollout]) -> str:
-    """The README's table of the run."""
+    """The table of the run that docs/watching.md shows."""
     header = ["rollout", *(name for name, _ in COLUMNS), "warnings"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * (len(header) - 1) + "---|"]
     for rollout in rollouts:

@@ -1,5 +1,5 @@
 """Early warnings of a collapse (slime_search_r1/training/collapse.py): each signal computed from what a rollout
-holds, the bands and their warning lines, and the README's constructed run, in which the warning comes before the
+holds, the bands and their warning lines, and docs/watching.md's constructed run, in which the warning comes before the
 reward falls."""
 
 from pathlib import Path
@@ -26,7 +26,7 @@ from support.collapse_run import constructed_run, table, warned_signals
 REPO = Path(__file__).resolve().parents[2]
 
 
-async def test_the_readme_s_constructed_run_warns_before_the_reward_falls_in_the_log_and_the_viewer(
+async def test_the_documented_constructed_run_warns_before_the_reward_falls_in_the_log_and_the_viewer(
     make_args, tokenizer, engine, search_config, tmp_path
 ):
     args = make_args(
@@ -37,7 +37,7 @@ async def test_the_readme_s_constructed_run_warns_before_the_reward_falls_in_the
     )
     rollouts = await constructed_run(args, tokenizer, engine)
     printed = table(rollouts)
-    print(printed)  # pytest -s shows what the README pastes
+    print(printed)  # pytest -s shows what docs/watching.md pastes
     healthy = [r.metrics["reward"] for r in rollouts[:4]]
     fallen = [r.rollout_id for r in rollouts if r.metrics["reward"] < min(healthy) - 0.05]
     warned = [r.rollout_id for r in rollouts if r.warnings]
@@ -56,8 +56,8 @@ async def test_the_readme_s_constructed_run_warns_before_the_reward_falls_in_the
     for rollout, shown, warned in zip(rollouts, hooks, warnings, strict=True):
         assert shown == rollout.metrics
         assert [f"search_r1 collapse warning at rollout {rollout.rollout_id}: {w}" for w in warned] == rollout.warnings
-    for readme in ("README.md", "README_zh.md"):
-        assert printed in (REPO / readme).read_text(encoding="utf-8"), readme
+    for page in ("docs/watching.md", "docs/watching_zh.md"):
+        assert printed in (REPO / page).read_text(encoding="utf-8"), page
 
 
 # ---- each signal, from what a sample holds ----------------------------------------------------------------------
