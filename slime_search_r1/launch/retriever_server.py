@@ -54,7 +54,8 @@ def retrieval_bases(plugin: Path, environ) -> list[str]:
 
 def server_flags(knobs: Section) -> list[str]:
     """The server's flags: the embedded preset's (RETRIEVER_PRESET=embedded), then RETRIEVER_ARGS (the last of a
-    repeated flag wins), then --faiss_gpu when RETRIEVER_FAISS_GPU asks for it."""
+    repeated flag wins), then --faiss_gpu when RETRIEVER_FAISS_GPU asks for it (auto: when nvidia-smi lists a GPU
+    and those flags do not already say where the search runs)."""
     flags = []
     if knobs.retriever_preset == "embedded":
         info(f"preparing the embedded mini-Wikipedia index (built once, cached under {REPO}/.cache; minutes on CPU)")
@@ -66,11 +67,20 @@ def server_flags(knobs: Section) -> list[str]:
         flags = [line for line in printed.stdout.splitlines() if line]
         if printed.returncode != 0 or not flags:
             raise Failed("could not prepare the embedded index (see the error above)")
+    flags += shlex.split(knobs.retriever_args or "")
     gpu = knobs.retriever_faiss_gpu == "1"
-    if knobs.retriever_faiss_gpu == "auto" and shutil.which("nvidia-smi"):
+    if knobs.retriever_faiss_gpu == "auto" and not search_place_chosen(flags) and shutil.which("nvidia-smi"):
         listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout
         gpu = any(line.startswith("GPU") for line in listed.splitlines())
-    return [*flags, *shlex.split(knobs.retriever_args or ""), *(["--faiss_gpu"] if gpu else [])]
+    return [*flags, *(["--faiss_gpu"] if gpu and "--faiss_gpu" not in flags else [])]
+
+
+def search_place_chosen(flags: list[str]) -> bool:
+    """Whether the server's flags already say where the search runs (--torch_search, which replaces FAISS;
+    --faiss_gpu; a --backend other than faiss): RETRIEVER_FAISS_GPU=auto then adds nothing, since the server refuses
+    --faiss_gpu beside the first and the last."""
+    backend = next((flags[i + 1] for i, flag in enumerate(flags[:-1]) if flag == "--backend"), "faiss")
+    return "--torch_search" in flags or "--faiss_gpu" in flags or backend != "faiss"
 
 
 def cpu_prefix(knobs: Section) -> list[str]:

@@ -213,7 +213,8 @@ for _setting in (
                   f"the server's flags (retrieval_server.py --help; default: {DEFAULT_RETRIEVER_ARGS}, none with "
                   "RETRIEVER_PRESET=embedded, whose flags come first)"),
     _wrapper_knob("retriever_faiss_gpu", "auto", Choice(("auto", "1", "0")), "RETRIEVER_FAISS_GPU",
-                  "auto: --faiss_gpu when nvidia-smi lists a GPU"),
+                  "auto: --faiss_gpu when nvidia-smi lists a GPU and RETRIEVER_ARGS does not say where the search "
+                  "runs (--torch_search, --faiss_gpu, another --backend)"),
     _wrapper_knob("retriever_cpus", None, IdList(), "RETRIEVER_CPUS", "run the server under taskset -c on these CPUs"),
     _wrapper_knob("retriever_ram_gib", None, Number(0.1, optional=True), "RETRIEVER_RAM_GIB",
                   "RAM in GiB the server may take (default: what is available when it starts)"),

@@ -533,3 +533,36 @@ def test_the_wrapper_sees_which_process_exits_first(monkeypatch, pidfds):
         for process in waiting:
             process.kill()
             process.wait()
+
+
+@pytest.mark.parametrize(
+    ("retriever_args", "faiss_gpu", "added"),
+    [
+        ("--index_path i --corpus_path c", "auto", True),
+        ("--index_path i --corpus_path c --torch_search all", "auto", False),  # the layout for training GPUs
+        ("--index_path i --corpus_path c --backend bm25", "auto", False),
+        ("--index_path i --corpus_path c --backend faiss", "auto", True),
+        ("--index_path i --corpus_path c --faiss_gpu", "1", False),  # already there: not twice
+        ("--index_path i --corpus_path c", "0", False),
+    ],
+)
+def test_auto_faiss_gpu_never_contradicts_the_servers_own_flags(
+    tmp_path, monkeypatch, retriever_args, faiss_gpu, added
+):
+    """On a node whose nvidia-smi lists a GPU, RETRIEVER_FAISS_GPU=auto adds --faiss_gpu unless RETRIEVER_ARGS already
+    says where the search runs: the server refuses --faiss_gpu beside --torch_search or another backend."""
+    from slime_search_r1.launch.retriever_server import server_flags
+    from slime_search_r1.settings.sources import read_environment
+    from slime_search_r1.settings.table import WRAPPER, read_by
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    environ = {"RETRIEVER_ARGS": retriever_args, "RETRIEVER_FAISS_GPU": faiss_gpu}
+    knobs, _ = read_environment(read_by(WRAPPER), environ)
+    flags = server_flags(knobs)
+    assert flags[: len(shlex.split(retriever_args))] == shlex.split(retriever_args)
+    assert flags.count("--faiss_gpu") == (1 if added or "--faiss_gpu" in retriever_args else 0)
