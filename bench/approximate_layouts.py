@@ -42,7 +42,8 @@ def tuned_layout(flat_index: Path, corpus_path: Path, model_dir: Path, cache_dir
     """The tuner's recommendation on this corpus (cached): in-process recall and speed, no servers. Where no
     candidate keeps the threshold, the one with the highest recall@3 is served instead, so that its speed is still
     measured (and its recall target fails)."""
-    from local_dense_retriever.building.tuner import TuneConfig, tune, write_report
+    from local_dense_retriever.building.tuner import TuneConfig, tune
+    from local_dense_retriever.building.tuner_report import write_report
 
     out_dir = flat_index.parent / "tuning"
     manifest = {"index": str(flat_index), "mtime": flat_index.stat().st_mtime, "candidates": BENCH_CANDIDATES}
@@ -121,7 +122,7 @@ def recall_against_flat(model_dir: Path, flat_index: Path, approximate: Path, pa
     import faiss
 
     from local_dense_retriever.building.layouts import set_search_params
-    from local_dense_retriever.building.tuner import recall_at
+    from local_dense_retriever.building.tuner_measures import recall_at
     from local_dense_retriever.retrieval.encoders import TextEncoder
 
     encoder = TextEncoder(str(model_dir), retriever_name=embedded_default.RETRIEVER_NAME, device="cpu", dtype="fp32")
@@ -163,7 +164,8 @@ def encoder_bound(ceiling: dict) -> float:
 
 
 def render(layouts: dict[str, dict], runs: list, clients: int = 256, ceilings: dict | None = None) -> str:
-    """The layout beside Flat per corpus, and the issue's targets (at `clients`); with the run's ceilings, the
+    """The layout beside Flat per corpus, and its targets at `clients` (QPS >= TARGET_OVER_FLAT x Flat's and
+    >= TARGET_OF_10K of the Flat server's at 10k, recall@3 >= THRESHOLD against Flat); with the run's ceilings, the
     encoder's bound on the layout-over-Flat ratio."""
     if not layouts:
         return ""

@@ -1,4 +1,4 @@
-"""Mutation score of the modules that decide what is trained and what a client gets (issue 32): mutmut changes one
+"""Mutation score of the modules that decide what is trained and what a client gets: mutmut changes one
 operator, constant or call at a time in the reward, the loop and its budget, token tracking, group advantages, the
 settings, the retriever's batcher and the /retrieve and /access bodies, and runs only the test files that cover
 that module (and, inside them, only the tests that reach the changed function). A mutant that no test notices is a

@@ -56,7 +56,8 @@ def passages(summaries: int | None = None) -> list[dict]:
 def prepare(progress: bool = True, summaries: int | None = None) -> RealText:
     """Corpus, MiniLM Flat index and vectors (built once; the manifest records the encoding time). `summaries`
     keeps only the first N summaries (a tiny run that checks the scripts work)."""
-    from local_dense_retriever.building.index import BuildConfig, build
+    from local_dense_retriever.building.index import build
+    from local_dense_retriever.building.index_config import BuildConfig
 
     model_dir = mini_wiki.minilm_model_dir()
     cache = CACHE_DIR if summaries is None else CACHE_DIR.with_name(f"real_text_{summaries}")

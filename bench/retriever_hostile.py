@@ -45,7 +45,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from local_dense_retriever.demo import embedded_default  # noqa: E402
 from local_dense_retriever.serving.launcher import ServerProcess, health_status  # noqa: E402
 from results_md import write_section  # noqa: E402
-from retriever_load import load_questions, max_size_request, measure_max_size_case  # noqa: E402
+from load_corpora import load_questions  # noqa: E402
+from load_max_size import max_size_request, measure_max_size_case  # noqa: E402
 from support.rankings import same_ranking  # noqa: E402
 from support.sockets import HALF_BODY, HALF_HEADERS, open_connection, still_open  # noqa: E402
 

@@ -31,7 +31,8 @@ SYNTHETIC_1M_TUNING = REPO / ".cache" / "bench" / "synthetic_1000000" / "tuning"
 
 
 def main(argv: list[str] | None = None) -> int:
-    from local_dense_retriever.building.tuner import TuneConfig, render_markdown, tune, write_report
+    from local_dense_retriever.building.tuner import TuneConfig, tune
+    from local_dense_retriever.building.tuner_report import render_markdown, write_report
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--serve", choices=["none", "passing", "all"], default="none", help="the tuner's --serve")

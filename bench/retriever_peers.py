@@ -13,7 +13,7 @@ server (127.0.0.1, its defaults) over the embedded 10k mini-Wikipedia with MiniL
    single-query p50/p99 in both, the steps' times, and errors. Each batch is shared fairly by request, so beside
    many single-query clients a step gets what they leave of each batch (a step still running when the clients
    stop finishes alone; its time counts in the mean).
-Targets (issue 27): the step within 1.25x the time of its 2,560 single queries, single-query p99 beside steps at
+Targets: the step within 1.25x the time of its 2,560 single queries, single-query p99 beside steps at
 most 2x its p99 alone, 0 errors. The machine is shared: the ratios come from one run; compare those.
 """
 
@@ -37,7 +37,8 @@ sys.path.insert(0, str(REPO / "tests"))
 from local_dense_retriever.demo import embedded_default  # noqa: E402
 from local_dense_retriever.serving.launcher import ServerProcess  # noqa: E402
 from results_md import write_section  # noqa: E402
-from retriever_load import load_questions, wait_until_quiet  # noqa: E402
+from cpu_neighbours import wait_until_quiet  # noqa: E402
+from load_corpora import load_questions  # noqa: E402
 from support.peer_clients import search_r1_batch_search  # noqa: E402
 
 CACHE_DIR = REPO / ".cache" / "bench"
@@ -193,7 +194,7 @@ def render(result: dict, args, started: str) -> tuple[str, list[tuple[str, str, 
         f"| {np.mean(steps_beside) if steps_beside else float('nan'):.2f} "
         f"| {result['beside']['errors'] + result['beside']['step_errors']} |",
         "",
-        "| target (issue 27) | result | met |",
+        "| target | result | met |",
         "|---|---|---|",
         *[f"| {target} | {value} | {'PASS' if met else 'FAIL'} |" for target, value, met in targets],
     ]

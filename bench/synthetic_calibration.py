@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import real_text  # noqa: E402
 import results_md  # noqa: E402
-import retriever_load  # noqa: E402
+import load_corpora  # noqa: E402
 from local_dense_retriever.demo import embedded_default  # noqa: E402
 
 SECTION = "Synthetic corpus against real text"
@@ -40,7 +40,7 @@ def recall_curve(vectors: np.ndarray, queries: np.ndarray) -> list[float]:
     """recall@3 of HNSW32 against exact search, at each of EF_SEARCH."""
     import faiss
 
-    from local_dense_retriever.building.tuner import recall_at
+    from local_dense_retriever.building.tuner_measures import recall_at
 
     flat = faiss.IndexFlatIP(vectors.shape[1])
     flat.add(vectors)
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rng = np.random.default_rng(1)
     real = {n: recall_curve(passages[np.sort(rng.permutation(len(passages))[:n])], queries) for n in REAL_SIZES}
-    synthetic_rows = np.concatenate(list(retriever_load.synthetic_vectors(summaries, max(SYNTHETIC_SIZES))))
+    synthetic_rows = np.concatenate(list(load_corpora.synthetic_vectors(summaries, max(SYNTHETIC_SIZES))))
     synthetic = {n: recall_curve(synthetic_rows[:n], queries) for n in SYNTHETIC_SIZES}
 
     lines = [
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         + f" on {started}; HNSW32 (efConstruction 40) against Flat, {len(questions):,} FanOutQA dev sub-questions "
         "encoded by MiniLM-L6. Real text: random subsets of the real-text passages (bench/real_text.py); noisy "
         "copies: the first rows of bench/retriever_load.py's synthetic corpus (the real summaries, then copies "
-        f"with noise sigma {retriever_load.NOISE_SIGMA}).",
+        f"with noise sigma {load_corpora.NOISE_SIGMA}).",
         "",
         "| corpus | rows | " + " | ".join(f"recall@3, efSearch {ef}" for ef in EF_SEARCH) + " |",
         "|---|---|" + "---|" * len(EF_SEARCH),

@@ -1,4 +1,4 @@
-"""How fast the viewer's page opens and answers at the issue's scale: a 256-sample rollout with 8k-token responses.
+"""How fast the viewer's page opens and answers for a full rollout batch: 256 samples with 8k-token responses.
 
 Writes slime dumps the way slime writes them (Sample.to_dict through save_debug_rollout_data, the train side through
 its format-2 payload builder; the stand-in's unless slime is on the path), with real Qwen2.5 token ids (the offline
@@ -12,7 +12,7 @@ chromium (Playwright) and reads the browser's own clocks:
   hover       one token's values into the inspector, laid out
   filter      the status filter changed -> the list redrawn, laid out
 
-Each browser figure is the median of --repeats page loads (a fresh tab each). Target (issue 19): open < 3 s.
+Each browser figure is the median of --repeats page loads (a fresh tab each). Target: open < 3 s.
 
     .venv/bin/python bench/viewer_page.py [--samples 256 --tokens 8192 --repeats 3] [--write-results]
 """

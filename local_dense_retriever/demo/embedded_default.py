@@ -72,7 +72,8 @@ def prepare(
     """Corpus and pages jsonl and the MiniLM Flat index in `cache_dir`, each remade only when its inputs changed (one
     line on stderr says which input); the cache is keyed on content, so a copied or moved one is reused.
     `summaries`: a part of the mini-Wikipedia instead of all of it (the tests' small corpora)."""
-    from local_dense_retriever.building.index import BuildConfig, build
+    from local_dense_retriever.building.index import build
+    from local_dense_retriever.building.index_config import BuildConfig
 
     summaries = mini_wiki.load_summaries() if summaries is None else summaries
     model_dir = mini_wiki.minilm_model_dir()

@@ -27,7 +27,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -84,19 +84,13 @@ class BatcherStats:
     refill_waits: int = 0  # batches that waited (up to max_wait_ms) for the clients just answered to come back
 
     def as_dict(self) -> dict:
-        return {
-            "batches": self.batches,
-            "queries": self.queries,
-            "mean_batch_size": round(self.queries / self.batches, 2) if self.batches else 0.0,
-            "largest_batch": self.largest_batch,
-            "tokens": self.tokens,
-            "largest_batch_tokens": self.largest_batch_tokens,
+        """The counts, seconds rounded to the millisecond, and the mean batch size (0 before the first batch)."""
+        mean = round(self.queries / self.batches, 2) if self.batches else 0.0
+        seconds = {
             "busy_seconds": round(self.busy_seconds, 3),
             "slowest_batch_seconds": round(self.slowest_batch_seconds, 3),
-            "errors": self.errors,
-            "abandoned_requests": self.abandoned_requests,
-            "refill_waits": self.refill_waits,
         }
+        return {**asdict(self), **seconds, "mean_batch_size": mean}
 
 
 # The weight of a worker's latest batch in its speed (an exponential average of seconds per query): a neighbour that
@@ -129,7 +123,8 @@ class DynamicBatcher:
     tokens a batch may hold, over the counts submit() is given (None: no bound); a single query over it runs in a
     batch of its own. `tuner`: when batches may start and on how many threads (default: as many batches at once as
     workers, pools left alone). `clock`: what max_wait_ms and the workers' speeds are measured on. `speed_shares`:
-    share the queries between workers by their measured speed (False: equal shares, the load benchmark's baseline)."""
+    share the queries between workers by their measured speed (False: equal shares, which the load benchmark's
+    `even` mode compares against)."""
 
     def __init__(
         self,

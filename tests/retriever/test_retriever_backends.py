@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from local_dense_retriever.retrieval.backends import FaissIndex, QdrantIndex
-from local_dense_retriever.building.index import BuildConfig, build
+from local_dense_retriever.building.index import build
+from local_dense_retriever.building.index_config import BuildConfig
 from local_dense_retriever.demo.mini_wiki import title_of, write_corpus
 from local_dense_retriever.serving.config import ServerConfig
 from support.retriever_fixtures import dense_config, dense_server_fixture, serve_ready, small_wiki_fixture  # noqa: F401

@@ -64,19 +64,19 @@ def test_layout_render_states_the_encoders_bound_on_the_ratio():
 
 
 def test_synthetic_vectors_keep_the_real_rows_then_add_noisy_unit_copies():
-    import retriever_load
+    import load_corpora
 
     rng = np.random.default_rng(5)
     real = rng.normal(size=(50, 384)).astype(np.float32)
     real /= np.linalg.norm(real, axis=1, keepdims=True)
-    chunks = list(retriever_load.synthetic_vectors(real, 180, chunk=64))
+    chunks = list(load_corpora.synthetic_vectors(real, 180, chunk=64))
     assert [len(chunk) for chunk in chunks] == [64, 64, 52]  # chunked as asked, n rows in all
     rows = np.concatenate(chunks)
     np.testing.assert_allclose(rows[:50], real, atol=1e-6)
     np.testing.assert_allclose(np.linalg.norm(rows, axis=1), 1.0, atol=1e-5)
     cosine = np.sum(rows[50:] * real[np.arange(50, 180) % 50], axis=1)
     assert 0.7 < cosine.min() and cosine.max() < 0.9  # sigma 0.04 in 384-d: ~0.79 to the source
-    again = np.concatenate(list(retriever_load.synthetic_vectors(real, 180, chunk=100)))
+    again = np.concatenate(list(load_corpora.synthetic_vectors(real, 180, chunk=100)))
     np.testing.assert_array_equal(again[:100], rows[:100])  # seeded: the chunk size does not change the first chunk
 
 
@@ -94,3 +94,33 @@ def test_calibration_verdicts_say_which_corpus_is_harder_and_how_fast_it_falls()
     synthetic[32_000][3] = 0.995
     below = calibration.verdicts(real, synthetic)[0]
     assert "NOT always below" in below and "do not bound real text's" in below
+
+
+def test_the_wrapper_case_hands_the_server_its_flags_in_variables_the_wrapper_reads(tmp_path):
+    """bench/retriever_load.py --wrapper: every RETRIEVER_* variable it sets is one of the wrapper's settings, and
+    the wrapper, reading them as it does, starts the server on the benchmark's flags (plus the row's) and the URL
+    the stand-in training searches."""
+    import load_wrapper
+
+    from slime_search_r1.launch.retriever_server import retrieval_bases, server_flags
+    from slime_search_r1.settings.sources import read_environment
+    from slime_search_r1.settings.table import WRAPPER, read_by
+
+    settings = read_by(WRAPPER)
+    flags = ["--index_path", str(tmp_path / "minilm_Flat.index"), "--corpus_path", str(tmp_path / "corpus.jsonl"),
+             "--retriever_name", "minilm", "--retriever_model", str(tmp_path / "model"),
+             "--max_length", "64"]  # fmt: skip
+    caller = {"PATH": os.environ["PATH"], "TMUX": "/tmp/tmux-0/default,1,0", "RETRIEVER_ARGS": "--topk 9",
+              "RETRIEVER_PRESET": "embedded", "SEARCH_BACKEND": "google"}  # fmt: skip
+    rows = load_wrapper.wrapper_settings(SimpleNamespace(free_cpus=[0]))
+    assert list(rows) == ["default", "RETRIEVER_ARGS with --num_threads 1", "RETRIEVER_CPUS=0"]
+    for label, (more_flags, variables) in rows.items():
+        env = load_wrapper.wrapper_env(flags + more_flags, variables, [sys.executable, "standin"], tmp_path, caller)
+        unread = {name for name in env if name.startswith("RETRIEVER_")} - {setting.env for setting in settings}
+        assert unread == set(), label
+        assert "TMUX" not in env and "SEARCH_BACKEND" not in env  # the caller's session and backend stay out
+        knobs, _ = read_environment(settings, env)
+        assert server_flags(knobs) == flags + more_flags, label  # no preset, no --faiss_gpu, the caller's args gone
+        assert (knobs.train_cmd, knobs.log_dir) == (f"{sys.executable} standin", str(tmp_path / "logs"))
+        assert knobs.retriever_cpus == variables.get("RETRIEVER_CPUS")
+        assert retrieval_bases(REPO / "generate_with_search.py", env) == [env["RETRIEVAL_SERVER_URL"]]

@@ -12,6 +12,7 @@ import pytest
 from uvicorn import server as uvicorn_server
 
 from local_dense_retriever.building import index as index_builder
+from local_dense_retriever.building import index_cli
 from local_dense_retriever.serving import config as retrieval_server
 from local_dense_retriever.retrieval.encoders import TextEncoder
 from local_dense_retriever.serving.launcher import PACKAGE_ROOT, SERVER_SCRIPT, ServerProcess, free_port
@@ -166,7 +167,7 @@ def test_a_hub_id_the_hub_knows_is_passed_on_unchanged(small_wiki, monkeypatch):
 
 def test_builder_flags_are_checked_before_encoding(small_wiki, tmp_path, capsys):
     corpus = str(small_wiki.corpus_path)
-    parse = index_builder.parse_config
+    parse = index_cli.parse_config
     assert "is not a valid faiss.index_factory string" in cli_error(
         parse, ["--corpus_path", corpus, "--save_dir", str(tmp_path), "--faiss_type", "Flatt"], capsys
     )
@@ -186,7 +187,7 @@ def test_builder_reports_a_malformed_corpus_line(small_wiki, tmp_path, capsys):
     corpus.write_text('{"id": "0", "contents": "\\"A\\"\\nfine"}\n{"id": "1", "contents": 5}\n')
     argv = ["--corpus_path", str(corpus), "--index_path", str(tmp_path / "x.index"), "--no_progress",
             "--retriever_name", "minilm", "--retriever_model", str(small_wiki.model_dir)]  # fmt: skip
-    assert index_builder.main(argv) == 1
+    assert index_cli.main(argv) == 1
     assert "broken.jsonl:2: expected a JSON object with a string" in capsys.readouterr().err
     assert not (tmp_path / "x.index").exists()
 
@@ -225,9 +226,9 @@ def test_a_bad_corpus_line_is_found_before_anything_is_encoded_and_no_embeddings
     corpus = _corpus_with_a_bad_line(tmp_path, bad_line=35)
     saved = tmp_path / "embeddings.npy"
     argv = builder_argv(small_wiki, corpus, "--index_path", str(tmp_path / "x.index"), "--save_embeddings", str(saved))
-    assert index_builder.main(argv) == 1
+    assert index_cli.main(argv) == 1
     assert "broken.jsonl:35: expected a JSON object with a string" in capsys.readouterr().err
-    assert encoded_batches == []  # before: four chunks of 8 were encoded first
+    assert encoded_batches == []  # the corpus is checked whole before its first chunk of 8 is encoded
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.jsonl", "broken.jsonl.offsets.npy"]
 
 
@@ -244,7 +245,7 @@ def test_a_build_that_fails_while_encoding_leaves_no_embeddings_file(small_wiki,
 
     monkeypatch.setattr(TextEncoder, "encode_passages", failing_on_the_third_chunk)
     argv = builder_argv(small_wiki, corpus, "--index_path", str(tmp_path / "x.index"), "--save_embeddings", str(saved))
-    assert index_builder.main(argv) == 1
+    assert index_cli.main(argv) == 1
     assert "the GPU fell off the bus" in capsys.readouterr().err
     assert not saved.exists() and not (tmp_path / "embeddings.npy.partial").exists()
     assert not (tmp_path / "x.index").exists()
@@ -252,13 +253,13 @@ def test_a_build_that_fails_while_encoding_leaves_no_embeddings_file(small_wiki,
 
 def test_saved_embeddings_with_rows_never_written_are_refused_and_no_index_is_written(small_wiki, tmp_path, capsys):
     embeddings = np.load(small_wiki.embeddings_path)
-    embeddings[200:] = 0.0  # what an interrupted build used to leave at full size
+    embeddings[200:] = 0.0  # rows a writer that preallocated the file and stopped early never wrote
     incomplete = tmp_path / "incomplete.npy"
     np.save(incomplete, embeddings)
     index = tmp_path / "x.index"
     argv = ["--corpus_path", str(small_wiki.corpus_path), "--index_path", str(index), "--no_progress",
             "--embeddings_path", str(incomplete)]  # fmt: skip
-    assert index_builder.main(argv) == 1
+    assert index_cli.main(argv) == 1
     error = capsys.readouterr().err
     assert f"--embeddings_path {incomplete}: row 200 (and 99 more" in error and "all zeros" in error
     assert not index.exists()
@@ -269,14 +270,14 @@ def test_an_output_location_that_cannot_be_written_is_found_before_the_encoder_l
     small_wiki, tmp_path, capsys, monkeypatch, flag
 ):
     loaded = []
-    monkeypatch.setattr(index_builder, "_load_encoder", lambda config: loaded.append(config) or 1 / 0)
+    monkeypatch.setattr(index_builder, "load_encoder", lambda config: loaded.append(config) or 1 / 0)
     a_file = tmp_path / "a_file"
     a_file.write_text("not a directory")
     corpus = write_corpus(load_summaries()[:10], tmp_path / "corpus.jsonl")
     outputs = {"--save_dir": str(tmp_path / "indexes"), "--save_embeddings": str(tmp_path / "embeddings.npy")}
     outputs[flag] = str(a_file / "out" / ("x.npy" if flag == "--save_embeddings" else ""))
     argv = builder_argv(small_wiki, corpus, *[part for item in outputs.items() for part in item])
-    assert index_builder.main(argv) == 1
+    assert index_cli.main(argv) == 1
     error = capsys.readouterr().err
     assert f"cannot write {a_file / 'out'}" in error and "Not a directory" in error
     assert loaded == []

@@ -405,7 +405,7 @@ def test_num_threads_fixes_one_batch_on_that_many_threads():
 
 
 def test_the_index_builder_runs_forward_passes_in_the_tuners_layout():
-    from local_dense_retriever.building.index import TunedPasses
+    from local_dense_retriever.building.passage_vectors import TunedPasses
 
     tuner = cpu_threads.ThreadTuner(1, fixed=cpu_threads.Layout(threads=1, batches=2), set_threads=lambda n: None)
     both_inside = threading.Barrier(2, timeout=10)  # fails unless two passes run at once
@@ -419,7 +419,7 @@ def test_the_index_builder_runs_forward_passes_in_the_tuners_layout():
 
 
 def test_a_failing_forward_pass_stops_the_others_and_raises():
-    from local_dense_retriever.building.index import TunedPasses
+    from local_dense_retriever.building.passage_vectors import TunedPasses
 
     tuner = cpu_threads.ThreadTuner(2, adaptive=False, set_threads=lambda n: None)
     ran = []

@@ -7,9 +7,12 @@ import faiss
 import numpy as np
 import pytest
 
-from local_dense_retriever.building import tuner
-from local_dense_retriever.building.index import main as build_main
-from local_dense_retriever.building.tuner import Row, TuneConfig, expand, recall_at, recommend, tune
+from local_dense_retriever.building import tuner_candidates, tuner_cli
+from local_dense_retriever.building.index_cli import main as build_main
+from local_dense_retriever.building.tuner import TuneConfig, tune
+from local_dense_retriever.building.tuner_candidates import expand
+from local_dense_retriever.building.tuner_measures import recall_at
+from local_dense_retriever.building.tuner_report import Row, recommend, write_report
 from support.retriever_fixtures import small_wiki_fixture  # noqa: F401
 
 
@@ -59,7 +62,7 @@ def test_candidate_grids_expand_and_bad_ones_name_what_is_accepted():
         "HNSW32,SQ8:efSearch=64",
         "HNSW32,SQ8:efSearch=128",
     ]
-    assert tuner.default_candidates(1_000_000, 384)[3:] == [
+    assert tuner_candidates.default_candidates(1_000_000, 384)[3:] == [
         "IVF4096,Flat:nprobe=16/64/256",
         "IVF4096,SQ8:nprobe=16/64/256",
         "IVF4096,PQ96:nprobe=16/64/256",
@@ -102,8 +105,9 @@ def test_a_family_built_with_ef_construction_carries_it_and_its_search_parameter
 @pytest.mark.parametrize("value", ["0", "1.5", "-0.2", "nan", "high"])
 def test_a_threshold_outside_0_1_is_refused_in_one_line(small_wiki, capsys, value):
     with pytest.raises(SystemExit):
-        tuner.parse_config(["--index_path", str(small_wiki.index_path), "--corpus_path", str(small_wiki.corpus_path),
-                            "--retriever_model", str(small_wiki.model_dir), "--threshold", value])  # fmt: skip
+        tuner_cli.parse_config(["--index_path", str(small_wiki.index_path), "--corpus_path",
+                                str(small_wiki.corpus_path), "--retriever_model", str(small_wiki.model_dir),
+                                "--threshold", value])  # fmt: skip
     assert f"--threshold: {value}: accepted is a recall in (0, 1]" in capsys.readouterr().err
 
 
@@ -111,8 +115,8 @@ def test_an_index_that_is_not_flat_is_refused(small_wiki, tmp_path, capsys):
     hnsw = tmp_path / "x.index"
     faiss.write_index(faiss.IndexHNSWFlat(8, 4), str(hnsw))
     with pytest.raises(SystemExit):
-        tuner.parse_config(["--index_path", str(hnsw), "--corpus_path", str(small_wiki.corpus_path),
-                            "--retriever_model", str(small_wiki.model_dir)])  # fmt: skip
+        tuner_cli.parse_config(["--index_path", str(hnsw), "--corpus_path", str(small_wiki.corpus_path),
+                                "--retriever_model", str(small_wiki.model_dir)])  # fmt: skip
     assert "accepted is a Flat FAISS index or a .npy of embeddings" in capsys.readouterr().err
 
 
@@ -126,7 +130,7 @@ def test_an_index_of_another_dimension_than_the_encoder_is_refused(small_wiki, t
 
 
 def test_a_candidate_that_does_not_fit_in_ram_is_refused_before_building(small_wiki, tmp_path, monkeypatch):
-    monkeypatch.setattr(tuner, "available_ram", lambda: 100_000)  # bytes: the 300 x 384 HNSW needs ~500 kB
+    monkeypatch.setattr(tuner_candidates, "available_ram", lambda: 100_000)  # bytes: the 300 x 384 HNSW needs ~500 kB
     with pytest.raises(
         ValueError, match=r"--candidates: layout HNSW8 needs 0\.5 MiB of RAM to build and 0\.1 MiB is available"
     ):
@@ -151,7 +155,7 @@ def test_tuning_measures_recall_against_flat_and_keeps_the_recommended_index(sma
     ]  # the other candidates' files are gone
     if report.recommended.startswith("IVF"):
         assert faiss.extract_index_ivf(kept).nprobe == 4
-    markdown, data = tuner.write_report(report, tmp_path / "tuning", "cmd")
+    markdown, data = write_report(report, tmp_path / "tuning", "cmd")
     assert f"| {report.recommended} **(recommended)** |" in markdown.read_text()
     assert json.loads(data.read_text())["recommended"] == report.recommended
 
