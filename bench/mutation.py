@@ -128,7 +128,7 @@ TARGETS = (
     Target(
         "batcher",
         "the retriever's dynamic batcher: which queries share a batch, who waits, errors and shutdown",
-        ("local_dense_retriever/serving/batcher.py",),
+        ("local_dense_retriever/serving/batcher.py", "local_dense_retriever/serving/batch_shares.py"),
         ("tests/retriever/test_retriever_batcher.py",),
         timeout_multiplier=6.0,
     ),

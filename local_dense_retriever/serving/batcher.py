@@ -3,10 +3,11 @@ a few worker threads at once when the CPU layout says so.
 
 Requests wait in a list; a free worker builds each batch of at most `max_batch_size` queries and `max_batch_tokens`
 tokens (what the encoder encodes them at, counted when the request came in) by fair share over every request
-waiting (a large request is split into slices and interleaved with the others, so a single query sent while a
-512-query request is in flight waits for at most the one batch running, not the whole request; bounding the tokens
-too keeps that batch short when the request's queries are long), runs it, and hands each request its rows once all
-its slices are done (slices of one request may finish out of order on different workers). While batches run, the
+waiting (batch_shares.py: a large request is split into slices and interleaved with the others, so a single query
+sent while a 512-query request is in flight waits for at most the one batch running, not the whole request; long
+queries are batched apart, in batches of a quarter of the token bound, so that batch is short), runs it, and
+hands each request its rows once all its slices are done (slices of one request may finish out of order on
+different workers). While batches run, the
 next ones accumulate, so batches grow with load. With `max_wait_ms` > 0 a worker may also wait that long for its
 batch to reach the size of the previous one, in queries and in requests (the clients just answered are likely to
 return at once, and a large request's queries must not start a batch without them); it never waits when idle.
@@ -32,6 +33,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from local_dense_retriever.retrieval.cpu_threads import Layout, ThreadTuner
+from local_dense_retriever.serving.batch_shares import share_batch
 
 logger = logging.getLogger(__name__)
 
@@ -155,6 +157,7 @@ class DynamicBatcher:
         self._running = 0  # batches being computed
         self._last_batch_size = 0  # queries
         self._last_batch_requests = 0  # requests it held a slice of
+        self._last_batch_long = False  # it held long queries (_next_batch)
         self._closing = False
         self.stopping = threading.Event()  # set once close() began: requests still waiting will fail
         workers = range(self.tuner.workers)
@@ -284,43 +287,11 @@ class DynamicBatcher:
         return [rate / fastest if rate and fastest else 1.0 for rate in rates]
 
     def _next_batch(self, room: int, token_room: float) -> list[_Slice]:
-        """Fair share of `room` queries and `token_room` tokens over the waiting requests, in rounds: each request
-        gets an equal part of what is left of both, capped by what it has, and the parts it leaves go to the others
-        in the next round. A request's queries are taken in order; one that has nothing in the batch yet may take
-        its next query over its part of the tokens if it fits in what is left (so a request of long queries still
-        gets one in), and a batch holds at least one query, even one over token_room.
-
-        Requests that got nothing (more requests than room) go first next time, then those with queries left.
-        """
+        """The waiting requests' slices that make the next batch (batch_shares.share_batch). Requests that got
+        nothing (more requests than room, or queries of the other kind) go first next time, then those with queries
+        left."""
         waiting = [item for item in self._waiting if not item.abandoned]
-        takes = dict.fromkeys(waiting, 0)
-        batched = 0
-
-        def next_cost(item: _Pending) -> int:
-            return item.cost(item.next_query + takes[item])
-
-        def take(item: _Pending) -> None:
-            nonlocal batched, token_room
-            token_room -= next_cost(item)
-            takes[item] += 1
-            batched += 1
-
-        open_ = waiting
-        while batched < room and open_:
-            share, token_share = max(1, (room - batched) // len(open_)), token_room / len(open_)
-            before = batched
-            for item in open_:
-                most, part = min(share, item.unbatched - takes[item]), 0
-                while most and batched < room:
-                    cost = next_cost(item)
-                    # the batch's first query always fits; a request's first may go over its part of the tokens
-                    if (cost > token_room and batched) or (part + cost > token_share and takes[item]):
-                        break
-                    take(item)
-                    most, part = most - 1, part + cost
-            open_ = [item for item in open_ if item.unbatched > takes[item] and next_cost(item) <= token_room]
-            if batched == before and open_:  # no next query fitted its request's part: the first that fits the rest
-                take(open_[0])
+        takes, self._last_batch_long = share_batch(waiting, room, token_room, self._last_batch_long)
         batch = []
         for item in waiting:
             if takes[item]:

@@ -573,9 +573,9 @@ def test_batch_size_must_be_positive():
 LONG, SHORT = 256, 8  # tokens of a query of 4,096 characters at --max_length 256, and of a question
 
 
-def test_a_single_query_sent_beside_long_queries_waits_for_one_batch_bounded_by_their_tokens():
-    """One request of 512 long queries, batches of up to 64 queries and 1,024 tokens: 4 long queries make a batch.
-    A single query sent while the first batch runs joins the second, beside the 3 long ones that fit with it."""
+def test_a_single_query_sent_beside_long_queries_waits_for_one_short_batch_of_them():
+    """One request of 512 long queries, batches of up to 64 queries and 1,024 tokens: a batch of long queries holds
+    a quarter of the bound, one long query. A single query sent while the first runs is the next batch, alone."""
     gate = Gate()
     batcher = DynamicBatcher(gate, max_batch_size=64, max_batch_tokens=1024)
     long_queries = [f"long {i}" for i in range(512)]
@@ -585,17 +585,33 @@ def test_a_single_query_sent_beside_long_queries_waits_for_one_batch_bounded_by_
         await entered(gate)
         single = asyncio.ensure_future(batcher.submit(["single"], 3, tokens=[SHORT]))
         await asyncio.sleep(0)
-        assert queued(batcher) == 512 - 4 + 1
+        assert queued(batcher) == 512 - 1 + 1
         gate.open_all()
         return await settle(large, single)
 
     (_, large_rows), (_, single_rows) = run(scenario, batcher)
     calls = gate.search.calls
-    assert calls[0] == long_queries[:4]
-    assert calls[1] == [*long_queries[4:7], "single"]  # 3 x 256 + 8 = 776; a 4th long query would make 1,032
-    assert [len(call) for call in calls[2:]] == [4] * 126 + [1]
+    assert calls[:2] == [long_queries[:1], ["single"]]
+    assert calls[2:] == [[query] for query in long_queries[1:]]
     assert large_rows.shape == (512, 3) and single_rows[0].tolist() == [600, 601, 602]
-    assert batcher.report()["largest_batch_tokens"] == 1024 and batcher.report()["tokens"] == 512 * LONG + SHORT
+    assert batcher.report()["largest_batch_tokens"] == LONG and batcher.report()["tokens"] == 512 * LONG + SHORT
+
+
+def test_long_queries_and_questions_take_turns_in_batches_of_their_own():
+    """A request of 8 long queries, then 10 single questions, 1,024 tokens a batch: after the blocker (a question)
+    comes a batch of long queries, then the questions together, then the rest of the long ones; a request that
+    mixes both kinds is served in its order, a batch per kind."""
+    gate = Gate()
+    batcher = DynamicBatcher(gate, max_batch_size=64, max_batch_tokens=1024)
+    long_request = ([f"h{i}" for i in range(8)], 1, [LONG] * 8)
+    questions = [([f"s{i}"], 1, [SHORT]) for i in range(10)]
+    run_behind_a_running_batch(batcher, gate, [long_request, *questions])
+    assert gate.search.calls[1:] == [["h0"], [f"s{i}" for i in range(10)], *([f"h{i}"] for i in range(1, 8))]
+
+    search = RecordingSearch()
+    batcher = DynamicBatcher(search, max_batch_size=64, max_batch_tokens=1024)
+    run(lambda: answer(batcher.submit(["q0", "q1", "l2", "q3"], 1, tokens=[SHORT, SHORT, LONG, SHORT])), batcher)
+    assert search.calls == [["q0", "q1"], ["l2"], ["q3"]]
 
 
 @pytest.mark.parametrize(("bound", "sizes"), [(30, [3]), (29, [2, 1]), (20, [2, 1]), (19, [1, 1, 1]), (9, [1, 1, 1])])
@@ -622,10 +638,10 @@ def test_a_query_over_max_batch_tokens_runs_alone_and_queries_without_counts_cos
 
 
 def test_requests_of_long_queries_take_turns_within_the_token_bound():
-    """Three requests of 4 long queries, 512 tokens a batch: two long queries a batch, one from each of two requests,
-    and the request left out goes first in the next."""
+    """Three requests of 4 long queries, 2,048 tokens a batch, so 512 for a batch of long queries: two long queries a
+    batch, one from each of two requests, and the request left out goes first in the next."""
     gate = Gate()
-    batcher = DynamicBatcher(gate, max_batch_size=64, max_batch_tokens=2 * LONG)
+    batcher = DynamicBatcher(gate, max_batch_size=64, max_batch_tokens=8 * LONG)
     run_behind_a_running_batch(batcher, gate, [([f"{name}{i}" for i in range(4)], 1, [LONG] * 4) for name in "abc"])
     assert gate.search.calls[1:] == [
         ["a0", "b0"],
@@ -634,22 +650,6 @@ def test_requests_of_long_queries_take_turns_within_the_token_bound():
         ["a2", "b2"],
         ["c2", "a3"],
         ["b3", "c3"],
-    ]
-
-
-def test_a_request_of_long_queries_first_in_line_takes_only_its_part_of_the_tokens_at_first():
-    """A request of 8 long queries, then 10 single questions, 1,024 tokens a batch: in the first round each of the
-    11 requests may take its part (93 tokens), or one query if it has none yet, so every question gets in; the long
-    request then takes what the questions left (2 more)."""
-    gate = Gate()
-    batcher = DynamicBatcher(gate, max_batch_size=64, max_batch_tokens=1024)
-    long_request = ([f"h{i}" for i in range(8)], 1, [LONG] * 8)
-    questions = [([f"s{i}"], 1, [SHORT]) for i in range(10)]
-    run_behind_a_running_batch(batcher, gate, [long_request, *questions])
-    assert gate.search.calls[1:] == [
-        ["h0", "h1", "h2", *(f"s{i}" for i in range(10))],  # 3 x 256 + 10 x 8 = 848
-        ["h3", "h4", "h5", "h6"],
-        ["h7"],
     ]
 
 
@@ -695,7 +695,7 @@ def test_the_tokens_of_a_batch_are_shared_in_rounds_of_equal_parts(case):
 
 
 def test_a_slower_worker_takes_its_share_of_max_batch_tokens_too():
-    """Workers measured at 1 and 1/2: beside a backlog of 100-token queries and a bound of 1,000 tokens, the slow
+    """Workers measured at 1 and 1/2: beside a backlog of 50-token queries and a bound of 1,000 tokens, the slow
     worker's batch holds 500 tokens, the fast one's 1,000 (their query caps, 32 and 64, are not reached)."""
     fast, slow = "retrieval-worker-0", "retrieval-worker-1"
     clock = WorkerTime({fast: 0.001, slow: 0.002})
@@ -719,7 +719,7 @@ def test_a_slower_worker_takes_its_share_of_max_batch_tokens_too():
         for name in ("b0", "b1"):  # one blocker held in each worker
             blockers.append(asyncio.ensure_future(batcher.submit([name], 1)))
             await entered(gate)
-        backlog = asyncio.ensure_future(batcher.submit([f"s{i}" for i in range(60)], 1, tokens=[100] * 60))
+        backlog = asyncio.ensure_future(batcher.submit([f"s{i}" for i in range(60)], 1, tokens=[50] * 60))
         await asyncio.sleep(0)
         holder = {worker: query for query, worker in gate.holders.items() if query[0] == "b"}
         gate.open(holder[slow])
@@ -733,7 +733,7 @@ def test_a_slower_worker_takes_its_share_of_max_batch_tokens_too():
 
     speeds, taken = run(scenario, batcher)
     assert speeds == [1.0, 0.5]
-    assert taken == {slow: 5, fast: 10}
+    assert taken == {slow: 10, fast: 20}
 
 
 def test_max_batch_tokens_must_be_positive_and_counts_must_match_the_queries():

@@ -301,10 +301,10 @@ def test_a_single_query_is_answered_while_a_large_request_is_still_running(small
     assert len(gate.batches) == 25 and max(len(batch) for batch in gate.batches) <= 4  # split, not one batch of 96
 
 
-def test_a_single_query_sent_beside_long_queries_waits_for_one_batch_bounded_by_their_tokens(small_wiki):
-    """64 queries of 4,096 characters, each encoded at the full 256 tokens: with batches of up to 64 queries, the
-    default token bound (16 per query: 1,024) lets 4 of them into a batch, not 64. A single query sent while the
-    second batch runs joins the third, and /health counts every token the batches held."""
+def test_a_single_query_sent_beside_long_queries_waits_for_one_short_batch_of_them(small_wiki):
+    """64 queries of 4,096 characters, each encoded at the full 256 tokens: with the default bounds (64 queries,
+    1,024 tokens) a batch of long queries holds a quarter of the tokens, one of them, not 64. A single query sent
+    while the second batch runs is the third, alone, and /health counts every token the batches held."""
     text = " ".join(q.question for q in small_wiki.questions)
     long_queries = [(text[i * 7 :] + text)[:4096] for i in range(64)]
     single_query = "Who painted the Mona Lisa?"
@@ -315,7 +315,7 @@ def test_a_single_query_sent_beside_long_queries_waits_for_one_batch_bounded_by_
                 large = asyncio.ensure_future(client.post(f"{url}/retrieve", json={"queries": long_queries}))
                 await asyncio.to_thread(gate.holding.wait, 60)  # its 2nd batch is running
                 single = asyncio.ensure_future(client.post(f"{url}/retrieve", json={"queries": [single_query]}))
-                queued = 64 - 8 + 1  # behind the running batch: the large request's unbatched queries and the single
+                queued = 64 - 2 + 1  # behind the running batch: the large request's unbatched queries and the single
                 await asyncio.to_thread(wait_for, lambda: batch_report(url)["waiting_queries"] == queued, "queued")
                 gate.release()
                 return await single, await large
@@ -324,10 +324,13 @@ def test_a_single_query_sent_beside_long_queries_waits_for_one_batch_bounded_by_
         ready = health(url)
     assert single.status_code == 200 and large.status_code == 200 and len(large.json()["result"]) == 64
     assert ready["max_batch_tokens"] == 1024
-    assert [len(batch) for batch in gate.batches[:2]] == [4, 4]
-    third = [query[:100] for query in gate.batches[2]]  # the long queries as read: cut after their 256 tokens
-    assert third == [query[:100] for query in long_queries[8:11]] + [single_query]  # 3 x 256 + 8; a 4th: 1,032
-    assert ready["batches"]["tokens"] == 64 * 256 + 8 and ready["batches"]["largest_batch_tokens"] == 1024
+    assert [len(batch) for batch in gate.batches[:2]] == [1, 1]
+    assert gate.batches[2] == [single_query]
+    rest = [
+        query[:100] for batch in gate.batches[3:] for query in batch
+    ]  # the long queries as read: cut at 256 tokens
+    assert rest == [query[:100] for query in long_queries[2:]] and {len(batch) for batch in gate.batches[3:]} == {1}
+    assert ready["batches"]["tokens"] == 64 * 256 + 8 and ready["batches"]["largest_batch_tokens"] == 256
 
 
 def test_a_client_that_disconnects_stops_the_rest_of_its_large_request(small_wiki):
