@@ -5,9 +5,9 @@ run what it chose.
 
 from typing import Protocol
 
-# A query over LONG_QUERY_TOKENS is long (a question takes 6-54). Long queries are batched apart from the others, at
+# A query over LONG_QUERY_TOKENS is long (a question takes 6-65). Long queries are batched apart from the others, at
 # most 1/LONG_BATCH_SHARE of the token bound a batch, so a question waits for at most a short batch of them.
-LONG_QUERY_TOKENS = 64
+LONG_QUERY_TOKENS = 128
 LONG_BATCH_SHARE = 4
 
 

@@ -695,7 +695,7 @@ def test_the_tokens_of_a_batch_are_shared_in_rounds_of_equal_parts(case):
 
 
 def test_a_slower_worker_takes_its_share_of_max_batch_tokens_too():
-    """Workers measured at 1 and 1/2: beside a backlog of 50-token queries and a bound of 1,000 tokens, the slow
+    """Workers measured at 1 and 1/2: beside a backlog of 100-token queries and a bound of 1,000 tokens, the slow
     worker's batch holds 500 tokens, the fast one's 1,000 (their query caps, 32 and 64, are not reached)."""
     fast, slow = "retrieval-worker-0", "retrieval-worker-1"
     clock = WorkerTime({fast: 0.001, slow: 0.002})
@@ -719,7 +719,7 @@ def test_a_slower_worker_takes_its_share_of_max_batch_tokens_too():
         for name in ("b0", "b1"):  # one blocker held in each worker
             blockers.append(asyncio.ensure_future(batcher.submit([name], 1)))
             await entered(gate)
-        backlog = asyncio.ensure_future(batcher.submit([f"s{i}" for i in range(60)], 1, tokens=[50] * 60))
+        backlog = asyncio.ensure_future(batcher.submit([f"s{i}" for i in range(60)], 1, tokens=[100] * 60))
         await asyncio.sleep(0)
         holder = {worker: query for query, worker in gate.holders.items() if query[0] == "b"}
         gate.open(holder[slow])
@@ -733,7 +733,7 @@ def test_a_slower_worker_takes_its_share_of_max_batch_tokens_too():
 
     speeds, taken = run(scenario, batcher)
     assert speeds == [1.0, 0.5]
-    assert taken == {slow: 10, fast: 20}
+    assert taken == {slow: 5, fast: 10}
 
 
 def test_max_batch_tokens_must_be_positive_and_counts_must_match_the_queries():
