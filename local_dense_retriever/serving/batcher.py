@@ -2,15 +2,15 @@
 a few worker threads at once when the CPU layout says so.
 
 Requests wait in a list; a free worker builds each batch of at most `max_batch_size` queries and `max_batch_tokens`
-tokens (what the encoder encodes them at, counted when the request came in) by fair share over every request
-waiting (batch_shares.py: a large request is split into slices and interleaved with the others, so a single query
-sent while a 512-query request is in flight waits for at most the one batch running, not the whole request; long
-queries are batched apart, in batches of a quarter of the token bound, so that batch is short), runs it, and
-hands each request its rows once all its slices are done (slices of one request may finish out of order on
-different workers). While batches run, the
-next ones accumulate, so batches grow with load. With `max_wait_ms` > 0 a worker may also wait that long for its
-batch to reach the size of the previous one, in queries and in requests (the clients just answered are likely to
-return at once, and a large request's queries must not start a batch without them); it never waits when idle.
+tokens (what the encoder encodes them at, counted when the request came in) by fair share over every request waiting
+(batch_shares.py: a large request is split into slices and interleaved with the others, so a single query sent while
+a 512-query request is in flight waits for at most the one batch running, not the whole request; long queries are
+batched apart, in batches of a quarter of the token bound, so that batch is short), runs it, and hands each request
+its rows once all its slices are done (slices of one request may finish out of order on different workers). While
+batches run, the next ones accumulate, so batches grow with load. With `max_wait_ms` > 0 a worker may also wait that
+long for its batch to reach the size of the previous one, in queries and in requests (the clients just answered are
+likely to return at once, and a large request's queries must not start a batch without them); it never waits when
+idle.
 
 How many batches run at once, and on how many threads each, is the tuner's call (retrieval/cpu_threads.py): one
 batch on every CPU while that is fastest, or one single-threaded batch per worker, so no OpenMP barrier waits on a
