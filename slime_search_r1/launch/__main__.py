@@ -17,10 +17,10 @@ from pathlib import Path
 from slime_search_r1.launch import printed, ray_job
 from slime_search_r1.launch.checks import PLUGIN, configs_from_source
 from slime_search_r1.launch.command import Launch, missing_paths, resolve_launch
-from slime_search_r1.launch.retriever_memory import DESCRIBE_VARIABLE, declared_training
+from slime_search_r1.launch.retriever_memory import declared_training
 from slime_search_r1.settings.kinds import ConfigError
 from slime_search_r1.settings.sources import search_r1_configs
-from slime_search_r1.settings.table import listing
+from slime_search_r1.settings.table import DESCRIBE_VARIABLE, listing
 
 USAGE = """usage: bash run_qwen2.5_3B.sh [--dry-run | --help | --list] [more train.py flags: the last of a flag wins]
 

@@ -12,9 +12,9 @@ Each GPU leaves the retriever total x (1 - fraction) - trainer - reserve (memory
 loaded GPU must fit the tightest GPU it uses. RAM is checked by the wrapper only, before the server starts: once
 training runs, the server's RAM is already taken.
 
-The wrapper learns train.py's flags by running TRAIN_CMD with DESCRIBE_VARIABLE naming a file, when TRAIN_CMD runs
-the launch (python -m slime_search_r1.launch, as run_qwen2.5_3B.sh does): the launch writes its resolved flags and
-what they declare there, and exits before anything starts.
+The wrapper learns train.py's flags by running TRAIN_CMD with DESCRIBE_VARIABLE (settings/table.py) naming a file,
+when TRAIN_CMD runs the launch (python -m slime_search_r1.launch, as run_qwen2.5_3B.sh does): the launch writes its
+resolved flags and what they declare there, and exits before anything starts.
 """
 
 import argparse
@@ -39,7 +39,6 @@ from slime_search_r1.settings.kinds import ConfigError, expand_ids
 from slime_search_r1.settings.table import SETTINGS
 from slime_search_r1.settings.view import Section
 
-DESCRIBE_VARIABLE = "SEARCH_R1_DESCRIBE_TRAINING"
 NODE_RETRIEVER_VARIABLES = tuple(s.env for key, s in SETTINGS.items() if key.startswith("node_retriever_"))
 TRAINER_BYTES = int(COLOCATED_TRAINER_GIB * GIB)
 # Without --sglang-mem-fraction-static SGLang sizes its share from the GPU itself (about 0.8-0.9 on large GPUs).

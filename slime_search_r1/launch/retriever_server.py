@@ -25,7 +25,6 @@ from local_dense_retriever.serving.launcher import (
 )
 from slime_search_r1.launch.checks import configs_from_source
 from slime_search_r1.launch.retriever_memory import (
-    DESCRIBE_VARIABLE,
     NODE_RETRIEVER_VARIABLES,
     TrainingGpus,
     check_beside_training,
@@ -36,7 +35,7 @@ from slime_search_r1.launch.signals import run_child
 from slime_search_r1.launch.tmux_session import Failed, info, log_tail
 from slime_search_r1.settings.kinds import expand_ids
 from slime_search_r1.settings.sources import resolve_config, search_r1_configs
-from slime_search_r1.settings.table import REPO
+from slime_search_r1.settings.table import DESCRIBE_VARIABLE, REPO
 from slime_search_r1.settings.view import Section
 
 LAUNCH_CALL = "-m slime_search_r1.launch"  # how run_qwen2.5_3B.sh (or a copy) hands over to the launch

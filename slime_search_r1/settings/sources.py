@@ -13,6 +13,7 @@ dict key), the value and what is accepted. The launch scripts' settings are read
 """
 
 import copy
+import difflib
 import importlib
 import os
 from collections.abc import Iterable, Mapping
@@ -20,7 +21,7 @@ from typing import Any
 
 from slime_search_r1.settings.kinds import ConfigError, Refused
 from slime_search_r1.settings.rules import RULES
-from slime_search_r1.settings.table import PLUGIN, SETTINGS, Setting, read_by
+from slime_search_r1.settings.table import DESCRIBE_VARIABLE, PLUGIN, SETTINGS, Setting, read_by
 from slime_search_r1.settings.view import SearchR1Config, Section
 
 
@@ -51,6 +52,7 @@ def search_r1_configs(user: Mapping[str, Any], environ: Mapping[str, str] | None
     if found:
         import_extensions(_checked(extensions, names), _where(configs, extensions))
     _check_keys(configs)  # before defaults go into sections: "local" must be a dict
+    _check_variables(environ)  # after the extensions: they may declare variables of their own
     for setting in read_by(PLUGIN):
         if not _lookup(configs, setting.path)[0]:
             _store(configs, setting.path, None if callable(setting.default) else copy.deepcopy(setting.default))
@@ -60,6 +62,23 @@ def search_r1_configs(user: Mapping[str, Any], environ: Mapping[str, str] | None
             _store(configs, setting.path, value)
             configs.sources[setting.key] = (setting.env, text, value)
     return configs
+
+
+def _check_variables(environ: Mapping[str, str]) -> None:
+    """A SEARCH_R1_* variable that no setting reads (a misspelled or removed name) is refused: it would otherwise
+    leave its setting at the default without a word."""
+    known = sorted(s.env for s in SETTINGS.values() if s.env and s.env.startswith("SEARCH_R1_"))
+    unknown = sorted(
+        name for name in environ if name.startswith("SEARCH_R1_") and name not in {*known, DESCRIBE_VARIABLE}
+    )
+    if unknown:
+        names = {name.removeprefix("SEARCH_R1_"): name for name in known}  # the prefix would make every name close
+        close = difflib.get_close_matches(unknown[0].removeprefix("SEARCH_R1_"), names, n=1)
+        hint = f" (did you mean {names[close[0]]}?)" if close else ""
+        raise ConfigError(
+            f"environment variable {unknown[0]} is no setting{hint}; the SEARCH_R1_* settings are {', '.join(known)} "
+            "(python -m slime_search_r1.launch --list shows every setting)"
+        )
 
 
 def resolve_config(configs: Mapping[str, Any]) -> SearchR1Config:

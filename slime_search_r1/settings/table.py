@@ -22,6 +22,9 @@ Kind = Choice | Flag | Integer | Number | Text | Urls | Names | IdList | ShellWo
 # environment only).
 PLUGIN, LAUNCH, WRAPPER = "plugin", "launch", "wrapper"
 REPO = Path(__file__).absolute().parents[2]  # the plugin's folder: the scripts, generate_with_search.py
+# Every SEARCH_R1_* environment variable is a setting's, but this one: the tmux wrapper asks the launch, through
+# it, to describe the training it would start (launch/retriever_memory.py).
+DESCRIBE_VARIABLE = "SEARCH_R1_DESCRIBE_TRAINING"
 
 
 @dataclass(frozen=True)

@@ -165,6 +165,19 @@ def test_several_retrieval_servers():
         resolved(RETRIEVAL_SERVER_URL=" , ")
 
 
+def test_a_search_r1_variable_no_setting_reads_is_refused_with_the_closest_name():
+    """A misspelled (or removed) SEARCH_R1_* name would leave its setting at the default without a word."""
+    with pytest.raises(ConfigError, match=r"SEARCH_R1_REWRAD is no setting \(did you mean SEARCH_R1_REWARD\?\)"):
+        search_r1_configs({}, {"SEARCH_R1_REWRAD": "f1"})
+    with pytest.raises(
+        ConfigError, match=r"SEARCH_R1_DROP_FAILED_SAMPLES is no setting; the SEARCH_R1_\* settings are "
+    ):
+        search_r1_configs({}, {"SEARCH_R1_DROP_FAILED_SAMPLES": "0"})
+    # the wrapper's question to the launch is no setting, and is accepted
+    configs = search_r1_configs({}, {"SEARCH_R1_DESCRIBE_TRAINING": "/tmp/answer.json", "SEARCH_R1_REWARD": "f1"})
+    assert configs["reward"] == "f1"
+
+
 def test_a_bad_variable_stops_the_import_with_its_message():
     env = {**os.environ, "PYTHONPATH": subprocess_pythonpath(), "LOSS_MASK_MODE": "everything"}
     result = subprocess.run(
