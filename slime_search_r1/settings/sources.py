@@ -67,17 +67,17 @@ def search_r1_configs(user: Mapping[str, Any], environ: Mapping[str, str] | None
 def _check_variables(environ: Mapping[str, str]) -> None:
     """A SEARCH_R1_* variable that no setting reads (a misspelled or removed name) is refused: it would otherwise
     leave its setting at the default without a word."""
-    known = sorted(s.env for s in SETTINGS.values() if s.env and s.env.startswith("SEARCH_R1_"))
-    unknown = sorted(
-        name for name in environ if name.startswith("SEARCH_R1_") and name not in {*known, DESCRIBE_VARIABLE}
-    )
+    prefix = "SEARCH_R1_"
+    # by the name without the prefix, which would make every name close to every other
+    known = {s.env.removeprefix(prefix): s.env for s in SETTINGS.values() if s.env and s.env.startswith(prefix)}
+    accepted = {*known.values(), DESCRIBE_VARIABLE}
+    unknown = sorted(name for name in environ if name.startswith(prefix) and name not in accepted)
     if unknown:
-        names = {name.removeprefix("SEARCH_R1_"): name for name in known}  # the prefix would make every name close
-        close = difflib.get_close_matches(unknown[0].removeprefix("SEARCH_R1_"), names, n=1)
-        hint = f" (did you mean {names[close[0]]}?)" if close else ""
+        close = difflib.get_close_matches(unknown[0].removeprefix(prefix), known, n=1)
+        hint = f" (did you mean {known[close[0]]}?)" if close else ""
         raise ConfigError(
-            f"environment variable {unknown[0]} is no setting{hint}; the SEARCH_R1_* settings are {', '.join(known)} "
-            "(python -m slime_search_r1.launch --list shows every setting)"
+            f"environment variable {unknown[0]} is no setting{hint}; the SEARCH_R1_* settings are "
+            f"{', '.join(sorted(known.values()))} (python -m slime_search_r1.launch --list shows every setting)"
         )
 
 
