@@ -24,11 +24,15 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 # SLIME_SRC=/path/to/slime make test runs the same suite against that slime checkout instead of tests/slime_stub.
+# The tests run in parallel, PYTEST_WORKERS processes (pytest-xdist; default: one per CPU; 0 runs them in this
+# process), and the last line says how long the whole target took.
+PYTEST_WORKERS ?= auto
 test: lint
 ifneq ($(strip $(SLIME_SRC)),)
 	$(BIN)/pip install --quiet -e '.[slime-src]'
 endif
-	$(BIN)/python -m pytest
+	@start=$$(date +%s); $(BIN)/python -m pytest -n $(PYTEST_WORKERS); status=$$?; \
+	echo "make test: pytest took $$(( $$(date +%s) - start )) s with PYTEST_WORKERS=$(PYTEST_WORKERS)"; exit $$status
 
 # Main job on the embedded default: the mini-Wikipedia + MiniLM index (built once), served on 127.0.0.1 and measured,
 # then the plugin offline on it: 20 episodes through generate() and reward_func(), the report and the viewer page.
