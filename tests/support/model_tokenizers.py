@@ -294,6 +294,7 @@ def checkpoint_key(spec: Checkpoint) -> dict:
     return {
         **key_of(spec),
         "chat_template": file_digest(template_path(spec)),
+        "recipe": file_digest(Path(__file__)),  # how this module builds it: an edit here rebuilds
         "checkpoint": {
             "hub_id": spec.hub_id,
             "model_max_length": spec.model_max_length,
