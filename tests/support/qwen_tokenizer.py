@@ -75,10 +75,15 @@ def qwen_bpe_backend(added_tokens: list[tuple[str, bool]]):
     backend = TikTokenConverter(vocab_file=str(qwen_tiktoken_file()), pattern=QWEN_SPLIT_PATTERN).converted()
     backend.normalizer = normalizers.NFC()
     backend.add_tokens([AddedToken(tok, special=special, normalized=False) for tok, special in added_tokens])
-    for offset, (tok, _) in enumerate(added_tokens):
-        if backend.token_to_id(tok) != FIRST_ADDED_ID + offset:
-            raise RuntimeError(f"{tok} got id {backend.token_to_id(tok)}, expected {FIRST_ADDED_ID + offset}")
+    check_added_ids(backend, [tok for tok, _ in added_tokens], FIRST_ADDED_ID)
     return backend
+
+
+def check_added_ids(backend, tokens: list[str], first_id: int) -> None:
+    """Each of `tokens` got the id the real checkpoint gives it: consecutive from `first_id`."""
+    for offset, tok in enumerate(tokens):
+        if backend.token_to_id(tok) != first_id + offset:
+            raise RuntimeError(f"{tok} got id {backend.token_to_id(tok)}, expected {first_id + offset}")
 
 
 def save_tokenizer(tokenizer, out_dir: Path, key: dict, extra_files: dict[str, dict] | None = None) -> Path:
