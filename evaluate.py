@@ -32,8 +32,11 @@ import importlib
 import sys
 from pathlib import Path
 
-from slime_search_r1.evaluation import cli
-from slime_search_r1.evaluation.arguments import parse_args  # noqa: F401 (a printed evaluate.py line is checked with it)
+from slime_search_r1.install_hint import needs_extra
+
+with needs_extra("evaluate.py", "data"):
+    from slime_search_r1.evaluation import cli
+    from slime_search_r1.evaluation.arguments import parse_args  # noqa: F401 (a printed evaluate.py line is checked with it)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,4 +83,5 @@ def write_viewer(output_dir: Path, hf_checkpoint: str, tokenizer, per_source: in
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with needs_extra("evaluate.py", "data"):  # pyarrow and tqdm are imported when a run reads its data
+        sys.exit(main())

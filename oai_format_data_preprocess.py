@@ -31,9 +31,12 @@ import re
 import sys
 from collections.abc import Iterable
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-from tqdm import tqdm
+from slime_search_r1.install_hint import needs_extra
+
+with needs_extra("oai_format_data_preprocess.py", "data"):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from tqdm import tqdm
 
 from slime_search_r1.data import CHAT_SYSTEM_PROMPT, chat_question, golden_answers
 from slime_search_r1.registry import TOOLS
@@ -316,4 +319,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with needs_extra("oai_format_data_preprocess.py", "data"):  # datasets, for a hub id, is imported when used
+        sys.exit(main())

@@ -19,6 +19,7 @@ HF_CHECKPOINT=${HF_CHECKPOINT:-/root/Qwen2.5-3B}
 REF_LOAD=${REF_LOAD:-/root/Qwen2.5-3B_torch_dist}
 PROMPT_DATA=${PROMPT_DATA:-/root/Search-R1/data/nq_hotpotqa_train/train.parquet}
 # slime, Megatron-LM and the model's MODEL_ARGS file: SLIME_DIR, MEGATRON_PATH, MODEL_ARGS_FILE (see --help)
+# another model family (its slime scripts/models file, checkpoints and chat-template kwargs): MODEL=qwen3-4b, ...
 
 CKPT_ARGS=(
    --hf-checkpoint "${HF_CHECKPOINT}"

@@ -88,6 +88,7 @@ def check_slime_args(args, config: SearchR1Config, at_launch: bool = False, eval
             f"--custom-reward-post-process-path {REWARD_POST_PROCESS_PATH} (run_qwen2.5_3B.sh passes it), or "
             "SEARCH_R1_MAX_VERSION_LAG unset"
         )
+    check_stop_strings(args, config)
     if getattr(args, "use_rollout_routing_replay", False):
         raise ConfigError(
             "--use-rollout-routing-replay (MoE routed-expert replay) is not supported by this plugin: drop the "
@@ -131,6 +132,27 @@ def check_slime_args(args, config: SearchR1Config, at_launch: bool = False, eval
                 f"--custom-reward-post-process-path {REWARD_POST_PROCESS_PATH} (run_qwen2.5_3B.sh does)"
             )
     return warnings
+
+
+def check_stop_strings(args, config: SearchR1Config) -> None:
+    """SGLang without its tokenizer cannot match stop strings and answers every request that carries one with a
+    400 (srt/sampling/sampling_params.py, 0.5.15.post1 and 0.5.23: "stop=[...] is unavailable when
+    skip_tokenizer_init=True"). XML mode stops each turn at its tools' closing tags; chat mode sends only slime's
+    --rollout-stop."""
+    if not getattr(args, "sglang_skip_tokenizer_init", False):
+        return
+    engine = ("SGLang refuses every request with stop strings when it skips its tokenizer (srt/sampling/"
+              "sampling_params.py: 'stop=[...] is unavailable when skip_tokenizer_init=True')")  # fmt: skip
+    if config.llm_api_mode == "generate":
+        raise ConfigError(
+            f"--sglang-skip-tokenizer-init with LLM_API_MODE=generate: {engine}, and XML mode stops each turn at "
+            "its tools' closing tags (</search>, </answer>); accepted: without --sglang-skip-tokenizer-init"
+        )
+    if getattr(args, "rollout_stop", None):
+        raise ConfigError(
+            f"--sglang-skip-tokenizer-init with --rollout-stop: {engine}; accepted: one of the two (stop token ids "
+            "go in --rollout-stop-token-ids)"
+        )
 
 
 def check_long_horizon(args, config: SearchR1Config) -> None:
@@ -228,6 +250,14 @@ def check_router_mode(config: SearchR1Config, legacy_router: bool) -> None:
 
 def parse_slime_flags(train_args: list[str]) -> argparse.Namespace:
     """The slime flags check_slime_args reads, parsed from train.py's command line with slime's defaults."""
+    try:
+        known, _ = plugin_flag_parser().parse_known_args(train_args)
+    except argparse.ArgumentError as exc:
+        raise ConfigError(f"train.py's flags: {exc}") from None
+    return known
+
+
+def plugin_flag_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     for flag in (
         "--use-tis",
@@ -238,6 +268,7 @@ def parse_slime_flags(train_args: list[str]) -> argparse.Namespace:
         "--mask-offpolicy-in-partial-rollout",
         "--colocate",
         "--group-rm",
+        "--sglang-skip-tokenizer-init",
     ):
         parser.add_argument(flag, action="store_true", default=False)
     parser.add_argument("--disable-rollout-global-dataset", action="store_false", dest="rollout_global_dataset")
@@ -245,13 +276,10 @@ def parse_slime_flags(train_args: list[str]) -> argparse.Namespace:
     parser.add_argument("--eval-function-path", default=None)
     parser.add_argument("--eval-interval", type=int, default=None)
     parser.add_argument("--rollout-top-p", type=float, default=1.0)
+    parser.add_argument("--rollout-stop", nargs="+", default=None)
     parser.add_argument("--rollout-max-response-len", type=int, default=None)
     parser.add_argument("--advantage-estimator", default="grpo")
     parser.add_argument("--disable-rewards-normalization", action="store_false", dest="rewards_normalization")
     parser.add_argument("--custom-reward-post-process-path", default=None)
     parser.add_argument("--custom-convert-samples-to-train-data-path", default=None)
-    try:
-        known, _ = parser.parse_known_args(train_args)
-    except argparse.ArgumentError as exc:
-        raise ConfigError(f"train.py's flags: {exc}") from None
-    return known
+    return parser

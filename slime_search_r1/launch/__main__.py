@@ -26,9 +26,10 @@ USAGE = """usage: bash run_qwen2.5_3B.sh [--dry-run | --help | --list] [more tra
 
 The slime flags are the script's arrays (optional ones commented, as in slime's examples). --dry-run checks every
 value and flag as generate() would at its first sample, prints each value with where it came from, then the commands
-instead of running them. The settings (the plugin's: SEARCH_R1_CONFIGS in generate_with_search.py or their
-environment variables; the launch scripts': environment variables) are listed by --list, or by
-python -m slime_search_r1.launch --list.
+instead of running them; every flag is read by slime's own parser when slime is importable. MODEL=qwen3-4b (or
+another family --list names) trains that model: slime's scripts/models file, its checkpoints, its template kwargs.
+The settings (the plugin's: SEARCH_R1_CONFIGS in generate_with_search.py or their environment variables; the launch
+scripts': environment variables) are listed by --list, or by python -m slime_search_r1.launch --list.
 """
 
 

@@ -8,6 +8,7 @@ appends wins.
 
 import argparse
 import functools
+import json
 import os
 import re
 import subprocess
@@ -15,13 +16,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from slime_search_r1.launch import slime_parser
 from slime_search_r1.launch.checks import check_plugin, configs_from_source
+from slime_search_r1.launch.presets import MODEL_PRESETS
 from slime_search_r1.launch.retriever_memory import Checked, check_node_retriever, declared_training
 from slime_search_r1.settings.kinds import ConfigError
 from slime_search_r1.settings.sources import SearchR1Configs, read_environment, resolve_config, search_r1_configs
 from slime_search_r1.settings.table import LAUNCH, PLUGIN, SETTINGS, read_by
 from slime_search_r1.settings.view import SearchR1Config, Section
-from slime_search_r1.slime_flags import DEFAULT_ROLLOUT, FULLY_ASYNC_ROLLOUT
+from slime_search_r1.slime_flags import DEFAULT_ROLLOUT, FULLY_ASYNC_ROLLOUT, plugin_flag_parser
 
 # Plugin settings that change the command: the job gets the resolved value, so it trains the mode the flags are for.
 FLAG_SHAPING = ("llm_api_mode",)
@@ -31,6 +34,7 @@ SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.IGNORECASE)
 SCRIPT_PATHS = {"HF_CHECKPOINT": "--hf-checkpoint", "REF_LOAD": "--ref-load", "PROMPT_DATA": "--prompt-data"}
 # One node: the Ray head this launch starts (or finds) listens on the loopback address, as slime's examples do.
 RAY_HEAD_ADDRESS = "127.0.0.1"
+SCRIPT_DEFAULT = "default in the script"  # where a path came from when nobody changed it
 
 
 @dataclass
@@ -63,6 +67,13 @@ class Launch:
 
 def read_flags(train_args: list[str]) -> argparse.Namespace:
     """The slime flags the launcher itself reads (the last of a repeated flag, as slime's parser keeps)."""
+    try:
+        return _launch_parser().parse_known_args(train_args)[0]
+    except argparse.ArgumentError as exc:
+        raise ConfigError(f"train.py's flags: {exc}") from None
+
+
+def _launch_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     for flag in ("--hf-checkpoint", "--ref-load", "--load", "--save", "--prompt-data", "--custom-config-path",
                  "--save-debug-rollout-data"):  # fmt: skip
@@ -78,10 +89,15 @@ def read_flags(train_args: list[str]) -> argparse.Namespace:
         parser.add_argument(flag, type=int, default=8)
     parser.add_argument("--rollout-num-gpus", type=int)
     parser.add_argument("--sglang-mem-fraction-static", type=float)
-    try:
-        return parser.parse_known_args(train_args)[0]
-    except argparse.ArgumentError as exc:
-        raise ConfigError(f"train.py's flags: {exc}") from None
+    return parser
+
+
+def check_flags(knobs: Section, train_args: list[str], user_args: list[str]) -> list[str]:
+    """Every flag of train.py's command checked by slime's own parser (slime_parser.py), or without slime against
+    the flags the launch knows. Returns warnings."""
+    slime = slime_parser.build(knobs.slime_dir, knobs.megatron_path)
+    known = {*_launch_parser()._option_string_actions, *plugin_flag_parser()._option_string_actions}
+    return slime_parser.check_command(train_args, user_args, slime, known, knobs.slime_dir)
 
 
 def path_sources(script_args: list[str], user_args: list[str], environ) -> dict[str, tuple]:
@@ -101,11 +117,25 @@ def path_sources(script_args: list[str], user_args: list[str], environ) -> dict[
             if exported == value:
                 where = f"environment variable {variable}"
             elif exported is None:
-                where = f"default in the script (export {variable} to change it)"
+                where = f"{SCRIPT_DEFAULT} (export {variable} to change it)"
             else:
                 where = f"the script's flags ({variable}={exported} in the environment is not what they hold)"
         found[variable] = (value, where)
     return found
+
+
+def with_preset_paths(model: str, script_args: list[str], paths: dict[str, tuple]) -> list[str]:
+    """The script's flags with MODEL's checkpoints in place of the script's default paths (a path the user
+    exported or passed stays); `paths` (path_sources) is updated to say where each came from."""
+    args = list(script_args)
+    for variable, path in MODEL_PRESETS[model].paths().items():
+        value, where = paths[variable]
+        if value is None or not where.startswith(SCRIPT_DEFAULT):
+            continue
+        flag = SCRIPT_PATHS[variable]
+        args[len(args) - args[::-1].index(flag)] = path  # the value of the last one, which slime keeps
+        paths[variable] = (path, f"MODEL={model}'s checkpoint (export {variable} to change it)")
+    return args
 
 
 def read_model_args(path: str) -> list[str]:
@@ -129,6 +159,9 @@ def cluster_flags(knobs: Section) -> list[str]:
 def implied_flags(knobs: Section, config: SearchR1Config) -> list[str]:
     """The flags the values imply."""
     flags = []
+    kwargs = MODEL_PRESETS[knobs.model].chat_template_kwargs
+    if kwargs:  # slime's template (XML mode) and the chat renderer (chat mode) both read them
+        flags += ["--apply-chat-template-kwargs", json.dumps(kwargs)]
     if knobs.async_mode == "fully":
         # slime evaluates with the rollout function unless told otherwise, and the fully-async one cannot
         flags += ["--rollout-function-path", FULLY_ASYNC_ROLLOUT, "--eval-function-path", DEFAULT_ROLLOUT]
@@ -234,14 +267,17 @@ def resolve_launch(plugin: Path, script_args: list[str], user_args: list[str], e
     configs = search_r1_configs(user_dict, environ)
     config = resolve_config(configs)
     model_args = read_model_args(knobs.model_args_file) if os.path.isfile(knobs.model_args_file) else []
+    paths = path_sources(script_args, user_args, environ)
+    script_args = with_preset_paths(knobs.model, script_args, paths)
     train_args = [*cluster_flags(knobs), *model_args, *script_args, *implied_flags(knobs, config), *user_args]
     entry = [knobs.python_bin, f"{knobs.slime_dir}/{'train_async.py' if knobs.async_mode == 'fully' else 'train.py'}"]
     env, secrets = runtime_env(knobs, config, plugin.parent, environ)
     job_id = f"search-r1-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     launch = Launch(
         plugin, configs, config, knobs, knob_sources, dry_run, model_args, train_args, entry, env, secrets, job_id,
-        warnings, paths=path_sources(script_args, user_args, environ),
+        warnings, paths=paths,
     )  # fmt: skip
+    warnings += check_flags(knobs, train_args, user_args)
     flags = launch.flags
     if config.llm_api_mode == "chat" and flags.apply_chat_template:
         raise ConfigError(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from slime_search_r1.launch.presets import DEFAULT_MODEL, MODEL_PRESETS
 from slime_search_r1.registry import PROTOCOLS, SEARCH_BACKENDS, TOKEN_DRIVERS, TOOLS, reward_names
 from slime_search_r1.settings.kinds import Choice, Flag, IdList, Integer, Names, Number, ShellWords, Text, Urls
 
@@ -181,8 +182,13 @@ for _setting in (
     _launch_knob("slime_dir", _slime_dir, Text(), "SLIME_DIR", "slime checkout (two levels up inside slime's tree)"),
     _launch_knob("megatron_path", "/root/Megatron-LM", Text(), "MEGATRON_PATH",
                  "Megatron-LM, on the job's PYTHONPATH"),
-    _launch_knob("model_args_file", lambda v: f"{v['slime_dir']}/scripts/models/qwen2.5-3B.sh", Text(),
-                 "MODEL_ARGS_FILE", "bash file that sets MODEL_ARGS, the model's architecture flags"),
+    _launch_knob("model", DEFAULT_MODEL, Choice(tuple(MODEL_PRESETS)), "MODEL",
+                 "the model family (launch/presets.py): slime's scripts/models file, the checkpoints while "
+                 "HF_CHECKPOINT and REF_LOAD are the script's defaults, and --apply-chat-template-kwargs"),
+    _launch_knob("model_args_file",
+                 lambda v: f"{v['slime_dir']}/scripts/models/{MODEL_PRESETS[v['model']].model_args_file}", Text(),
+                 "MODEL_ARGS_FILE", "bash file that sets MODEL_ARGS, the model's architecture flags (default: "
+                 "MODEL's file in slime's scripts/models)"),
     _launch_knob("python_bin", "python3", Text(), "PYTHON_BIN", "the job's Python (and this launcher's)"),
     _launch_knob("skip_plugin_check", False, Flag(), "SKIP_PLUGIN_CHECK",
                  "skip the plugin's checks (generate() still makes them at its first sample)"),

@@ -5,7 +5,6 @@ details are tested in this process by test_launch_command.py."""
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
@@ -21,7 +20,7 @@ from slime_search_r1.slime_flags import DEFAULT_ROLLOUT, FULLY_ASYNC_ROLLOUT
 from support import process_tree
 from support.fake_ray import VersionHandler
 from support.interrupt import interruptible
-from support.launch_runs import REPO, SCRIPT, DryRun, clean_env, dry_run_script, run_script
+from support.launch_runs import REPO, SCRIPT, clean_env, dry_run_script, every_flag_run, run_script
 from support.launch_runs import edited_copy as edited_copy_of
 from support.loopback import free_port
 from support.slime_compat import slime_argument_parser, using_real_slime
@@ -159,15 +158,8 @@ def test_an_extensions_setting_reaches_the_job_too(tmp_path):
     assert "environment variable MY_EXTENSION_RETRIES='50' is out of range; accepted: 0 to 9" in result.stderr
 
 
-def every_flag_run(tmp_path, **env) -> DryRun:
-    """A launch command with every optional group switched on: the script's commented flags, uncommented."""
-    lines = re.findall(r"^\s+# (--[a-z][^#\n]*)", SCRIPT.read_text(), re.M)  # in the arrays, indented
-    optional = [word for line in lines for word in shlex.split(line)]
-    return dry_run_script(*optional, **env)
-
-
-def test_every_flag_is_a_real_slime_megatron_or_sglang_flag(tmp_path):
-    for run in (every_flag_run(tmp_path), every_flag_run(tmp_path, ASYNC_MODE="fully", LLM_API_MODE="chat")):
+def test_every_flag_is_a_real_slime_megatron_or_sglang_flag():
+    for run in (every_flag_run(), every_flag_run(ASYNC_MODE="fully", LLM_API_MODE="chat")):
         flags = {arg for arg in run.train_args if arg.startswith("--")}
         assert flags - SLIME_FLAGS - MEGATRON_FLAGS - SGLANG_FLAGS == set()
 
@@ -183,7 +175,7 @@ def test_slimes_own_parser_reads_every_slime_flag_of_the_command(tmp_path, monke
     slime's, with a value of slime's type (argparse refuses "abc" for an int flag), and the typed list is slime's."""
     parser = slime_argument_parser(monkeypatch)
     assert SLIME_FLAGS - set(parser._option_string_actions) == set()  # the list the stand-in run checks is slime's
-    run = every_flag_run(tmp_path, ASYNC_MODE=async_mode)
+    run = every_flag_run(ASYNC_MODE=async_mode)
     known, unknown = parser.parse_known_args(run.train_args)
     assert {arg for arg in unknown if arg.startswith("--")} - MEGATRON_FLAGS - SGLANG_FLAGS == set()
     assert known.rollout_max_response_len == 2048

@@ -4,6 +4,7 @@ script's own flag arrays (fast), and reading what a dry run prints."""
 import functools
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -107,6 +108,13 @@ def dry_run_script(*args: str, script: Path = SCRIPT, **env) -> DryRun:
     result = run_script("--dry-run", *args, script=script, **env)
     assert result.returncode == 0, result.stderr
     return DryRun(result.stdout, result.stderr)
+
+
+def every_flag_run(**env) -> DryRun:
+    """A launch command with every optional group switched on: the script's commented flags, uncommented."""
+    lines = re.findall(r"^\s+# (--[a-z][^#\n]*)", SCRIPT.read_text(), re.M)  # in the arrays, indented
+    optional = [word for line in lines for word in shlex.split(line)]
+    return dry_run_script(*optional, **env)
 
 
 def edited_copy(folder: Path, entries: str) -> Path:
