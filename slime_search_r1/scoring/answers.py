@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 
 from slime_search_r1.episode import conversation_of, episode_record
 from slime_search_r1.protocols.chat_reward import read_conversation
-from slime_search_r1.protocols.xml_tags import ANSWER_PATTERN, invalid_action_message
+from slime_search_r1.protocols.xml_tags import ANSWER_PATTERN, invalid_action_message, outside_thoughts
 from slime_search_r1.registry import ANSWER_SCORES, TOOLS
 from slime_search_r1.tools.contract import Tool
 
@@ -94,13 +94,13 @@ def last_answer(response: str, tools: Mapping[str, Tool] | None = None) -> str |
     Search-R1 searches prompt + response and needs two matches because its prompt holds one example
     answer; searching the response alone gives the same answer for that prompt and does not depend on it.
     The environment's text is left out: the invalid-action hint itself says "<answer> and </answer>",
-    and a retrieved page may hold answer tags.
+    and a retrieved page may hold answer tags. So are the model's thoughts, where a tag is never an action.
     """
     tools = tools or search_only()
     written = response.replace(invalid_action_message(tools.values()), " ")
     for tag in {tool.result_tag for tool in tools.values()}:
         written = re.sub(rf"<{re.escape(tag)}>.*?</{re.escape(tag)}>", " ", written, flags=re.DOTALL)
-    matches = ANSWER_PATTERN.findall(written)
+    matches = [answer for run in outside_thoughts(written) for answer in ANSWER_PATTERN.findall(run)]
     return matches[-1].strip() if matches else None
 
 
