@@ -28,11 +28,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from slime_search_r1.protocols.chat_reward import read_conversation
-from slime_search_r1.protocols.xml_tags import assistant_prefill, opens_thought, result_blocks
+from slime_search_r1.protocols.xml_tags import assistant_prefill, opens_thought, prompt_opens_thought, result_blocks
 
 # Search-R1's normalisation, EM and answer reading are the package's (evaluate.py scores with them too)
 from slime_search_r1.scoring.answers import em_check, last_answer, normalize_answer, search_only
 from slime_search_r1.tools.contract import Tool
+
 
 @dataclass(frozen=True)
 class FormatAutomaton:
@@ -179,7 +180,7 @@ def read_response(prompt: str, response: str, tools: Mapping[str, Tool] | None =
     tools = tools or search_only()
     format_valid = format_problem(prompt, response, tools) is None
     retrieved = [text for name, text in result_blocks(response, tools) if tools[name].retrieves]
-    return Reading(last_answer(response, tools), format_valid, retrieved)
+    return Reading(last_answer(response, tools, prompt_opens_thought(prompt)), format_valid, retrieved)
 
 
 def read_chat(conversation: list[dict], tools: Mapping[str, Tool] | None = None) -> Reading:

@@ -75,10 +75,17 @@ def opens_thought(text: str) -> bool:
     return text.rfind(THINK_OPEN) > text.rfind(THINK_CLOSE)
 
 
-def outside_thoughts(text: str) -> list[str]:
+def prompt_opens_thought(prompt: str) -> bool:
+    """Whether the model's turn starts inside a thought: the prompt's assistant prefill (or, without one, the prompt)
+    leaves one open."""
+    return opens_thought(assistant_prefill(prompt) or "")
+
+
+def outside_thoughts(text: str, in_thought: bool = False) -> list[str]:
     """The runs of `text` outside its thoughts: each <think> to the next </think> (or the end) is left out, and so is
-    everything before a first marker that is </think> (the text began inside a thought its prompt opened)."""
-    runs, start, inside = [], 0, False
+    everything before the first </think> when the text starts `in_thought` or its first marker is </think> (a thought
+    its prompt, or its turn before a reply, opened)."""
+    runs, start, inside = [], 0, in_thought
     for index, marker in enumerate(_THOUGHT_MARKER.finditer(text)):
         if marker.group() == THINK_OPEN and not inside:
             runs.append(text[start : marker.start()])
@@ -90,11 +97,11 @@ def outside_thoughts(text: str) -> list[str]:
     return runs
 
 
-def read_action(text: str, tools: Mapping[str, Tool], turn_index: int = 0) -> Action:
-    """The first complete action of a model turn outside its thoughts; a tool call whose text its tool refuses (an
-    empty query) is invalid, like no action at all."""
+def read_action(text: str, tools: Mapping[str, Tool], turn_index: int = 0, in_thought: bool = False) -> Action:
+    """The first complete action of a model turn outside its thoughts (`in_thought`: the turn starts inside one); a
+    tool call whose text its tool refuses (an empty query) is invalid, like no action at all."""
     pattern = _action_pattern(action_tags(tools))
-    match = next((found for run in outside_thoughts(text) if (found := pattern.search(run))), None)
+    match = next((found for run in outside_thoughts(text, in_thought) if (found := pattern.search(run))), None)
     if match is None:
         return Action(invalid=True)
     tag, content = match.group(1), match.group(2)
@@ -213,6 +220,9 @@ class XmlProtocol:
         self.tokenizer = state.tokenizer
         self.tools = state.tools
         self.prompt_text = prompt_text(state.args, state.tokenizer, state.sample, self.tools)
+        # The first turn starts inside a thought when the template's generation prompt opened one; a reply ends the
+        # model's turn, so a later one is read from outside (or from its first </think>, outside_thoughts).
+        self.starts_in_thought = prompt_opens_thought(self.prompt_text)
         # A chat template that frames the prompt ends the model's turn with its end-of-turn token (<|im_end|>), which
         # a base model's EOS set lacks: it is sent, with the tokenizer's EOS, so every served model stops there.
         end_text, end_token = template_end_of_turn(self.tokenizer, chat_template_kwargs(state.args, state.sample))
@@ -226,7 +236,7 @@ class XmlProtocol:
         self.invalid_action_ids = list(fixed_text_ids(self.tokenizer, invalid_action_message(self.tools.values())))
 
     def read(self, turn: Turn, state) -> Action:
-        return read_action(turn.text, self.tools, state.turn_index)
+        return read_action(turn.text, self.tools, state.turn_index, self.starts_in_thought and state.turn_index == 0)
 
     def reply(self, action: Action, results: dict[str, str], turn: Turn, state, force_answer: bool = False) -> Reply:
         """The result of the turn's call in its tool's block (<information>), or the invalid-action message; with

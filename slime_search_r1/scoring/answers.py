@@ -88,19 +88,20 @@ def search_only() -> dict[str, Tool]:
     return {"search": TOOLS.get("search")}
 
 
-def last_answer(response: str, tools: Mapping[str, Tool] | None = None) -> str | None:
+def last_answer(response: str, tools: Mapping[str, Tool] | None = None, in_thought: bool = False) -> str | None:
     """The last <answer>…</answer> the model wrote in an XML-mode response.
 
     Search-R1 searches prompt + response and needs two matches because its prompt holds one example
     answer; searching the response alone gives the same answer for that prompt and does not depend on it.
     The environment's text is left out: the invalid-action hint itself says "<answer> and </answer>",
-    and a retrieved page may hold answer tags. So are the model's thoughts, where a tag is never an action.
+    and a retrieved page may hold answer tags. So are the model's thoughts, where a tag is never an action
+    (`in_thought`: the response starts inside one its prompt opened).
     """
     tools = tools or search_only()
     written = response.replace(invalid_action_message(tools.values()), " ")
     for tag in {tool.result_tag for tool in tools.values()}:
         written = re.sub(rf"<{re.escape(tag)}>.*?</{re.escape(tag)}>", " ", written, flags=re.DOTALL)
-    matches = [answer for run in outside_thoughts(written) for answer in ANSWER_PATTERN.findall(run)]
+    matches = [answer for run in outside_thoughts(written, in_thought) for answer in ANSWER_PATTERN.findall(run)]
     return matches[-1].strip() if matches else None
 
 
