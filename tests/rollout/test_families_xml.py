@@ -144,7 +144,11 @@ def test_a_response_in_another_thinking_shape_breaks_the_format(case, tokenizer)
     wrong = opens_its_own if case.thought == PROMPT_THINKS else closes_first
     assert format_problem(family_prompt(tokenizer, case), wrong) is not None
     assert score_response(family_prompt(tokenizer, case), wrong, ["Paris"], WEIGHTS).score == 0.8
-    assert format_problem(family_prompt(tokenizer, case), "<answer> Paris </answer>") is not None  # no thought
+    no_thought = score_response(family_prompt(tokenizer, case), "<answer> Paris </answer>", ["Paris"], WEIGHTS)
+    if case.thought == PROMPT_THINKS:  # all of it inside the thought the prompt opened: no answer was given
+        assert (no_thought.answer, no_thought.format_valid, no_thought.score) == (None, False, 0.0)
+    else:
+        assert (no_thought.answer, no_thought.format_valid, no_thought.score) == ("Paris", False, 0.8)
 
 
 # ---- a thought that quotes the tags ------------------------------------------------------------------------------
