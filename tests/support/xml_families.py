@@ -11,6 +11,7 @@ model while the template wrote an empty thought to switch the model's own thinki
 
 import functools
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import pytest
 from slime.utils.types import Sample
 from slime_search_r1.data import search_r1_prompt
 from support.episodes import QUESTION, label
-from support.fake_sglang import BASE_MODEL_EOS, OBSERVATION_ENDS, FakeSGLangEngine, ScriptedPolicy, question_of
+from support.fake_sglang import BASE_MODEL_EOS, OBSERVATION_ENDS, FakeSGLangEngine, ScriptedPolicy
 from support.model_tokenizers import checkpoint_dir, load_checkpoint_tokenizer
 
 # who opens the first thought of the model's turn
@@ -111,13 +112,16 @@ def no_action_then_answer(case: FamilyCase) -> list[str]:
 
 # Assistant headers: ChatML's and Llama 3's. The scripted model counts the replies after the last one.
 ASSISTANT_HEADERS = ("<|im_start|>assistant", "<|start_header_id|>assistant<|end_header_id|>")
+# The question ends its line, or the user turn: Llama 3's template trims the message, so <|eot_id|> follows it.
+QUESTION_PATTERN = re.compile(r"Question: (.*?)(?:\n|<\|im_end\|>|<\|eot_id\|>)")
 
 
 class FamilyPolicy(ScriptedPolicy):
-    """ScriptedPolicy whose turn count starts at the family's assistant header, not ChatML's alone."""
+    """ScriptedPolicy reading the question and counting turns in every family's turn format, not ChatML's alone."""
 
     def __call__(self, context_text: str) -> str:
-        turns = self.scripts.get(question_of(context_text), self.default)
+        question = QUESTION_PATTERN.search(context_text)
+        turns = self.scripts.get(question.group(1).strip() if question else "", self.default)
         reply = context_text[max(context_text.rfind(header) for header in ASSISTANT_HEADERS) :]
         index = sum(reply.count(end) for end in OBSERVATION_ENDS)
         return turns[min(index, len(turns) - 1)]
