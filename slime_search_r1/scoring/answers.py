@@ -21,7 +21,12 @@ from collections.abc import Iterable, Mapping
 
 from slime_search_r1.episode import conversation_of, episode_record
 from slime_search_r1.protocols.chat_reward import read_conversation
-from slime_search_r1.protocols.xml_tags import ANSWER_PATTERN, invalid_action_message, outside_thoughts
+from slime_search_r1.protocols.xml_tags import (
+    ANSWER_PATTERN,
+    invalid_action_message,
+    outside_thoughts,
+    prompt_opens_thought,
+)
 from slime_search_r1.registry import ANSWER_SCORES, TOOLS
 from slime_search_r1.tools.contract import Tool
 
@@ -107,8 +112,10 @@ def last_answer(response: str, tools: Mapping[str, Tool] | None = None, in_thoug
 
 def answer_of(sample, tools: Mapping[str, Tool] | None = None) -> str | None:
     """The answer reward_func scored: the final chat message's (the record's conversation), or the last <answer> of
-    an XML response; `tools`: the enabled ones (Search-R1's search when None)."""
+    an XML response outside its thoughts (one a string prompt opened included); `tools`: the enabled ones
+    (Search-R1's search when None)."""
     conversation = conversation_of(episode_record(sample) or {})
     if conversation is not None:
         return read_conversation(conversation, tools or search_only()).answer
-    return last_answer(sample.response or "", tools)
+    prompt = getattr(sample, "prompt", None)
+    return last_answer(sample.response or "", tools, isinstance(prompt, str) and prompt_opens_thought(prompt))

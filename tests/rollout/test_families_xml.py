@@ -19,7 +19,9 @@ from generate_with_search import generate, reward_func
 from qa_em_format import FormatWeights, format_problem, score_response
 from slime.utils.types import Sample
 from slime_search_r1.data import search_r1_prompt
-from support.episodes import QUESTION, info, label, searches
+from slime_search_r1.protocols.xml_tags import read_action
+from slime_search_r1.scoring.answers import answer_of
+from support.episodes import QUESTION, SEARCH_ONLY, info, label, searches
 from support.fidelity import assert_faithful, assert_resumed_exactly
 from support.loopback import serve_in_thread
 from support.slime_rollout import slime_sampling_params
@@ -177,6 +179,34 @@ async def test_tags_inside_an_open_thought_are_not_actions(
     assert retriever.queries == ["capital of France"]
     assert_faithful(sample, engine.calls, tokenizer, prompt_ids(tokenizer, case), canonical_observations=True)
     assert await reward_func(args, sample) == pytest.approx(0.8)  # Paris, in a broken format
+
+
+@pytest.mark.parametrize(
+    ("text", "in_thought", "action"),
+    [
+        ("<think>\nI could use <search> query </search>", False, None),  # a quote in an open thought
+        ("I could use <search> query </search>", True, None),  # the prompt opened the thought
+        ("Done.\n</think>\n\n<search> capital </search>", True, "capital"),
+        ("<think>a</think>\n<search> capital </search>", False, "capital"),
+        ("the rest of it.</think>\n<search> capital </search>", False, "capital"),  # first marker </think>
+        ("<think>a <search> b</think> c </search>", False, None),  # Search-R1's reading: a search for "b</think> c"
+        ("<think>a <answer> Rome </answer>", False, None),
+        ("<think>a</think>\n<answer> Paris </answer>", False, "answer"),
+        ("<search> capital </search>", False, "capital"),
+    ],
+)
+def test_a_tag_is_an_action_only_outside_a_thought(text, in_thought, action):
+    read = read_action(text, SEARCH_ONLY, 0, in_thought)
+    got = "answer" if read.final else read.calls[0].arguments["query"].strip() if read.calls else None
+    assert (got, read.invalid) == (action, action is None)
+
+
+def test_the_recorded_answer_of_a_thinking_prompt_is_never_read_inside_its_thought():
+    """What evaluate.py and the viewer show is what reward_func scored: nothing before the prompt's thought closes."""
+    prompt = "<|im_start|>user\nQuestion: capital of France?<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    assert answer_of(Sample(prompt=prompt, response="Maybe <answer> Lyon </answer>")) is None
+    closed = Sample(prompt=prompt, response="Maybe Lyon.\n</think>\n\n<answer> Paris </answer>")
+    assert answer_of(closed) == "Paris"
 
 
 # ---- aborts: the end token, --partial-rollout, fully-async --------------------------------------------------------
