@@ -28,13 +28,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from slime_search_r1.protocols.chat_reward import read_conversation
-from slime_search_r1.protocols.xml_tags import result_blocks
+from slime_search_r1.protocols.xml_tags import assistant_prefill, opens_thought, prompt_opens_thought, result_blocks
 
 # Search-R1's normalisation, EM and answer reading are the package's (evaluate.py scores with them too)
 from slime_search_r1.scoring.answers import em_check, last_answer, normalize_answer, search_only
 from slime_search_r1.tools.contract import Tool
-
-ASSISTANT_MARKER = re.compile(r"<\|im_start\|>assistant\s*")
 
 
 @dataclass(frozen=True)
@@ -104,20 +102,28 @@ class Reading:
     retrieved: list[str]  # the results of tools that retrieve, where the retrieval bonus looks for a gold answer
 
 
-def format_problem(text: str, tools: Mapping[str, Tool] | Iterable[str] = ("search",)) -> str | None:
-    """Why `text` (prompt + response) breaks Search-R1's format with these tools' tags (a Tool's result tag, or
-    <information> for a tool given by name), or None when it is valid."""
-    marker = ASSISTANT_MARKER.search(text)
-    if marker is None:
-        return "missing <|im_start|>assistant marker"
-    content = text[marker.end() :]
+def format_problem(prompt: str, response: str, tools: Mapping[str, Tool] | Iterable[str] = ("search",)) -> str | None:
+    """Why `response` breaks Search-R1's format after `prompt` with these tools' tags (a Tool's result tag, or
+    <information> for a tool given by name), or None when it is valid.
+
+    The rule reads what the model wrote: the response. The prompt must open an assistant turn (Search-R1's marker
+    check, over ChatML's and Llama 3's headers), and what its template wrote there counts only for the state it
+    leaves the model in: a prefill that opens a thought (Qwen3-Thinking-2507, Qwen3.5 with thinking on: "<think>\n")
+    starts the response inside it, so the response closes it; an empty closed thought (Qwen3 and Qwen3.5 with
+    enable_thinking=false) is the template's, not the model's first thought, so the response thinks first as under
+    every other template. Tags inside a thought break the format, as in Search-R1's rule."""
+    prefill = assistant_prefill(prompt)
+    if prefill is None:
+        return "missing assistant marker (<|im_start|>assistant or <|start_header_id|>assistant<|end_header_id|>)"
+    in_thought = opens_thought(prefill)
     automaton = format_automaton(result_tags(tools))
     for tag in automaton.tags:
-        opened, closed = content.count(f"<{tag}>"), content.count(f"</{tag}>")
+        opened = response.count(f"<{tag}>") + (1 if in_thought and tag == "think" else 0)
+        closed = response.count(f"</{tag}>")
         if opened != closed:
             return f"unbalanced <{tag}>: {opened} opening vs {closed} closing"
-    state = "start"
-    for part in automaton.split.split(content):
+    state = "in_think" if in_thought else "start"
+    for part in automaton.split.split(response):
         if not part.strip():
             continue
         if automaton.split.fullmatch(part):
@@ -172,9 +178,9 @@ def read_response(prompt: str, response: str, tools: Mapping[str, Tool] | None =
     """XML mode: the format is checked on prompt + response, the answer read from the response; `tools` are the
     enabled ones (Search-R1's search when None)."""
     tools = tools or search_only()
-    format_valid = format_problem(prompt + response, tools) is None
+    format_valid = format_problem(prompt, response, tools) is None
     retrieved = [text for name, text in result_blocks(response, tools) if tools[name].retrieves]
-    return Reading(last_answer(response, tools), format_valid, retrieved)
+    return Reading(last_answer(response, tools, prompt_opens_thought(prompt)), format_valid, retrieved)
 
 
 def read_chat(conversation: list[dict], tools: Mapping[str, Tool] | None = None) -> Reading:

@@ -5,6 +5,12 @@ episode, anything else gets the invalid-action message; a tool's result comes ba
 Every enabled tool is a tag (tools/): its text fills the tool's `xml_argument`. Generation stops at each tag's
 closing string; slime sends no_stop_trim, so the closing tag stays in the turn. With only `search` enabled the
 prompt and the messages are Search-R1's own, word for word; another tool adds its sentence to each.
+
+Thoughts: text between <think> and </think> is the model's reasoning, never an action, whatever tags it quotes
+(a thinking model often writes "I should put the answer between <answer> and </answer>"). A text whose first thought
+marker is </think> began inside a thought: the chat template's generation prompt opened it (Qwen3-Thinking-2507's and
+Qwen3.5's end with "<think>\n"). In Qwen3 and later the markers are single added tokens; they decode to the same text,
+which is what is read here (as SGLang's reasoning parsers read it).
 """
 
 import logging
@@ -19,6 +25,11 @@ from slime_search_r1.tools.contract import Tool, read_call
 logger = logging.getLogger(__name__)
 
 ANSWER_PATTERN = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+_THOUGHT_MARKER = re.compile(f"{re.escape(THINK_OPEN)}|{re.escape(THINK_CLOSE)}")
+# Where a chat template opens the assistant's turn: ChatML's header (Qwen2.5, Qwen3, Qwen3.5) and Llama 3's. What a
+# template writes after it in the generation prompt (an empty thought, or "<think>\n") is its prefill.
+ASSISTANT_OPENING = re.compile(r"<\|im_start\|>assistant\s*|<\|start_header_id\|>assistant<\|end_header_id\|>\s*")
 INFORMATION_PATTERN = re.compile(r"<information>(.*?)</information>", re.DOTALL)
 INFORMATION_OPEN = "\n\n<information>"
 INFORMATION_CLOSE = "</information>\n\n"
@@ -52,10 +63,45 @@ def _action_pattern(tags: tuple[str, ...]) -> re.Pattern:
     return re.compile(rf"<({'|'.join(map(re.escape, tags))})>(.*?)</\1>", re.DOTALL)
 
 
-def read_action(text: str, tools: Mapping[str, Tool], turn_index: int = 0) -> Action:
-    """The first complete action of a model turn; a tool call whose text its tool refuses (an empty query) is
-    invalid, like no action at all."""
-    match = _action_pattern(action_tags(tools)).search(text)
+def assistant_prefill(prompt: str) -> str | None:
+    """What the chat template wrote after the prompt's last assistant opening (its generation prompt's prefill, ""
+    for Qwen2.5 and Llama 3), or None when the prompt opens no assistant turn."""
+    openings = list(ASSISTANT_OPENING.finditer(prompt))
+    return prompt[openings[-1].end() :] if openings else None
+
+
+def opens_thought(text: str) -> bool:
+    """Whether `text` leaves a thought open: its last thought marker is <think>."""
+    return text.rfind(THINK_OPEN) > text.rfind(THINK_CLOSE)
+
+
+def prompt_opens_thought(prompt: str) -> bool:
+    """Whether the model's turn starts inside a thought: the prompt's assistant prefill (or, without one, the prompt)
+    leaves one open."""
+    return opens_thought(assistant_prefill(prompt) or "")
+
+
+def outside_thoughts(text: str, in_thought: bool = False) -> list[str]:
+    """The runs of `text` outside its thoughts: each <think> to the next </think> (or the end) is left out, and so is
+    everything before the first </think> when the text starts `in_thought` or its first marker is </think> (a thought
+    its prompt, or its turn before a reply, opened)."""
+    runs, start, inside = [], 0, in_thought
+    for index, marker in enumerate(_THOUGHT_MARKER.finditer(text)):
+        if marker.group() == THINK_OPEN and not inside:
+            runs.append(text[start : marker.start()])
+            inside = True
+        elif marker.group() == THINK_CLOSE and (inside or index == 0):
+            start, inside = marker.end(), False
+    if not inside:
+        runs.append(text[start:])
+    return runs
+
+
+def read_action(text: str, tools: Mapping[str, Tool], turn_index: int = 0, in_thought: bool = False) -> Action:
+    """The first complete action of a model turn outside its thoughts (`in_thought`: the turn starts inside one); a
+    tool call whose text its tool refuses (an empty query) is invalid, like no action at all."""
+    pattern = _action_pattern(action_tags(tools))
+    match = next((found for run in outside_thoughts(text, in_thought) if (found := pattern.search(run))), None)
     if match is None:
         return Action(invalid=True)
     tag, content = match.group(1), match.group(2)
@@ -174,6 +220,9 @@ class XmlProtocol:
         self.tokenizer = state.tokenizer
         self.tools = state.tools
         self.prompt_text = prompt_text(state.args, state.tokenizer, state.sample, self.tools)
+        # The first turn starts inside a thought when the template's generation prompt opened one; a reply ends the
+        # model's turn, so a later one is read from outside (or from its first </think>, outside_thoughts).
+        self.starts_in_thought = prompt_opens_thought(self.prompt_text)
         # A chat template that frames the prompt ends the model's turn with its end-of-turn token (<|im_end|>), which
         # a base model's EOS set lacks: it is sent, with the tokenizer's EOS, so every served model stops there.
         end_text, end_token = template_end_of_turn(self.tokenizer, chat_template_kwargs(state.args, state.sample))
@@ -187,7 +236,7 @@ class XmlProtocol:
         self.invalid_action_ids = list(fixed_text_ids(self.tokenizer, invalid_action_message(self.tools.values())))
 
     def read(self, turn: Turn, state) -> Action:
-        return read_action(turn.text, self.tools, state.turn_index)
+        return read_action(turn.text, self.tools, state.turn_index, self.starts_in_thought and state.turn_index == 0)
 
     def reply(self, action: Action, results: dict[str, str], turn: Turn, state, force_answer: bool = False) -> Reply:
         """The result of the turn's call in its tool's block (<information>), or the invalid-action message; with

@@ -21,7 +21,12 @@ from collections.abc import Iterable, Mapping
 
 from slime_search_r1.episode import conversation_of, episode_record
 from slime_search_r1.protocols.chat_reward import read_conversation
-from slime_search_r1.protocols.xml_tags import ANSWER_PATTERN, invalid_action_message
+from slime_search_r1.protocols.xml_tags import (
+    ANSWER_PATTERN,
+    invalid_action_message,
+    outside_thoughts,
+    prompt_opens_thought,
+)
 from slime_search_r1.registry import ANSWER_SCORES, TOOLS
 from slime_search_r1.tools.contract import Tool
 
@@ -88,26 +93,29 @@ def search_only() -> dict[str, Tool]:
     return {"search": TOOLS.get("search")}
 
 
-def last_answer(response: str, tools: Mapping[str, Tool] | None = None) -> str | None:
+def last_answer(response: str, tools: Mapping[str, Tool] | None = None, in_thought: bool = False) -> str | None:
     """The last <answer>…</answer> the model wrote in an XML-mode response.
 
     Search-R1 searches prompt + response and needs two matches because its prompt holds one example
     answer; searching the response alone gives the same answer for that prompt and does not depend on it.
     The environment's text is left out: the invalid-action hint itself says "<answer> and </answer>",
-    and a retrieved page may hold answer tags.
+    and a retrieved page may hold answer tags. So are the model's thoughts, where a tag is never an action
+    (`in_thought`: the response starts inside one its prompt opened).
     """
     tools = tools or search_only()
     written = response.replace(invalid_action_message(tools.values()), " ")
     for tag in {tool.result_tag for tool in tools.values()}:
         written = re.sub(rf"<{re.escape(tag)}>.*?</{re.escape(tag)}>", " ", written, flags=re.DOTALL)
-    matches = ANSWER_PATTERN.findall(written)
+    matches = [answer for run in outside_thoughts(written, in_thought) for answer in ANSWER_PATTERN.findall(run)]
     return matches[-1].strip() if matches else None
 
 
 def answer_of(sample, tools: Mapping[str, Tool] | None = None) -> str | None:
     """The answer reward_func scored: the final chat message's (the record's conversation), or the last <answer> of
-    an XML response; `tools`: the enabled ones (Search-R1's search when None)."""
+    an XML response outside its thoughts (one a string prompt opened included); `tools`: the enabled ones
+    (Search-R1's search when None)."""
     conversation = conversation_of(episode_record(sample) or {})
     if conversation is not None:
         return read_conversation(conversation, tools or search_only()).answer
-    return last_answer(sample.response or "", tools)
+    prompt = getattr(sample, "prompt", None)
+    return last_answer(sample.response or "", tools, isinstance(prompt, str) and prompt_opens_thought(prompt))

@@ -107,7 +107,7 @@ async def test_xml_access_shows_the_page_and_is_scored_like_a_search(
     assert f"<information>{retriever.pages[PARIS]['contents']}</information>" in sample.response
     assert f"(URL: {PARIS})" in sample.response  # the search results show the URLs access can open
     assert "</access>" in engine.calls[0].sampling_params["stop"]
-    assert format_problem(sample.prompt + sample.response, ("search", "access")) is None
+    assert format_problem(sample.prompt, sample.response, ("search", "access")) is None
     assert await reward_func(args, sample) == 1.0
     assert info(sample)["tools"]["access"]["calls"] == 1
     prompt_ids = xml_prompt_ids(args, tokenizer, sample, access_on)

@@ -66,7 +66,7 @@ async def test_the_calculator_runs_in_xml_mode_between_its_own_tags(make_args, t
     sample, reward = await xml_episode(make_args, tokenizer, "14")
     assert "<result>2 * (3 + 4) = 14</result>" in sample.response and "<information>" not in sample.response
     assert (
-        format_problem(sample.prompt + sample.response, {name: TOOLS.get(name) for name in ("search", "calculator")})
+        format_problem(sample.prompt, sample.response, {name: TOOLS.get(name) for name in ("search", "calculator")})
         is None
     )
     assert reward == 1.0

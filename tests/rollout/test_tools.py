@@ -115,7 +115,7 @@ async def test_xml_mode_runs_the_tool_and_shows_its_result(make_args, tokenizer,
     )
     assert calendar.asked == ["storming of the Bastille"]
     assert "<information>storming of the Bastille was on 14 July 1789.</information>" in sample.response
-    assert format_problem(sample.prompt + sample.response, ("search", "access", "calendar")) is None
+    assert format_problem(sample.prompt, sample.response, ("search", "access", "calendar")) is None
     assert await reward_func(args, sample) == 1.0
 
 

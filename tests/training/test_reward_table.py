@@ -235,17 +235,19 @@ async def test_the_configured_format_score_is_the_wrong_answer_s_reward(
     ],
 )
 def test_xml_format_problems_are_named(response, expected):
-    assert expected in format_problem(PROMPT + response)
+    assert expected in format_problem(PROMPT, response)
 
 
 def test_unexpected_xml_text_is_quoted_up_to_40_characters():
     text = "the answer is surely somewhere in these documents"  # 49 characters
     response = f"<think>a</think> {text} <answer>x</answer>"
-    assert format_problem(PROMPT + response) == f"unexpected text {text[:40]!r} in state after_think"
+    assert format_problem(PROMPT, response) == f"unexpected text {text[:40]!r} in state after_think"
 
 
 def test_an_xml_response_without_the_assistant_marker_is_invalid():
-    assert format_problem("Question: x\n<think>a</think><answer>b</answer>") == "missing <|im_start|>assistant marker"
+    assert format_problem("Question: x\n", "<think>a</think><answer>b</answer>") == (
+        "missing assistant marker (<|im_start|>assistant or <|start_header_id|>assistant<|end_header_id|>)"
+    )
 
 
 def test_the_last_xml_answer_counts():

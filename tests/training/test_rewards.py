@@ -262,29 +262,43 @@ async def test_evaluation_under_a_judge_reward_is_pure_em_and_never_asks_the_jud
     assert "scored_by" not in info(sample)["reward"]
 
 
-# A Qwen3-style template: enable_thinking=False opens the assistant turn with an empty <think> block.
+# A Qwen3.5-style template: enable_thinking=False writes an empty thought after the assistant header, anything else
+# opens one ("<think>\n") for the model to close.
 THINKING_SWITCH_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}"
+    "{% endif %}"
 )
 
 
-async def test_an_xml_reward_renders_a_messages_prompt_as_the_episode_did(make_args, tokenizer_dir, search_config,
-                                                                        tmp_path):  # fmt: skip
+@pytest.mark.parametrize(
+    ("template_kwargs", "response", "expected"),
+    [
+        # The template's empty thought is not the model's: a turn that thinks first, as Search-R1's prompt asks, is
+        # valid (1.0 right, 0.2 wrong), and one that answers without a thought of its own is not (0.8). Counting the
+        # template's thought as the model's first one made the first two invalid (0.8, 0.1) and the third valid.
+        ({"enable_thinking": False}, "<think>It is Paris.</think>\n<answer> Paris </answer>", 1.0),
+        ({"enable_thinking": False}, "<think>It is Lyon.</think>\n<answer> Lyon </answer>", 0.2),
+        ({"enable_thinking": False}, "<answer> Paris </answer>", 0.8),
+        # thinking on: the prompt opened the thought, the response closes it
+        ({}, "It is Paris.\n</think>\n\n<answer> Paris </answer>", 1.0),
+        ({}, "<think>It is Paris.</think>\n<answer> Paris </answer>", 0.8),  # a thought inside the open one
+    ],
+    ids=["off-own-thought", "off-own-thought-wrong", "off-no-thought", "on-closes-it", "on-opens-another"],
+)
+async def test_an_xml_reward_renders_a_messages_prompt_as_the_episode_did(
+    make_args, tokenizer_dir, search_config, tmp_path, template_kwargs, response, expected
+):
     """Without --apply-chat-template slime hands over messages: the format is checked after the prompt rendered with
-    slime's tokenizer and its --apply-chat-template-kwargs, so the template's empty <think> block counts."""
+    slime's tokenizer and its --apply-chat-template-kwargs, so the thought the template opens or closes counts."""
     switched = AutoTokenizer.from_pretrained(tokenizer_dir)
     switched.chat_template = THINKING_SWITCH_TEMPLATE
     switched.save_pretrained(tmp_path)
-    args = make_args(hf_checkpoint=str(tmp_path), apply_chat_template_kwargs={"enable_thinking": False})
+    args = make_args(hf_checkpoint=str(tmp_path), apply_chat_template_kwargs=template_kwargs)
     messages = [{"role": "user", "content": "Question: capital of France?"}]
-    sample = Sample(
-        prompt=messages, response="<answer> Paris </answer>", label=label("Paris"), metadata={METADATA_KEY: {}}
-    )
-    assert await reward_func(args, sample) == 1.0  # valid: <think></think> (the template's) then the answer
-    sample.response = "<answer> Lyon </answer>"
-    assert await reward_func(args, sample) == pytest.approx(0.2)  # a wrong answer in a valid format
+    sample = Sample(prompt=messages, response=response, label=label("Paris"), metadata={METADATA_KEY: {}})
+    assert await reward_func(args, sample) == pytest.approx(expected)
 
 
 # ---- refused at launch ------------------------------------------------------------------------------------------

@@ -1,0 +1,143 @@
+"""XML mode (Search-R1's tags) on each model family: the checkpoints and thinking modes the family tests run, what
+each one's template and tokenizer are expected to do, and a scripted engine that writes and ends turns in each
+family's shape.
+
+Each case is a checkpoint (support/model_tokenizers.py: its real tokenizer and official template) with the
+--apply-chat-template-kwargs it runs under, and the facts the tests check the plugin against, written out here
+rather than derived by the code under test: the token that ends an assistant turn in its template, and who opens the
+thought (the model, as Search-R1's prompt asks; the prompt, whose generation prompt ends with "<think>\\n"; or the
+model while the template wrote an empty thought to switch the model's own thinking off).
+"""
+
+import functools
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from slime.utils.types import Sample
+from slime_search_r1.data import search_r1_prompt
+from support.episodes import QUESTION, label
+from support.fake_sglang import BASE_MODEL_EOS, OBSERVATION_ENDS, FakeSGLangEngine, ScriptedPolicy
+from support.model_tokenizers import checkpoint_dir, load_checkpoint_tokenizer
+
+# who opens the first thought of the model's turn
+MODEL_THINKS = "model"  # the generation prompt ends at the assistant header: the model writes <think> itself
+PROMPT_THINKS = "prompt"  # the generation prompt ends with "<think>\n": the turn starts mid-thought
+THINKING_OFF = "off"  # the generation prompt holds an empty "<think>\n\n</think>\n\n": the model thinks as asked
+
+
+@dataclass(frozen=True)
+class FamilyCase:
+    checkpoint: str
+    end_of_turn: str  # the special token the template closes an assistant message with
+    thought: str  # MODEL_THINKS, PROMPT_THINKS or THINKING_OFF
+    template_kwargs: dict = field(default_factory=dict)  # slime's --apply-chat-template-kwargs
+
+    @property
+    def id(self) -> str:
+        return self.checkpoint + ("-thinking-off" if self.thought == THINKING_OFF else "")
+
+
+CASES = [
+    FamilyCase("qwen2.5-3b", "<|im_end|>", MODEL_THINKS),
+    FamilyCase("llama-3.2-3b-instruct", "<|eot_id|>", MODEL_THINKS),
+    FamilyCase("qwen3-4b", "<|im_end|>", MODEL_THINKS),
+    FamilyCase("qwen3-4b", "<|im_end|>", THINKING_OFF, {"enable_thinking": False}),
+    FamilyCase("qwen3-4b-instruct-2507", "<|im_end|>", MODEL_THINKS),
+    FamilyCase("qwen3-4b-thinking-2507", "<|im_end|>", PROMPT_THINKS),
+    FamilyCase("qwen3.5-4b", "<|im_end|>", PROMPT_THINKS),
+    FamilyCase("qwen3.5-4b", "<|im_end|>", THINKING_OFF, {"enable_thinking": False}),
+]
+CASE_IDS = [case.id for case in CASES]
+
+
+def family_tokenizer(case: FamilyCase):
+    """The case's tokenizer as slime loads it; a checkpoint the test assets cannot build yet is skipped, named."""
+    try:
+        return load_checkpoint_tokenizer(case.checkpoint)
+    except ValueError as missing:  # checkpoint_dir: an unknown checkpoint
+        pytest.skip(f"{case.checkpoint}: no test tokenizer ({missing})")
+
+
+@functools.cache
+def family_dir(checkpoint: str) -> Path:
+    """The checkpoint's tokenizer directory, looked up once per process (checkpoint_dir hashes what it is built
+    from)."""
+    return checkpoint_dir(checkpoint)
+
+
+def family_prompt(tokenizer, case: FamilyCase, question: str = QUESTION) -> str:
+    """Search-R1's prompt as slime's --apply-chat-template renders it with the case's kwargs."""
+    messages = [{"role": "user", "content": search_r1_prompt(question)}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **case.template_kwargs)
+
+
+def family_sample(tokenizer, case: FamilyCase, **fields) -> Sample:
+    return Sample(prompt=family_prompt(tokenizer, case), label=label("Paris"), **fields)
+
+
+def served_eos_ids(case: FamilyCase) -> tuple[int, ...]:
+    """The served model's EOS set: its generation_config.json's eos_token_id (the base Qwen2.5-3B's otherwise)."""
+    path = family_dir(case.checkpoint) / "generation_config.json"
+    if not path.is_file():
+        return BASE_MODEL_EOS
+    value = json.loads(path.read_text())["eos_token_id"]
+    return tuple(value if isinstance(value, list) else [value])
+
+
+# ---- what the model writes, in its family's shape ---------------------------------------------------------------
+
+
+def thought(case: FamilyCase, text: str, first: bool) -> str:
+    """A thought and its closing as the family's model writes it; the first one of a turn the prompt opened holds
+    only its text and </think>."""
+    opening = "" if first and case.thought == PROMPT_THINKS else "<think>\n"
+    return f"{opening}{text}\n</think>\n\n"
+
+
+def search_then_answer(case: FamilyCase, answer: str = "Paris") -> list[str]:
+    return [
+        thought(case, "I need to look this up.", first=True) + "<search> capital of France </search>",
+        thought(case, "The documents say it.", first=False) + f"<answer> {answer} </answer>",
+    ]
+
+
+def no_action_then_answer(case: FamilyCase) -> list[str]:
+    """A first turn with no tag, which the model ends with its end-of-turn token, then the answer."""
+    return [thought(case, "It is a capital.", first=True) + "I think it is Paris.", search_then_answer(case)[1]]
+
+
+# Assistant headers: ChatML's and Llama 3's. The scripted model counts the replies after the last one.
+ASSISTANT_HEADERS = ("<|im_start|>assistant", "<|start_header_id|>assistant<|end_header_id|>")
+# The question ends its line, or the user turn: Llama 3's template trims the message, so <|eot_id|> follows it.
+QUESTION_PATTERN = re.compile(r"Question: (.*?)(?:\n|<\|im_end\|>|<\|eot_id\|>)")
+
+
+class FamilyPolicy(ScriptedPolicy):
+    """ScriptedPolicy reading the question and counting turns in every family's turn format, not ChatML's alone."""
+
+    def __call__(self, context_text: str) -> str:
+        question = QUESTION_PATTERN.search(context_text)
+        turns = self.scripts.get(question.group(1).strip() if question else "", self.default)
+        reply = context_text[max(context_text.rfind(header) for header in ASSISTANT_HEADERS) :]
+        index = sum(reply.count(end) for end in OBSERVATION_ENDS)
+        return turns[min(index, len(turns) - 1)]
+
+
+class FamilyEngine(FakeSGLangEngine):
+    """The test engine serving the case's checkpoint: the scripted model ends each turn with the family's
+    end-of-turn token and, when nothing stops it there, writes on (a next user message, then EOS), as a chat model
+    whose end-of-turn is not in the engine's stop set does."""
+
+    def __init__(self, tokenizer, policy, case: FamilyCase, **options):
+        super().__init__(tokenizer, policy, eos_ids=served_eos_ids(case), **options)
+        self.case = case
+
+    @property
+    def _turn_ends(self) -> tuple[list[int], list[int]]:
+        end = self.tokenizer.convert_tokens_to_ids(self.case.end_of_turn)
+        ends = [end, *self.tokenizer.encode("\nThank you!", add_special_tokens=False), self.tokenizer.eos_token_id]
+        return ends, ends
