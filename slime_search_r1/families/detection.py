@@ -81,6 +81,32 @@ def tokenizer_family(setting: str, tokenizer) -> ModelFamily:
     return resolve_family(setting, template_source(getattr(tokenizer, "chat_template", None)))
 
 
+def check_family_tracking(family: ModelFamily, token_tracking_mode: str) -> None:
+    """router_handler has the router render the conversation again, server side: with a template that rewrites
+    earlier assistant turns (drops their thoughts) the tokens it returns are not the ones the model wrote."""
+    if token_tracking_mode == "router_handler" and family.rewrites_history:
+        raise ConfigError(
+            f"TOKEN_TRACKING_MODE=router_handler re-renders the conversation with the chat template, and the "
+            f"{family.name} family's template ({family.models}) rewrites earlier assistant turns (it drops their "
+            "thoughts), so the trajectory would not be the tokens the model wrote; accepted: "
+            "TOKEN_TRACKING_MODE=manual or router_radix with this family"
+        )
+
+
+def check_checkpoint_family(setting: str, llm_api_mode: str, token_tracking_mode: str, checkpoint: str | None) -> None:
+    """At launch: the checkpoint's family placed (chat mode reads calls in its format) and its template fit for the
+    token-tracking mode. A checkpoint folder that is not there is left to the launch's missing-path check."""
+    if setting == AUTO and llm_api_mode != "chat":
+        return
+    if setting == AUTO:
+        if not checkpoint or not Path(checkpoint).is_dir():
+            return
+        family = resolve_family(setting, checkpoint_template(checkpoint), f"the chat template of {checkpoint}")
+    else:
+        family = MODEL_FAMILIES.get(setting)
+    check_family_tracking(family, token_tracking_mode)
+
+
 def foreign_calls(family: ModelFamily, text: str, tool_schemas: list[dict]) -> ModelFamily | None:
     """Another family whose reader finds calls (and nothing it cannot read) in `text`, where `family`'s found none."""
     for other in families():

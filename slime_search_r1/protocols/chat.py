@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from slime_search_r1.episode import Action, Reply, ToolCall, Turn, encode_text
 from slime_search_r1.families import ModelFamily
-from slime_search_r1.families.detection import foreign_calls, tokenizer_family
+from slime_search_r1.families.detection import check_family_tracking, foreign_calls, tokenizer_family
 from slime_search_r1.families.qwen25 import QWEN25
 from slime_search_r1.protocols.chat_template import ChatRenderer, chat_template_kwargs, turn_stop_ids
 from slime_search_r1.protocols.xml_tags import ANSWER_PATTERN
@@ -188,6 +188,7 @@ class ChatProtocol:
         self.messages = initial_messages(state.sample.prompt)
         self.tool_schemas = sample_tools(state.sample, self.tools)
         self.family = tokenizer_family(state.config.model_family, state.tokenizer)
+        check_family_tracking(self.family, state.config.token_tracking_mode)
         kwargs = chat_template_kwargs(state.args, state.sample)
         self.renderer = ChatRenderer(state.tokenizer, self.tool_schemas, kwargs, self.messages)
         self.prompt_text = self.renderer.render(self.messages, add_generation_prompt=True)
