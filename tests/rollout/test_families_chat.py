@@ -14,6 +14,7 @@ import pytest
 from slime.utils.http_utils import init_http_client
 from slime.utils.types import Sample
 from slime_search_r1.episode import resume_point
+from slime_search_r1.protocols.chat_template import template_messages
 from slime_search_r1.tools.search import SEARCH_SCHEMA
 from slime_search_r1.tokens.turn_end import model_eos_ids
 from support import slime_compat
@@ -77,7 +78,7 @@ def new_sample() -> Sample:
 
 def render(tokenizer, case, messages, add_generation_prompt=True) -> str:
     return tokenizer.apply_chat_template(
-        messages,
+        template_messages(messages),  # tool-call arguments as objects, as SGLang hands them to a template
         tools=[SEARCH_SCHEMA],
         tokenize=False,
         add_generation_prompt=add_generation_prompt,

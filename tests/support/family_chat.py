@@ -70,10 +70,13 @@ def thought_text(family: ModelFamily, prompt_text: str, thought: str) -> str:
 
 
 def two_searches_then_answer(family: ModelFamily, prompt_text: str) -> list[str]:
-    """What the model writes on each turn: a search, another, the answer (the episode the rollout tests run)."""
+    """What the model writes on each turn: a search, another, the answer (the episode the rollout tests run). A Llama
+    call is the whole turn, or follows `<|python_tag|>` after the model's text (SGLang's llama3 detector reads no
+    other)."""
     think = lambda text: thought_text(family, prompt_text, text)  # noqa: E731
-    return [
-        think("Look it up.") + call_text(family, "capital of France"),
-        think("Check once more.") + call_text(family, "Paris France capital city"),
-        think("The documents agree: Paris.") + "<answer> Paris </answer>",
-    ]
+    first, second = call_text(family, "capital of France"), call_text(family, "Paris France capital city")
+    if family.tool_call_parser == "llama3":
+        turns = [first, think("Check once more.") + "<|python_tag|>" + second]
+    else:
+        turns = [think("Look it up.") + first, think("Check once more.") + second]
+    return [*turns, think("The documents agree: Paris.") + "<answer> Paris </answer>"]
