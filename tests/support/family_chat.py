@@ -43,9 +43,7 @@ class FamilyCase:
 CASES = [
     FamilyCase(name, kwargs)
     for name in CHECKPOINTS
-    for kwargs in (
-        ({"enable_thinking": True}, {"enable_thinking": False}) if name in TOGGLES_THINKING else ({},)
-    )
+    for kwargs in (({"enable_thinking": True}, {"enable_thinking": False}) if name in TOGGLES_THINKING else ({},))
 ]
 
 
