@@ -11,10 +11,12 @@ import copy
 
 import pytest
 
+from generate_with_search import generate
 from slime.utils.http_utils import init_http_client
 from slime.utils.types import Sample
 from slime_search_r1.episode import resume_point
 from slime_search_r1.protocols.chat_template import template_messages
+from slime_search_r1.settings.kinds import ConfigError
 from slime_search_r1.tools.search import SEARCH_SCHEMA
 from slime_search_r1.tokens.turn_end import model_eos_ids
 from support import slime_compat
@@ -23,6 +25,7 @@ from support.fake_sglang import FakeSGLangEngine
 from support.family_chat import CASES, call_text, two_searches_then_answer
 from support.fidelity import assert_faithful, assert_resumed_exactly
 from support.loopback import serve_in_thread
+from support.slime_rollout import router_address, slime_sampling_params
 from support.model_tokenizers import checkpoint_dir, load_checkpoint_tokenizer
 from support.partial_rollouts import rollout_aborted_mid_generation, run_rollout
 
@@ -58,10 +61,12 @@ def rollout_args(make_args, search_config, case):
     def make(**overrides):
         search_config.update(llm_api_mode="chat", max_turns=4)
         args = make_args(
-            partial_rollout=True,
-            rollout_max_response_len=1024,
-            apply_chat_template_kwargs=dict(case.template_kwargs),
-            **overrides,
+            **{
+                "partial_rollout": True,
+                "rollout_max_response_len": 1024,
+                "apply_chat_template_kwargs": dict(case.template_kwargs),
+                **overrides,
+            }
         )
         init_http_client(args)
         slime_compat.reset_generate_state()
@@ -186,3 +191,25 @@ async def test_a_call_in_another_familys_format_is_an_invalid_action_with_its_re
     assert (info(done)["invalid_actions"], searches(done), retriever.queries) == (1, 0, [])
     (unread,) = conversation(done)[0]["unparsable_tool_calls"]
     assert f"which this model's family ({case.family.name}) does not write" in unread["error"]
+
+
+async def test_router_radix_is_token_exact_too(
+    case, rollout_args, router, tokenizer, engine, policy, retriever, search_config
+):
+    prompt_ids = scripted(case, tokenizer, policy)
+    manual = (await run_rollout(rollout_args(), [[new_sample()]]))[0][0]
+    calls_before = len(engine.calls)
+    search_config["token_tracking_mode"] = "router_radix"
+    args = rollout_args(partial_rollout=False, **router_address(router.url))
+    radix = (await run_rollout(args, [[new_sample()]]))[0][0]
+    assert (radix.tokens, radix.loss_mask) == (manual.tokens, manual.loss_mask)
+    assert_faithful(radix, engine.calls[calls_before:], tokenizer, prompt_ids)
+
+
+@pytest.mark.parametrize("case", [case for case in CASES if case.family.rewrites_history], ids=lambda case: case.id)
+async def test_router_handler_is_refused_at_a_sample_for_a_template_that_rewrites_history(
+    case, rollout_args, tokenizer, engine, policy, search_config
+):
+    search_config["token_tracking_mode"] = "router_handler"
+    with pytest.raises(ConfigError, match=f"the {case.family.name} family's template .* rewrites earlier"):
+        await generate(rollout_args(partial_rollout=False), new_sample(), slime_sampling_params(256))
