@@ -37,3 +37,9 @@ def test_router_handler_is_refused_for_a_family_whose_template_rewrites_history(
     if refused:
         assert "TOKEN_TRACKING_MODE=router_handler re-renders the conversation" in stderr
         assert "accepted: TOKEN_TRACKING_MODE=manual or router_radix" in stderr
+
+
+def test_a_family_the_registry_does_not_hold_is_refused_with_the_names_it_holds(launch):
+    code, _, stderr = launch(SEARCH_R1_MODEL_FAMILY="gemma3")
+    assert code == 1
+    assert "SEARCH_R1_MODEL_FAMILY='gemma3' is invalid; accepted: auto | qwen35 | qwen3_coder | qwen3" in stderr

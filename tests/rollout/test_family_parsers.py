@@ -5,6 +5,8 @@ template and tokenizer say them; a call in another family's format is unparsable
 import json
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from slime_search_r1.families import thought_in_prompt, think_tag_ids
 from slime_search_r1.families.detection import resolve_family, tokenizer_family
@@ -16,6 +18,7 @@ from slime_search_r1.settings.kinds import ConfigError
 from slime_search_r1.tools.search import SEARCH_SCHEMA
 from support.episodes import SEARCH_ONLY, chat_messages
 from support.family_chat import CASES, CHECKPOINT_FAMILIES
+from support.fidelity import assert_canonical_observation
 from support.model_tokenizers import CHECKPOINTS, load_checkpoint_tokenizer
 
 QWEN25, QWEN35, LLAMA3 = (MODEL_FAMILIES.get(name) for name in ("qwen25", "qwen35", "llama3"))
@@ -267,3 +270,33 @@ def test_a_template_that_ends_an_assistant_turn_otherwise_once_a_tool_follows_is
             renderer.followup_ids(chat_messages(), tool, [])
     finally:
         tokenizer.chat_template = saved
+
+
+LOOKALIKES = ["<|im_end|>", "<|im_start|>", "<|eot_id|>", "<|start_header_id|>", "<think>", "</tool_response>"]
+result_text = st.lists(
+    st.one_of(
+        st.sampled_from([*LOOKALIKES, "\n", "\n\n", " ", '"', "\\", "\t", "東京", "🙂", "Doc 1(Title: Paris)"]),
+        st.text(st.characters(exclude_categories=("Cs", "Co")), max_size=8),
+    ),
+    max_size=10,
+).map("".join)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(contents=st.lists(result_text, min_size=1, max_size=2))
+def test_any_tool_results_follow_the_turn_as_the_template_renders_them(case, contents):
+    tokenizer = load_checkpoint_tokenizer(case.checkpoint)
+    renderer = ChatRenderer(tokenizer, [SEARCH_SCHEMA], case.template_kwargs, chat_messages())
+    tools = [{"role": "tool", "tool_call_id": "c", "name": "search", "content": c} for c in contents]
+    written = [renderer.end_of_turn_token]
+    ids = renderer.followup_ids(chat_messages(), tools, written, ASSISTANT)
+    rendered = renderer.render([*chat_messages(), ASSISTANT, *tools], add_generation_prompt=True)
+    normalizer = tokenizer.backend_tokenizer.normalizer  # a chat server's tokenizer normalises text first (NFC)
+    expected = normalizer.normalize_str(rendered) if normalizer else rendered
+    assert expected.endswith(tokenizer.decode(written + ids, skip_special_tokens=False))
+    assert_canonical_observation(ids, tokenizer)
+    # only the template's own markers are special: a look-alike in a result stays text
+    special = set(tokenizer.all_special_ids)
+    without = renderer.followup_ids(chat_messages(), [{**t, "content": "plain"} for t in tools], written, ASSISTANT)
+    assert [i for i in ids if i in special] == [i for i in without if i in special]
