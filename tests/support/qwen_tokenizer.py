@@ -7,6 +7,7 @@ ChatML chat template (with tool calls). The result is saved with `save_pretraine
 under test loads it exactly as slime does: `AutoTokenizer.from_pretrained(path)`.
 """
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -74,10 +75,15 @@ def qwen_bpe_backend(added_tokens: list[tuple[str, bool]]):
     backend = TikTokenConverter(vocab_file=str(qwen_tiktoken_file()), pattern=QWEN_SPLIT_PATTERN).converted()
     backend.normalizer = normalizers.NFC()
     backend.add_tokens([AddedToken(tok, special=special, normalized=False) for tok, special in added_tokens])
-    for offset, (tok, _) in enumerate(added_tokens):
-        if backend.token_to_id(tok) != FIRST_ADDED_ID + offset:
-            raise RuntimeError(f"{tok} got id {backend.token_to_id(tok)}, expected {FIRST_ADDED_ID + offset}")
+    check_added_ids(backend, [tok for tok, _ in added_tokens], FIRST_ADDED_ID)
     return backend
+
+
+def check_added_ids(backend, tokens: list[str], first_id: int) -> None:
+    """Each of `tokens` got the id the real checkpoint gives it: consecutive from `first_id`."""
+    for offset, tok in enumerate(tokens):
+        if backend.token_to_id(tok) != first_id + offset:
+            raise RuntimeError(f"{tok} got id {backend.token_to_id(tok)}, expected {first_id + offset}")
 
 
 def save_tokenizer(tokenizer, out_dir: Path, key: dict, extra_files: dict[str, dict] | None = None) -> Path:
@@ -99,17 +105,25 @@ def save_tokenizer(tokenizer, out_dir: Path, key: dict, extra_files: dict[str, d
 def cached_build(cache_dir: Path, key: dict, build: Callable[[Path], object], label: str) -> Path:
     """`cache_dir` as `build(cache_dir)` made it, built on first use and rebuilt, with one line saying why, when
     `key` (what the directory is made of) differs from the manifest saved beside it."""
+    if _stale(cache_dir, key) is None:
+        return cache_dir
+    cache_dir.parent.mkdir(parents=True, exist_ok=True)
+    # One builder at a time (pytest-xdist workers share the cache); the others wait, then find it built.
+    with open(cache_dir.with_name(cache_dir.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        reason = _stale(cache_dir, key)
+        if reason:
+            print(f"building the {label} tokenizer in {cache_dir}: {reason}", file=sys.stderr, flush=True)
+            build(cache_dir)
+    return cache_dir
+
+
+def _stale(cache_dir: Path, key: dict) -> str | None:
     manifest = cache_dir / MANIFEST
     if not (cache_dir / "tokenizer.json").is_file():
-        reason = "nothing is cached yet"
-    else:
-        earlier = json.loads(manifest.read_text()) if manifest.is_file() else {}
-        reason = stale_reason(earlier, json.loads(json.dumps(key)))  # tuples compared as JSON lists
-    if reason:
-        print(f"building the {label} tokenizer in {cache_dir}: {reason}", file=sys.stderr, flush=True)
-        cache_dir.parent.mkdir(parents=True, exist_ok=True)
-        build(cache_dir)
-    return cache_dir
+        return "nothing is cached yet"
+    earlier = json.loads(manifest.read_text()) if manifest.is_file() else {}
+    return stale_reason(earlier, json.loads(json.dumps(key)))  # tuples compared as JSON lists
 
 
 def build_qwen25_tokenizer(out_dir: Path) -> Path:
