@@ -7,14 +7,18 @@ whose one more step samples the family's own end of turn ends the turn there, an
 resumes (--partial-rollout) into the uninterrupted one.
 """
 
+import asyncio
 import copy
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from generate_with_search import generate
 from slime.utils.http_utils import init_http_client
 from slime.utils.types import Sample
 from slime_search_r1.episode import resume_point
+from slime_search_r1.http_client import close_loop_sessions
 from slime_search_r1.protocols.chat_template import template_messages
 from slime_search_r1.settings.kinds import ConfigError
 from slime_search_r1.tools.search import SEARCH_SCHEMA
@@ -22,7 +26,7 @@ from slime_search_r1.tokens.turn_end import model_eos_ids
 from support import slime_compat
 from support.episodes import CHAT_LABEL, QUESTION, chat_messages, conversation, info, searches
 from support.fake_sglang import FakeSGLangEngine
-from support.family_chat import CASES, call_text, two_searches_then_answer
+from support.family_chat import CASES, call_text, thought_text, two_searches_then_answer
 from support.fidelity import assert_faithful, assert_resumed_exactly
 from support.loopback import serve_in_thread
 from support.slime_rollout import router_address, slime_sampling_params
@@ -213,3 +217,54 @@ async def test_router_handler_is_refused_at_a_sample_for_a_template_that_rewrite
     search_config["token_tracking_mode"] = "router_handler"
     with pytest.raises(ConfigError, match=f"the {case.family.name} family's template .* rewrites earlier"):
         await generate(rollout_args(partial_rollout=False), new_sample(), slime_sampling_params(256))
+
+
+# ---- any episode --------------------------------------------------------------------------------------------------
+
+WORDS = ["Paris", "capital", "é", "東京", "🙂", "  ", "\n", "the", '"quoted"', "<|im_end|>", "<|eot_id|>", "</think>"]
+words = st.lists(st.sampled_from(WORDS), min_size=0, max_size=12).map(" ".join)
+DOCS = st.lists(
+    st.builds(lambda title, body: f'"{title}"\n{body}', words, words.map(lambda w: w + " .\n")), min_size=1, max_size=4
+)
+
+
+def family_turn(family, foreign, prompt_text):
+    """A turn as the family's model might write it: a thought and a call, a bare call, an answer, a call in another
+    family's format, a broken call, plain text."""
+    think = st.builds(lambda t: thought_text(family, prompt_text, t), words)
+    query = words.map(lambda q: q.strip() or "x")
+    return st.one_of(
+        st.builds(lambda t, q: t + call_text(family, q), think, query),
+        st.builds(lambda q: call_text(family, q), query),
+        st.builds(lambda t, a: f"{t}<answer> {a} </answer>", think, words),
+        st.builds(lambda q: call_text(foreign, q), query),
+        st.builds(lambda q: call_text(family, q)[:-7], query),
+        words,
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), corpus=DOCS, budget=st.integers(24, 600), max_turns=st.integers(1, 4))
+def test_any_episode_of_the_family_is_token_exact(
+    case, make_args, tokenizer, engine, policy, retriever, search_config, data, corpus, budget, max_turns
+):
+    prompt = render(tokenizer, case, chat_messages())
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    foreign = next(other for other in (c.family for c in CASES) if other.read_calls is not case.family.read_calls)
+    turns = data.draw(st.lists(family_turn(case.family, foreign, prompt), min_size=1, max_size=4))
+    policy.scripts = {QUESTION + "?": turns}
+    engine.calls.clear()
+    retriever.docs = [{"id": str(i), "contents": c} for i, c in enumerate(corpus)]
+    search_config.update(llm_api_mode="chat", max_turns=max_turns)
+    args = make_args(apply_chat_template_kwargs=dict(case.template_kwargs))
+
+    async def episode():
+        try:
+            return await generate(args, new_sample(), slime_sampling_params(budget))
+        finally:
+            await close_loop_sessions()
+
+    sample = asyncio.run(episode())
+    assert sample.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
+    assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids, canonical_observations=True)
