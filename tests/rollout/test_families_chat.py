@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 from generate_with_search import generate
 from slime.utils.http_utils import init_http_client
 from slime.utils.types import Sample
-from slime_search_r1.episode import resume_point
+from slime_search_r1.episode import resume_point, version_spans
 from slime_search_r1.http_client import close_loop_sessions
 from slime_search_r1.protocols.chat_template import template_messages
 from slime_search_r1.settings.kinds import ConfigError
+from slime_search_r1.slime_flags import REWARD_POST_PROCESS_PATH
 from slime_search_r1.tools.search import SEARCH_SCHEMA
 from slime_search_r1.tokens.turn_end import model_eos_ids
 from support import slime_compat
@@ -28,6 +29,7 @@ from support.episodes import CHAT_LABEL, QUESTION, chat_messages, conversation, 
 from support.fake_sglang import FakeSGLangEngine
 from support.family_chat import CASES, call_text, thought_text, two_searches_then_answer
 from support.fidelity import assert_faithful, assert_resumed_exactly
+from support.fully_async_rollouts import fully_async_rollout_of
 from support.loopback import serve_in_thread
 from support.slime_rollout import router_address, slime_sampling_params
 from support.model_tokenizers import checkpoint_dir, load_checkpoint_tokenizer
@@ -268,3 +270,28 @@ def test_any_episode_of_the_family_is_token_exact(
     sample = asyncio.run(episode())
     assert sample.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
     assert_faithful(sample, engine.calls_for(prompt_ids), tokenizer, prompt_ids, canonical_observations=True)
+
+
+FULLY_ASYNC = dict(
+    rollout_function_path="slime.rollout.fully_async_rollout.generate_rollout_fully_async",
+    rollout_batch_size=1,
+    rollout_global_dataset=True,
+    prompt_data=None,
+    buffer_filter_path=None,
+    rollout_shuffle=False,
+    custom_reward_post_process_path=REWARD_POST_PROCESS_PATH,
+)
+
+
+async def test_a_turn_a_weight_update_cut_in_fully_async_training_resumes_token_exactly(
+    case, rollout_args, tokenizer, engine, policy, retriever
+):
+    prompt_ids = scripted(case, tokenizer, policy)
+    baseline = (await fully_async_rollout_of(rollout_args(**FULLY_ASYNC), [new_sample()]))[0][0]
+    args, calls_before = rollout_args(**FULLY_ASYNC), len(engine.calls)
+    pause = engine.pause_at(calls_before + 2, 5)  # slime's weight update, 5 tokens into the second turn
+    sample = (await fully_async_rollout_of(args, [new_sample()]))[0][0]
+    assert pause.aborted and (pause.version_before, pause.version_after) == ("1", "2")
+    assert_resumed_exactly(sample, baseline)
+    assert_faithful(sample, engine.calls[calls_before:], tokenizer, prompt_ids)
+    assert [version for _, _, version in version_spans(info(sample))] == ["1", "1", "2", "2"]
