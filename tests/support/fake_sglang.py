@@ -48,9 +48,10 @@ from support.sglang_rules import (
     weight_version_spans,
 )
 
-QUESTION_PATTERN = re.compile(r"Question: (.*?)(?:\n|<\|im_end\|>)")
+QUESTION_PATTERN = re.compile(r"Question: (.*?)(?:\n|<\|im_end\|>|<\|eot_id\|>)")
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 ASSISTANT_MARKER = "<|im_start|>assistant"
+LLAMA_ASSISTANT_MARKER = "<|start_header_id|>assistant<|end_header_id|>"  # Llama 3's assistant turn
 OBSERVATION_ENDS = (  # what ends each observation the model was shown inside one assistant turn (XML mode)
     "</information>",
     "</result>",  # examples/calculator.py's result block
@@ -62,8 +63,14 @@ OBSERVATION_ENDS = (  # what ends each observation the model was shown inside on
 
 def turn_index(context_text: str) -> int:
     """How many turns the model already took: earlier assistant turns (chat) plus replies inside this one (XML)."""
-    earlier, _, reply = context_text.rpartition(ASSISTANT_MARKER)
-    return earlier.count(ASSISTANT_MARKER) + sum(reply.count(end) for end in OBSERVATION_ENDS)
+    marker = assistant_marker(context_text)
+    earlier, _, reply = context_text.rpartition(marker)
+    return earlier.count(marker) + sum(reply.count(end) for end in OBSERVATION_ENDS)
+
+
+def assistant_marker(context_text: str) -> str:
+    """What opens an assistant turn in this context: Llama 3's header, else ChatML's."""
+    return LLAMA_ASSISTANT_MARKER if LLAMA_ASSISTANT_MARKER in context_text else ASSISTANT_MARKER
 
 
 def question_of(context_text: str) -> str:
@@ -87,6 +94,8 @@ class ScriptedPolicy:
 # What the scripted model writes after <|im_end|> when nothing stops it there (a base model served with a chat
 # template does not take <|im_end|> for EOS): it makes up the user's next message.
 AFTER_TURN = "\n<|im_start|>user\nThank you!<|im_end|>\n"
+# Llama 3's: (end of turn, what it makes up after it, end of text)
+LLAMA_TURN_END = ("<|eot_id|>", "<|start_header_id|>user<|end_header_id|>\n\nThank you!<|eot_id|>", "<|end_of_text|>")
 # The base Qwen2.5-3B's EOS set (config.json, generation_config.json and the tokenizer all say <|endoftext|>).
 BASE_MODEL_EOS = (151643,)
 
@@ -277,8 +286,11 @@ class FakeSGLangEngine:
     def _turn_ends(self) -> tuple[list[int], list[int]]:
         """(how a turn ends inside a ChatML assistant turn, how it ends anywhere else)."""
         ids = self.tokenizer.convert_tokens_to_ids
-        after = self.tokenizer.encode(AFTER_TURN, add_special_tokens=False)
-        return [ids("<|im_end|>"), *after, ids("<|endoftext|>")], [ids("<|endoftext|>")]
+        end, after, end_of_text = ("<|im_end|>", AFTER_TURN, "<|endoftext|>")
+        if "<|im_end|>" not in self.tokenizer.get_vocab():
+            end, after, end_of_text = LLAMA_TURN_END
+        after_ids = self.tokenizer.encode(after, add_special_tokens=False)
+        return [ids(end), *after_ids, ids(end_of_text)], [ids(end_of_text)]
 
     def _split(self, token: int) -> list[int]:
         """Two smaller tokens that decode to the same bytes, if the vocabulary has them."""
@@ -305,7 +317,8 @@ class FakeSGLangEngine:
         context_text = self.tokenizer.decode(context, skip_special_tokens=False)
         planned = self._non_canonical(self.tokenizer.encode(self.policy(context_text), add_special_tokens=False))
         in_chat_turn, elsewhere = self._turn_ends
-        return [*planned, *(in_chat_turn if ASSISTANT_MARKER in context_text else elsewhere)][already:]
+        in_chat = assistant_marker(context_text) in context_text
+        return [*planned, *(in_chat_turn if in_chat else elsewhere)][already:]
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
