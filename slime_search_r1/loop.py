@@ -331,7 +331,7 @@ async def _turns(
                 stats.invalid_actions += 1
             if action.final:
                 return Sample.Status.COMPLETED, FinishReason.ANSWER
-            if turn.finish_type == "length":  # fewer than asked for: the engine lowered max_new_tokens (its KV pool)
+            if turn.finish_type == "length":  # its max_new_tokens used up, or fewer: the engine lowered them (KV pool)
                 lowered = sampled < params["max_new_tokens"]
                 return Sample.Status.TRUNCATED, FinishReason.CONTEXT_LENGTH if lowered else spent
             if last_turn:

@@ -2,23 +2,27 @@
 
 It answers as SGLang's source says (tests/support/sglang_rules.py holds the rules, each with its version and file):
 `input_ids` (or `text`) in; `output_ids`, `text` and `meta_info` (finish_reason stop/length/abort with `matched`,
-prompt/completion token counts, `output_token_logprobs` as [logprob, id, null], the `weight_version` that sampled
-it, and on 0.5.23 the `weight_versions` spans) out. `version` picks 0.5.15.post1 (slime's image, the default) or
-0.5.23: they order the finish checks differently at the last allowed token. Stop strings end the output at the token
-that completes them; stop_token_ids and the served model's EOS set (the base Qwen2.5-3B's, <|endoftext|> alone, by
-default) end it at the matched token, kept. `speculative_run=k` accepts k tokens per step, so an EOS can sit inside
-the output before a stop string completed later in the same run. A NaN log prob reaches the client as null
-(`null_log_prob_at`). Every call is recorded so tests can check what the engine conditioned on and what it sampled.
+prompt/completion token counts, `output_token_logprobs` as [logprob, id, null], the `weight_version` that sampled it,
+and on 0.5.23 the `weight_versions` spans) out. `version` picks 0.5.15.post1 (slime's image, the default) or 0.5.23:
+they order the finish checks differently at the last allowed token. Stop strings, looked for in the tail window of the
+output as SGLang does (`sampled_as` writes a text in more pieces than its own tokens), end the output at the token that
+completes them; stop_token_ids and the served model's EOS set (the base Qwen2.5-3B's, <|endoftext|> alone, by default)
+end it at the matched token, kept. `speculative_run=k` accepts k tokens per step, so an EOS can sit inside the output
+before a stop string completed later in the same run. A NaN log prob reaches the client as null (`null_log_prob_at`).
+Every call is recorded so tests can check what the engine conditioned on and what it sampled. A request is first
+admitted as SGLang admits it: 0.5.23's sampling_params schema, then the length rules (`context_length`,
+`speculative_reserved`, `allow_auto_truncate`); a refusal is an HTTP 400 kept in `refused`.
 
 The scripted model ends each turn the way a chat model does: inside a ChatML assistant turn with <|im_end|>, after
 which, if nothing stops it, it goes on writing (AFTER_TURN, then <|endoftext|>); anywhere else with <|endoftext|>.
 
 Aborts as SGLang answers them: a running request that slime's abort reaches (`hold_call`, POST /abort_request) or a
-weight update in the default "abort" mode (`pause_at`) runs one more step, whose token is appended with no stop
-check, and answers finish_reason abort with everything sampled; a request still waiting (`aborted`, e.g. arriving
-while slime aborts) answers no tokens and no prompt_tokens. Weight updates as slime makes them: `push_weights()`
-moves the version on; `pause_at(call, tokens, mode)` is slime's update in fully-async training at a chosen request;
-the "in_place" and "retract" modes let the request go on under the new weights (two versions in one answer).
+weight update in the default "abort" mode (`pause_at`) runs one more step, whose token is appended with no stop check,
+and answers finish_reason abort with everything sampled; a request still waiting (`aborted`, e.g. arriving while slime
+aborts) answers no tokens and no prompt_tokens; one retracted to the queue (`retract_call`) answers from there the
+tokens it had streamed, a multiple of 50. Weight updates as slime makes them: `push_weights()` moves the version on;
+`pause_at(call, tokens, mode)` is slime's update in fully-async training at a chosen request; the "in_place" and
+"retract" modes let the request go on under the new weights (two versions in one answer).
 """
 
 import asyncio
