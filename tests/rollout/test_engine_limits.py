@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 
 from generate_with_search import generate
-from slime.rollout.sglang_rollout import GenerateState
+from slime.rollout.sglang_rollout import GenerateState, abort
 from slime.utils.http_utils import init_http_client
 from slime.utils.types import Sample
 from slime_search_r1.episode import EpisodeStats, FinishReason
@@ -22,6 +22,7 @@ from slime_search_r1.tokens import engine as engine_module
 from slime_search_r1.tokens.engine import EngineUnavailable
 from slime_search_r1.tokens.limits import EngineLimits, config_context_length, reserved_draft_slots, stated_limits
 from support import slime_compat
+from support.fake_sglang import Hold
 from support.episodes import ANSWER, MODE_IDS, MODES, QUESTION, SEARCH, info, sample_for, searches
 from support.sglang_rules import SGLANG_0_5_15, SGLANG_0_5_23, VERSIONS
 from support.slime_rollout import slime_sampling_params
@@ -194,13 +195,29 @@ async def test_an_engine_that_refuses_a_request_for_length_states_the_limit_the_
         assert message[:80] in info(sample)["length_refusal"]
 
 
-async def test_slimes_partial_rollout_trains_an_episode_that_reached_the_context_length(
+async def slime_rollout(args, groups, *, abort_at: Hold | None = None):
+    """One rollout through slime's own path (GenerateState -> generate_and_rm_group -> generate_and_rm -> generate();
+    SLIME_SRC runs slime's); with `abort_at`, slime's abort() once that request holds its tokens, which hands the
+    partial groups back. Returns the finished groups, or the ones handed back."""
+    state = GenerateState(args)
+    state.submit_generate_tasks(groups)
+    if abort_at is None:
+        done = await asyncio.gather(*state.pendings)
+        state.reset()
+        return list(done)
+    await asyncio.to_thread(abort_at.reached.wait)
+    buffered = await abort(args, 0)
+    state.reset()
+    return buffered
+
+
+async def test_slimes_partial_rollout_resumes_an_episode_and_trains_it_at_the_context_length(
     make_args, tokenizer, engine, policy, search_config
 ):
-    """Through slime's own rollout (GenerateState -> generate_and_rm_group -> generate_and_rm; SLIME_SRC runs
-    slime's) with --partial-rollout: the episode that meets the scheduler's input limit is TRUNCATED, scored and
-    kept for training."""
-    context = await second_turn_input("generate", make_args, tokenizer, engine, policy, search_config) + 4
+    """Through slime's own rollout with --partial-rollout: slime aborts the answer turn 10 tokens in; the resumed
+    episode goes on within the context length C (its turn offered C - input - 2 after what it had sampled), meets it,
+    ends TRUNCATED context_length, and is scored and kept for training, nothing refused."""
+    context = await second_turn_input("generate", make_args, tokenizer, engine, policy, search_config) + 40
     engine.context_length, engine.calls = context, []
     search_config.update(max_context_length=context, max_turns=4)
     args = make_args(partial_rollout=True, sglang_context_length=context)
@@ -208,12 +225,15 @@ async def test_slimes_partial_rollout_trains_an_episode_that_reached_the_context
     slime_compat.reset_generate_state()
     sample, _ = sample_for("generate", tokenizer)
     sample.index, sample.group_index = 0, 0
-    state = GenerateState(args)
-    state.submit_generate_tasks([[sample]])
-    ((done,),) = await asyncio.gather(*state.pendings)
-    state.reset()
+    buffered = await slime_rollout(args, [[sample]], abort_at=engine.hold_call(2, 10))
+    assert buffered[0][0].status == Sample.Status.ABORTED and info(buffered[0][0])["resume"]["stage"] == "turn"
+    ((done,),) = await slime_rollout(args, buffered)
     assert_truncated_at_the_context_length(done)
-    assert done.reward is not None and engine.refused == []
+    assert done.reward is not None and info(done)["resumes"] == 1
+    assert_every_request_fits(engine, context)
+    first, aborted, resumed = engine.calls
+    assert len(aborted.output_ids) == 11  # the 10 held, and the one more step every abort runs
+    assert len(resumed.input_ids) + len(resumed.output_ids) == context - 2  # all the scheduler grants
 
 
 # ---- item 2: no engine answer crashes a rollout ------------------------------------------------------------------
