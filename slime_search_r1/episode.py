@@ -104,6 +104,8 @@ class FinishReason(str, Enum):
     ANSWER = "answer"
     MAX_TURNS = "max_turns"
     TOKEN_BUDGET = "token_budget"
+    # the engine's context length: its length rules left no room for the next turn, or it refused one for its length
+    CONTEXT_LENGTH = "context_length"
     TOOL_FAILED = "tool_failed"
     ENGINE_ERROR = "engine_error"  # the engine refused the request (4xx) or answered what cannot be trained on
     ROLLOUT_ABORTED = "rollout_aborted"  # slime's abort flag, seen before a turn or while a tool waited
@@ -297,6 +299,7 @@ class EpisodeStats:
     tools: dict[str, ToolStats] = field(default_factory=dict)  # by tool name
     tool_error: str | None = None  # the tool error that ended the episode FAILED
     engine_error: str | None = None  # what was wrong with the engine's answer, when that ended the episode FAILED
+    length_refusal: str | None = None  # the engine's refusal of a request for its length (ended it context_length)
     generated_tokens: int = 0  # model tokens in the response (observations are not)
     resumes: int = 0  # partial rollout: how often an aborted episode was resumed
     earlier_policy_tokens: int = 0  # of generated_tokens, those an earlier policy wrote (before the last resume)
@@ -314,6 +317,9 @@ class EpisodeStats:
     segments: int = 1  # samples the episode was split into for training (split_trajectories)
     page_chunks: int = 0  # page chunks the access tool showed
     short_form_tokens_saved: int = 0  # tokens the chunks read no longer take in later contexts (full - short form)
+
+    # What counts over every attempt at the episode: an aborted sample that starts over keeps these (EpisodeState).
+    OVER_ATTEMPTS = ("engine_aborts", "aborts_after_turn_end", "restarts")
 
     def tool(self, name: str) -> ToolStats:
         return self.tools.setdefault(name, ToolStats())
@@ -350,8 +356,9 @@ class EpisodeState:
         # count of its aborts; one that resumes takes all its counters from its record (resume()).
         earlier = episode_record(self.sample) if _status(self.sample) == "aborted" else None
         if earlier is not None:
-            self.stats.engine_aborts = int(earlier.get("engine_aborts", 0))
-            self.stats.restarts = int(earlier.get("restarts", 0)) + 1
+            for name in EpisodeStats.OVER_ATTEMPTS:
+                setattr(self.stats, name, int(earlier.get(name, 0)))
+            self.stats.restarts += 1
 
     @property
     def aborted(self) -> bool:

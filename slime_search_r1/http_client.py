@@ -51,11 +51,12 @@ class RequestFailed(RuntimeError):
 
 class RetryableRequestFailed(RequestFailed):
     """Connection errors, timeouts, 5xx and 429: worth another attempt (after `retry_after` seconds when the server
-    said so)."""
+    said so). `status`: the HTTP status the server answered, None when it was not reached (or did not answer)."""
 
-    def __init__(self, message: str, retry_after: float | None = None):
+    def __init__(self, message: str, retry_after: float | None = None, status: int | None = None):
         super().__init__(message)
         self.retry_after = retry_after
+        self.status = status
 
 
 def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
@@ -263,7 +264,7 @@ async def post_json(
                 retry_after = retry_after_seconds(resp.headers.get("Retry-After"))
                 asked = "" if retry_after is None else f" (Retry-After {retry_after:g} s)"
                 raise RetryableRequestFailed(
-                    f"{url} answered HTTP {resp.status}{asked}: {await _error_detail(resp)}", retry_after
+                    f"{url} answered HTTP {resp.status}{asked}: {await _error_detail(resp)}", retry_after, resp.status
                 )
             if resp.status >= 400:
                 detail = await _error_detail(resp)

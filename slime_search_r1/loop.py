@@ -24,10 +24,14 @@ and holds what extensions register). How an episode ends:
                                                  an aborted answer whose tokens already end the turn ends it as the
                                                  engine would have (tokens/turn_end.py), and the episode goes on
   response or context budget out      TRUNCATED  token_budget (each turn is offered exactly what is left)
+  the engine's context length reached TRUNCATED  context_length: SGLang's length rules (tokens/limits.py) leave no room
+                                                 for the next turn, or the engine refused one for its length (HTTP 400)
   max_turns reached                   TRUNCATED  max_turns; a tool call on the last turn is not run (no turn reads it)
   a tool failing after its retries    FAILED     tool_failed, with remove_sample (its reward measures the outage)
-  the engine's answer unusable        FAILED     engine_error (a 4xx, a null log prob, ids and log probs that
-                                                 disagree, ...: the record's engine_error says which), likewise
+  the engine's answer unusable        FAILED     engine_error (a 4xx, a 5xx after the retries, a null log prob, ids
+                                                 and log probs that disagree, ...: the record's engine_error says
+                                                 which), likewise; only an engine that cannot be reached at all after
+                                                 the retries raises (EngineUnavailable), failing the rollout
 
 Long horizons (docs/long_horizon.md):
   force_answer=final_turn   as Search-R1: max_turns turns run their tool calls, then one more turn whose calls are not
@@ -51,8 +55,7 @@ when the episode ends, and again when slime forms the batch (training/advantages
 
 import copy
 import logging
-
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from slime.rollout.rm_hub import async_rm
@@ -73,7 +76,8 @@ from slime_search_r1.episode import (
 from slime_search_r1.registry import PROTOCOLS, TOKEN_DRIVERS, TOOLS
 from slime_search_r1.settings.kinds import ConfigError
 from slime_search_r1.settings.view import SearchR1Config
-from slime_search_r1.tokens.engine import EngineProtocolError
+from slime_search_r1.tokens.engine import EngineLengthRefusal, EngineProtocolError
+from slime_search_r1.tokens.limits import LEARNED_LIMITS, EngineLimits, stated_limits
 from slime_search_r1.tokens.manual import Trajectory, why_not_continued
 from slime_search_r1.tools.contract import Tool, ToolAborted, ToolError, run_calls
 
@@ -137,22 +141,40 @@ def enabled_tools(config) -> dict[str, Tool]:
 
 @dataclass(frozen=True)
 class Budget:
+    """What an episode may still use: response tokens, the context the settings and slime allow, and what the engine
+    accepts of one request (tokens/limits.py)."""
+
     response: int
     context: int
+    engine: EngineLimits = EngineLimits()
 
-    def left(self, driver: TokenDriver) -> int:
-        return min(self.response - driver.response_length, self.context - driver.context_length)
+    def _own(self, driver: TokenDriver, reply: int) -> int:
+        return min(self.response - driver.response_length, self.context - driver.context_length) - reply
+
+    def left(self, driver: TokenDriver, reply: int = 0) -> int:
+        """New tokens the next turn may ask for once a reply of `reply` tokens is appended (0 or less: none)."""
+        engine = self.engine.new_tokens(driver.context_length + reply)
+        own = self._own(driver, reply)
+        return own if engine is None else min(own, engine)
+
+    def reason(self, driver: TokenDriver, reply: int = 0) -> FinishReason:
+        """Why nothing (more) fits: the engine's context length where it binds before the budget's, else the budget."""
+        engine = self.engine.new_tokens(driver.context_length + reply)
+        if engine is not None and engine < self._own(driver, reply):
+            return FinishReason.CONTEXT_LENGTH
+        return FinishReason.TOKEN_BUDGET
 
 
 def episode_budget(args, sampling_params: dict, config: SearchR1Config, evaluation: bool) -> Budget:
-    """slime's max_new_tokens is the whole response's budget; the context is capped by config and slime."""
+    """slime's max_new_tokens is the whole response's budget; the context is capped by config and slime, and each
+    request by the engine's length rules (its flags on `args`)."""
     response = int(sampling_params.get("max_new_tokens") or args.rollout_max_response_len)
     limits = [config.max_context_length]
     for name in ("eval_max_context_len", "rollout_max_context_len") if evaluation else ("rollout_max_context_len",):
         if getattr(args, name, None):
             limits.append(int(getattr(args, name)))
             break
-    return Budget(response=response, context=min(limits))
+    return Budget(response=response, context=min(limits), engine=EngineLimits.from_args(args))
 
 
 def resumable_record(args, sample: Sample, prompt_ids: list[int], track_log_probs: bool) -> dict | None:
@@ -272,18 +294,30 @@ async def _turns(
             if config.split_trajectories:  # observations read since the last turn: their short forms from now on
                 stats.short_form_tokens_saved += driver.trajectory.shorten_read_observations()
             if budget.left(driver) <= 0:
-                return Sample.Status.TRUNCATED, FinishReason.TOKEN_BUDGET
+                return Sample.Status.TRUNCATED, budget.reason(driver)
             # A new dict per turn: in evaluation slime shares one sampling_params dict across all samples.
             params = {**protocol.sampling_params, "max_new_tokens": budget.left(driver)}
             if params.get("min_new_tokens"):
                 params["min_new_tokens"] = min(params["min_new_tokens"], params["max_new_tokens"])
+            spent = budget.reason(driver)  # what a turn that uses up its max_new_tokens reached
             before = driver.response_length
             try:
                 turn = await driver.generate(params)
+            except EngineLengthRefusal as exc:  # limits the flags did not tell: the refusal states them
+                stated = stated_limits(str(exc), driver.context_length)
+                if stated is not None:
+                    narrower = replace(budget, engine=budget.engine.tighter(LEARNED_LIMITS.learn(stated)))
+                    if 0 < narrower.left(driver) < params["max_new_tokens"]:  # the turn fits them: asked again
+                        budget = narrower
+                        continuing = driver.response_length > state.turn_start  # a resumed turn stays one
+                        continue
+                stats.length_refusal = str(exc)[:500]
+                return Sample.Status.TRUNCATED, FinishReason.CONTEXT_LENGTH
             except EngineProtocolError as exc:
                 stats.engine_error = str(exc)[:500]
                 return Sample.Status.FAILED, FinishReason.ENGINE_ERROR
-            stats.generated_tokens += driver.response_length - before
+            sampled = driver.response_length - before
+            stats.generated_tokens += sampled
             if turn.engine_aborted:
                 stats.engine_aborts += 1
                 stats.aborts_after_turn_end += turn.finish_type != "abort"
@@ -297,15 +331,16 @@ async def _turns(
                 stats.invalid_actions += 1
             if action.final:
                 return Sample.Status.COMPLETED, FinishReason.ANSWER
-            if turn.finish_type == "length":
-                return Sample.Status.TRUNCATED, FinishReason.TOKEN_BUDGET
+            if turn.finish_type == "length":  # its max_new_tokens used up, or fewer: the engine lowered them (KV pool)
+                lowered = sampled < params["max_new_tokens"]
+                return Sample.Status.TRUNCATED, FinishReason.CONTEXT_LENGTH if lowered else spent
             if last_turn:
                 if forced and stats.forced_answer["trigger"] == "reserve":
                     return Sample.Status.TRUNCATED, FinishReason.TOKEN_BUDGET
                 return Sample.Status.TRUNCATED, FinishReason.MAX_TURNS
             state.stage = "tool"
-        if budget.left(driver) <= 1:  # no reply fits with a token after it: its calls would run for nothing
-            return Sample.Status.TRUNCATED, FinishReason.TOKEN_BUDGET
+        if budget.left(driver, reply=1) <= 0:  # no reply fits with a token after it: its calls would run for nothing
+            return Sample.Status.TRUNCATED, budget.reason(driver, reply=1)
         counters = copy.deepcopy(stats.tools)
         try:
             results = await run_calls(action.calls, state.tools, state)
@@ -315,9 +350,9 @@ async def _turns(
         except ToolError:
             return Sample.Status.FAILED, FinishReason.TOOL_FAILED
         reply, short_ids = _reply(state, protocol, driver, budget, action, results, turn)
-        if len(reply.ids) >= budget.left(driver):
+        if budget.left(driver, reply=len(reply.ids)) <= 0:
             # The reply plus at least one generated token must fit.
-            return Sample.Status.TRUNCATED, FinishReason.TOKEN_BUDGET
+            return Sample.Status.TRUNCATED, budget.reason(driver, reply=len(reply.ids))
         if short_ids is None:
             driver.add_observation(reply.ids)
         else:
@@ -353,10 +388,10 @@ def _reply(
     if config.force_answer == "inject" and stats.forced_answer is None:
         next_is_last = state.turn_index + 1 == config.max_turns - 1
         reserve = config.force_answer_reserve
-        low = bool(reserve) and budget.left(driver) - len(reply.ids) < reserve
+        low = bool(reserve) and budget.left(driver, reply=len(reply.ids)) < reserve
         if next_is_last or low:
             forced = protocol.reply(action, results, turn, state, force_answer=True)
-            if len(forced.ids) < budget.left(driver):  # else the reply alone may still fit
+            if budget.left(driver, reply=len(forced.ids)) > 0:  # else the reply alone may still fit
                 trigger = "max_turns" if next_is_last else "reserve"
                 extra = len(forced.ids) - len(reply.ids)
                 stats.forced_answer = forced_answer("inject", state.turn_index + 1, trigger, extra)

@@ -12,6 +12,7 @@ from support import slime_compat  # first: SLIME_SRC=/path/to/slime puts real sl
 import generate_with_search
 from slime_search_r1.http_client import close_loop_sessions
 from slime_search_r1.episode import ENGINE_VERSIONS
+from slime_search_r1.tokens.limits import LEARNED_LIMITS
 from support.fake_judge import FakeJudge
 from support.fake_retriever import FakeRetriever
 from support.fake_router import FakeSlimeRouter
@@ -41,14 +42,16 @@ def tokenizer(tokenizer_dir):
 
 @pytest.fixture(autouse=True)
 def fresh_generate_state():
-    """slime's GenerateState and http client, and the newest weight version the engines showed, are per process:
-    each test starts a run of its own."""
+    """slime's GenerateState and http client, the newest weight version the engines showed and the limits their
+    refusals stated are per process: each test starts a run of its own."""
     slime_compat.reset_generate_state()
     ENGINE_VERSIONS.forget()
+    LEARNED_LIMITS.forget()
     yield
     slime_compat.reset_generate_state()
     slime_compat.reset_http_client()
     ENGINE_VERSIONS.forget()
+    LEARNED_LIMITS.forget()
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,10 @@
 """The engine call: one SGLang /generate request, and its answer read and checked.
 
   generate_turn        one /generate call (aiohttp, or slime's post()), retried like slime's, its answer checked
+  post_with_retries    the retry policy, the same over either transport: connection errors, 5xx and 429 are tried
+                       again, a 4xx never (it would be refused again); an engine that answered errors to the last
+                       attempt gives EngineProtocolError, one never reached EngineUnavailable (the only error that
+                       fails the rollout), and a refusal for length EngineLengthRefusal (the limit is reached)
   parse_engine_output  the answer's sampled ids, log probs and weight-version spans, or EngineProtocolError saying what
                        is wrong with it (the episode then ends FAILED with that message in its record)
   every answer's weight versions go to episode.ENGINE_VERSIONS, the newest any engine has shown in this process
@@ -16,12 +20,21 @@ version, when the weights changed under a running request. Keys this reader does
 import logging
 import math
 
+import httpx
 from tenacity import before_sleep_log, wait_fixed
 
 from slime.rollout.sglang_rollout import get_model_url
 from slime.utils.http_utils import post as slime_post
 from slime_search_r1.episode import ENGINE_VERSIONS, Turn
-from slime_search_r1.http_client import RequestFailed, RetryableRequestFailed, post_json, retrying, unbounded_session
+from slime_search_r1.http_client import (
+    RequestFailed,
+    RetryableRequestFailed,
+    post_json,
+    retry_after_seconds,
+    retrying,
+    unbounded_session,
+)
+from slime_search_r1.tokens.limits import is_length_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +48,17 @@ POLICY_MODEL = "actor"
 
 
 class EngineProtocolError(RuntimeError):
-    """The engine rejected the request (4xx) or answered without what token-exact training needs."""
+    """The engine rejected the request (4xx), kept answering errors (5xx), or answered without what token-exact
+    training needs."""
+
+
+class EngineLengthRefusal(EngineProtocolError):
+    """The engine refused the request for its length (HTTP 400, tokens/limits.py LENGTH_REFUSALS): the episode has
+    reached the engine's context length."""
 
 
 class EngineUnavailable(RuntimeError):
-    """The engine kept failing (connection errors, 5xx) for every attempt."""
+    """No engine could be reached (connection errors, timeouts) for every attempt."""
 
 
 def engine_url(args) -> str:
@@ -59,9 +78,12 @@ def base_url(args) -> str:
     return get_model_url(args, POLICY_MODEL, endpoint="")
 
 
-async def post_with_retries(url: str, payload: dict, headers: dict | None = None) -> object:
-    """POST to the engine or router over aiohttp, retried like slime's post() on 5xx, 429 and connection errors."""
-    session = unbounded_session("sglang")
+async def post_with_retries(
+    url: str, payload: dict, headers: dict | None = None, *, use_slime_post: bool = False
+) -> object:
+    """POST to the engine or router (aiohttp, or one slime post() per attempt), retried like slime's post() on 5xx,
+    429 and connection errors, never on another 4xx (module docstring)."""
+    session = None if use_slime_post else unbounded_session("sglang")
     try:
         async for attempt in retrying(
             ENGINE_ATTEMPTS,
@@ -69,11 +91,39 @@ async def post_with_retries(url: str, payload: dict, headers: dict | None = None
             before_sleep=before_sleep_log(logger, logging.WARNING),
         ):
             with attempt:
+                if session is None:
+                    return await slime_post_once(url, payload, headers)
                 return await post_json(session, url, payload, None, headers=headers)
     except RetryableRequestFailed as exc:
-        raise EngineUnavailable(f"SGLang did not answer after {ENGINE_ATTEMPTS} attempts: {exc}") from exc
+        if exc.status is not None:
+            raise EngineProtocolError(f"the engine answered errors to all {ENGINE_ATTEMPTS} attempts: {exc}") from exc
+        raise EngineUnavailable(
+            f"no SGLang engine reachable at {url} after {ENGINE_ATTEMPTS} attempts: {one_line(str(exc))}"
+        ) from None
     except RequestFailed as exc:
+        if is_length_refusal(str(exc)):
+            raise EngineLengthRefusal(str(exc)) from exc
         raise EngineProtocolError(str(exc)) from exc
+
+
+async def slime_post_once(url: str, payload: dict, headers: dict | None) -> object:
+    """One attempt through slime's post() (its Ray-distributed posts with --use-distributed-post), its errors mapped
+    as post_json maps aiohttp's, so that post_with_retries' policy holds: slime's own loop would retry a 4xx too."""
+    try:
+        return await slime_post(url, payload, max_retries=1, headers=headers)
+    except httpx.HTTPStatusError as exc:
+        status, answer = exc.response.status_code, exc.response
+        detail = one_line(answer.text)[:300]
+        if status == 429 or status >= 500:
+            retry_after = retry_after_seconds(answer.headers.get("Retry-After"))
+            raise RetryableRequestFailed(f"{url} answered HTTP {status}: {detail}", retry_after, status) from exc
+        raise RequestFailed(f"{url} rejected the request with HTTP {status}: {detail}") from exc
+    except Exception as exc:  # connection errors and timeouts (httpx's, or Ray's around them): not reached
+        raise RetryableRequestFailed(f"{url}: {type(exc).__name__}: {exc}") from exc
+
+
+def one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 async def generate_turn(
@@ -87,19 +137,16 @@ async def generate_turn(
 ) -> Turn:
     """One /generate call; slime's own post() when asked (e.g. its Ray-distributed posts), else aiohttp."""
     payload = {"input_ids": input_ids, "sampling_params": sampling_params, "return_logprob": return_logprob}
-    if use_slime_post:
-        try:
-            output = await slime_post(url, payload, headers=headers)
-        except Exception as exc:  # slime's post() retries every error 60 times, then raises it
-            raise EngineUnavailable(f"slime's post() to {url} failed after its retries: {exc!r}") from exc
-    else:
-        output = await post_with_retries(url, payload, headers)
+    output = await post_with_retries(url, payload, headers, use_slime_post=use_slime_post)
     turn = parse_engine_output(output, return_logprob)
     ENGINE_VERSIONS.observe(version for _, _, version in turn.versions)
     ENGINE_VERSIONS.observe([weight_version_of(turn.meta_info)])
     seen = turn.meta_info.get("prompt_tokens")
-    # A request aborted before it ran answers without prompt_tokens (or 0 on some versions): only finished turns.
-    if turn.finish_type != "abort" and isinstance(seen, int) and seen != len(input_ids):
+    # Every answer that says what the engine conditioned on is checked, aborts too: an aborted turn is resumed from
+    # its tokens. One answered from the waiting queue (aborted before it ran, or retracted) carries no prompt_tokens;
+    # an abort before prefill says 0 on some versions, and keeps nothing.
+    never_ran = turn.finish_type == "abort" and not turn.ids and seen == 0
+    if isinstance(seen, int) and seen != len(input_ids) and not never_ran:
         raise EngineProtocolError(
             f"the engine conditioned on {seen} tokens but {len(input_ids)} were sent, so the trajectory would not "
             "be what it saw: something rewrote or truncated input_ids (the old slime router's radix middleware "

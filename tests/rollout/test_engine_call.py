@@ -237,8 +237,8 @@ class RecordedEngine:
         self.calls.append(dict(session=session, url=url, payload=payload, timeout=timeout, **kwargs))
         return self.next_answer()
 
-    async def post(self, url, payload, headers=None):
-        self.calls.append(dict(url=url, payload=payload, headers=headers))
+    async def post(self, url, payload, max_retries=60, headers=None):
+        self.calls.append(dict(url=url, payload=payload, max_retries=max_retries, headers=headers))
         return self.next_answer()
 
 
@@ -287,6 +287,7 @@ async def test_slimes_post_carries_the_call_when_asked(sglang):
         {
             "url": "http://e/generate",
             "payload": {"input_ids": [1, 2], "sampling_params": {}, "return_logprob": False},
+            "max_retries": 1,  # the retries are post_with_retries': slime's own would retry a 4xx 60 times
             "headers": {"k": "1"},
         }
     ]
@@ -301,6 +302,10 @@ async def test_an_engine_that_conditioned_on_other_tokens_than_were_sent_is_refu
     )
     with pytest.raises(EngineProtocolError, match=message):
         await engine.generate_turn("http://e/generate", [1, 2, 3], {}, True)
+    # an aborted answer is resumed from its tokens: what it conditioned on is checked too (allow_auto_truncate)
+    sglang.answers = [answer([5], "abort", prompt_tokens=2)]
+    with pytest.raises(EngineProtocolError, match=r"^the engine conditioned on 2 tokens but 3 were sent"):
+        await engine.generate_turn("http://e/generate", [1, 2, 3], {}, True)
     # an abort before prefill reports 0 prompt tokens on some SGLang versions; a count that is no int is no claim
     for reply in (answer([], "abort", prompt_tokens=0), answer([5], prompt_tokens="3"), answer([5])):
         sglang.answers = [reply]
@@ -308,14 +313,23 @@ async def test_an_engine_that_conditioned_on_other_tokens_than_were_sent_is_refu
 
 
 async def test_an_engine_that_is_down_is_retried_60_times_1_s_apart_then_reported(sglang, caplog):
-    sglang.answers = [RetryableRequestFailed("HTTP 503")]
+    sglang.answers = [RetryableRequestFailed("http://e/generate: ClientConnectorError: refused\n(errno 111)")]
+    message = r"^no SGLang engine reachable at http://e/generate after 60 attempts: .*refused \(errno 111\)$"
     with caplog.at_level(logging.WARNING, logger=engine.logger.name):
-        with pytest.raises(EngineUnavailable, match=r"^SGLang did not answer after 60 attempts: HTTP 503$"):
+        with pytest.raises(EngineUnavailable, match=message) as raised:
             await engine.generate_turn("http://e/generate", [1], {}, True)
+    assert "\n" not in str(raised.value) and raised.value.__cause__ is None  # one line, nothing chained
     assert len(sglang.calls) == 60
     assert sglang.waits == [1.0]
     retries = [r for r in caplog.records if r.name == engine.logger.name and r.levelno == logging.WARNING]
-    assert len(retries) == 59 and "HTTP 503" in retries[0].getMessage()
+    assert len(retries) == 59 and "refused" in retries[0].getMessage()
+
+
+async def test_an_engine_that_answers_errors_to_every_attempt_fails_the_sample_not_the_rollout(sglang):
+    sglang.answers = [RetryableRequestFailed("http://e/generate answered HTTP 503: busy", status=503)]
+    with pytest.raises(EngineProtocolError, match=r"^the engine answered errors to all 60 attempts: .* 503: busy$"):
+        await engine.generate_turn("http://e/generate", [1], {}, True)
+    assert len(sglang.calls) == 60
 
 
 async def test_an_engine_that_recovers_answers_the_same_call(sglang):
@@ -345,7 +359,9 @@ async def test_every_answer_tells_the_newest_version_the_engines_have(sglang):
     assert ENGINE_VERSIONS.newest == 7
 
 
-async def test_slimes_post_that_gives_up_is_reported_as_an_engine_that_did_not_answer(sglang):
+async def test_slimes_post_that_reaches_no_engine_is_retried_then_reported(sglang):
     sglang.answers = [RuntimeError("connection refused")]
-    with pytest.raises(EngineUnavailable, match=r"^slime's post\(\) to http://e/generate failed after its retries: "):
+    message = r"^no SGLang engine reachable at http://e/generate after 60 attempts: .*: connection refused$"
+    with pytest.raises(EngineUnavailable, match=message):
         await engine.generate_turn("http://e/generate", [1], {}, True, use_slime_post=True)
+    assert len(sglang.calls) == 60 and {call["max_retries"] for call in sglang.calls} == {1}

@@ -314,16 +314,24 @@ async def test_slime_s_abort_flag_stops_before_the_engine_is_called():
 
 
 async def test_a_turn_cut_by_the_length_limit_is_truncated_and_not_counted_invalid():
-    state, protocol, driver, budget = episode([(JUNK, 5, "length")])
+    state, protocol, driver, budget = episode([(JUNK, 5, "length")], budget=(5, 1000))
     assert await turns(state, protocol, driver, budget) == (Sample.Status.TRUNCATED, FinishReason.TOKEN_BUDGET)
     assert state.stats.invalid_actions == 0
     assert state.stats.turns == 1
 
 
 async def test_a_search_cut_by_the_length_limit_does_not_run():
-    state, protocol, driver, budget = episode([(SEARCH, 5, "length")])
+    state, protocol, driver, budget = episode([(SEARCH, 5, "length")], budget=(5, 1000))
     assert await turns(state, protocol, driver, budget) == (Sample.Status.TRUNCATED, FinishReason.TOKEN_BUDGET)
     assert protocol.replies == [] and TOOL not in state.stats.tools
+
+
+async def test_a_turn_the_engine_ended_by_length_before_its_offer_reached_the_engines_limit():
+    """SGLang lowers max_new_tokens without a word where its context (or KV pool) ends: a length finish with fewer
+    tokens than were offered is the engine's limit, not the budget's."""
+    state, protocol, driver, budget = episode([(JUNK, 5, "length")], budget=(100, 1000))
+    assert await turns(state, protocol, driver, budget) == (Sample.Status.TRUNCATED, FinishReason.CONTEXT_LENGTH)
+    assert driver.params[0]["max_new_tokens"] == 100 and not state.stats.invalid_actions
 
 
 async def test_invalid_turns_are_counted_and_the_episode_goes_on():

@@ -5,6 +5,7 @@ each row proven in XML and chat mode where it applies to both.
 | the model answered                                               | COMPLETED     |
 | the engine aborted, or slime's abort flag was set before a turn  | ABORTED       |
 | the response or context budget ran out                           | TRUNCATED     |
+| the engine's context length reached (test_engine_limits.py)      | TRUNCATED     |
 | max_turns model turns without an answer                          | TRUNCATED     |
 | a search still failing after its retries                         | FAILED        |
 """

@@ -2,23 +2,27 @@
 
 It answers as SGLang's source says (tests/support/sglang_rules.py holds the rules, each with its version and file):
 `input_ids` (or `text`) in; `output_ids`, `text` and `meta_info` (finish_reason stop/length/abort with `matched`,
-prompt/completion token counts, `output_token_logprobs` as [logprob, id, null], the `weight_version` that sampled
-it, and on 0.5.23 the `weight_versions` spans) out. `version` picks 0.5.15.post1 (slime's image, the default) or
-0.5.23: they order the finish checks differently at the last allowed token. Stop strings end the output at the token
-that completes them; stop_token_ids and the served model's EOS set (the base Qwen2.5-3B's, <|endoftext|> alone, by
-default) end it at the matched token, kept. `speculative_run=k` accepts k tokens per step, so an EOS can sit inside
-the output before a stop string completed later in the same run. A NaN log prob reaches the client as null
-(`null_log_prob_at`). Every call is recorded so tests can check what the engine conditioned on and what it sampled.
+prompt/completion token counts, `output_token_logprobs` as [logprob, id, null], the `weight_version` that sampled it,
+and on 0.5.23 the `weight_versions` spans) out. `version` picks 0.5.15.post1 (slime's image, the default) or 0.5.23:
+they order the finish checks differently at the last allowed token. Stop strings, looked for in the tail window of the
+output as SGLang does (`sampled_as` writes a text in more pieces than its own tokens), end the output at the token that
+completes them; stop_token_ids and the served model's EOS set (the base Qwen2.5-3B's, <|endoftext|> alone, by default)
+end it at the matched token, kept. `speculative_run=k` accepts k tokens per step, so an EOS can sit inside the output
+before a stop string completed later in the same run. A NaN log prob reaches the client as null (`null_log_prob_at`).
+Every call is recorded so tests can check what the engine conditioned on and what it sampled. A request is first
+admitted as SGLang admits it: 0.5.23's sampling_params schema, then the length rules (`context_length`,
+`speculative_reserved`, `allow_auto_truncate`); a refusal is an HTTP 400 kept in `refused`.
 
 The scripted model ends each turn the way a chat model does: inside a ChatML assistant turn with <|im_end|>, after
 which, if nothing stops it, it goes on writing (AFTER_TURN, then <|endoftext|>); anywhere else with <|endoftext|>.
 
 Aborts as SGLang answers them: a running request that slime's abort reaches (`hold_call`, POST /abort_request) or a
-weight update in the default "abort" mode (`pause_at`) runs one more step, whose token is appended with no stop
-check, and answers finish_reason abort with everything sampled; a request still waiting (`aborted`, e.g. arriving
-while slime aborts) answers no tokens and no prompt_tokens. Weight updates as slime makes them: `push_weights()`
-moves the version on; `pause_at(call, tokens, mode)` is slime's update in fully-async training at a chosen request;
-the "in_place" and "retract" modes let the request go on under the new weights (two versions in one answer).
+weight update in the default "abort" mode (`pause_at`) runs one more step, whose token is appended with no stop check,
+and answers finish_reason abort with everything sampled; a request still waiting (`aborted`, e.g. arriving while slime
+aborts) answers no tokens and no prompt_tokens; one retracted to the queue (`retract_call`) answers from there the
+tokens it had streamed, a multiple of 50. Weight updates as slime makes them: `push_weights()` moves the version on;
+`pause_at(call, tokens, mode)` is slime's update in fully-async training at a chosen request; the "in_place" and
+"retract" modes let the request go on under the new weights (two versions in one answer).
 """
 
 import asyncio
@@ -42,9 +46,12 @@ from support.sglang_rules import (
     WAITING_ABORT,
     Decoded,
     FinishRules,
+    LengthRules,
     abort_running,
     decode_steps,
+    streamed_so_far,
     trimmed_text,
+    unknown_sampling_field,
     weight_version_spans,
 )
 
@@ -111,6 +118,7 @@ class EngineCall:
     sent_text: bool
     sampling_params: dict
     return_logprob: bool
+    prompt_tokens: int = 0  # what the engine conditioned on (fewer than sent when --allow-auto-truncate cut them)
     output_ids: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     finish: dict = field(default_factory=dict)
@@ -136,10 +144,12 @@ class Gate:
 
 
 class Hold:
-    """A request held in flight: `reached` is set once it waits; slime's abort (POST /abort_request) releases it."""
+    """A request held in flight: `reached` is set once it waits; slime's abort (POST /abort_request) releases it.
+    `retracted`: it waits in the queue, retracted under memory pressure, and the abort answers it from there."""
 
-    def __init__(self, tokens: int):
+    def __init__(self, tokens: int, retracted: bool = False):
         self.tokens = tokens
+        self.retracted = retracted
         self.reached = threading.Event()
         self.skipped = False
         self._released: asyncio.Event | None = None
@@ -190,6 +200,8 @@ class FakeSGLangEngine:
         version: str = SGLANG_0_5_15,
         eos_ids: tuple[int, ...] = BASE_MODEL_EOS,
         context_length: int = 32768,
+        speculative_reserved: int = 0,
+        allow_auto_truncate: bool = False,
         honor_stop_strings: bool = True,
         record: bool = True,
         split_every: int = 0,
@@ -198,7 +210,9 @@ class FakeSGLangEngine:
         weight_version: str = "1",
     ):
         """`version`: the SGLang whose answers it gives (sglang_rules.VERSIONS); `eos_ids`: the served model's EOS set;
-        `top_p_replay`: None, "list" or "base64" (with slime's top-p patch, the nucleus of each sampled token)."""
+        `context_length`, `speculative_reserved` (EAGLE's draft slots) and `allow_auto_truncate`: its length rules
+        (sglang_rules.LengthRules); `top_p_replay`: None, "list" or "base64" (with slime's top-p patch, the nucleus of
+        each sampled token)."""
         if version not in VERSIONS:
             raise ValueError(f"SGLang version {version!r}; the engine answers as {VERSIONS}")
         self.tokenizer = tokenizer
@@ -206,15 +220,21 @@ class FakeSGLangEngine:
         self.version = version
         self.eos_ids = eos_ids
         self.context_length = context_length
+        self.speculative_reserved = speculative_reserved
+        self.allow_auto_truncate = allow_auto_truncate
         self.honor_stop_strings = honor_stop_strings
         self.record = record
         self.split_every = split_every
+        # text -> the pieces (one token each) the model samples it as, wherever the plan holds its canonical tokens
+        self.sampled_as: dict[str, list[str]] = {}
         self.speculative_run = speculative_run
         self.top_p_replay = top_p_replay
         # slime pushes the trained weights before the first rollout (train.py, train_async.py): its first version
         self.weight_version = weight_version
         self.pauses: dict[int, Pause] = {}  # call number -> the weight update it brings
         self.calls: list[EngineCall] = []
+        self.refused: list[dict] = []  # the bodies of the length and schema refusals (HTTP 400), in order
+        self.failures_answered = 0  # requests answered with an injected failure (fail_next)
         self.failures_left = 0
         self.failure_status = 500
         self.failure_body: str | None = None  # a 200 answer with this body instead of JSON (fail_next)
@@ -243,6 +263,14 @@ class FakeSGLangEngine:
         runs, with finish_reason abort. A turn that ends within `tokens` tokens is not held (`reached` is set and
         `skipped` is true)."""
         hold = self.holds[call] = Hold(tokens)
+        return hold
+
+    def retract_call(self, call: int, tokens: int) -> "Hold":
+        """The `call`-th /generate request samples `tokens` tokens and is then retracted to the waiting queue (memory
+        pressure), where slime's abort reaches it: it answers "Abort in waiting queue" with the tokens the tokenizer
+        manager had been sent (sglang_rules.streamed_so_far: a multiple of 50) and their log probs, without
+        prompt_tokens. A turn that ends within `tokens` tokens is not held, as with hold_call."""
+        hold = self.holds[call] = Hold(tokens, retracted=True)
         return hold
 
     def when_calls(self, count: int) -> threading.Event:
@@ -310,12 +338,23 @@ class FakeSGLangEngine:
             out.extend(self._split(token) if index % self.split_every == 0 else [token])
         return out
 
+    def _as_sampled(self, planned: list[int]) -> list[int]:
+        """`planned` with each text of `sampled_as` written in its pieces."""
+        for text, pieces in self.sampled_as.items():
+            canonical, written = self._encode(text), [token for piece in pieces for token in self._encode(piece)]
+            assert len(written) == len(pieces), f"each of {pieces} must be one token"
+            position = 0
+            while (found := _find(planned, canonical, position)) >= 0:
+                planned = planned[:found] + written + planned[found + len(canonical) :]
+                position = found + len(written)
+        return planned
+
     def _planned(self, input_ids: list[int]) -> list[int]:
         """What the model writes next. A request that extends an aborted one (its context plus the tokens it had
         sampled) continues the same plan: the policy is asked about the turn's context, not its own partial text."""
         context, already = self.continuations.get(tuple(input_ids), (input_ids, 0))
         context_text = self.tokenizer.decode(context, skip_special_tokens=False)
-        planned = self._non_canonical(self.tokenizer.encode(self.policy(context_text), add_special_tokens=False))
+        planned = self._non_canonical(self._as_sampled(self._encode(self.policy(context_text))))
         in_chat_turn, elsewhere = self._turn_ends
         in_chat = assistant_marker(context_text) in context_text
         return [*planned, *(in_chat_turn if in_chat else elsewhere)][already:]
@@ -323,13 +362,16 @@ class FakeSGLangEngine:
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
     # ---- generation ----------------------------------------------------------------------------
     async def _run(self, input_ids: list[int], params: dict) -> tuple[Decoded, list[tuple[str, int]], int]:
         """One request from its first decode step to its answer: (what it answers, the weight-version changes it lived
         through as (old version, tokens then), retractions)."""
         number = len(self.calls)
         plan = self._planned(input_ids)
-        rules = FinishRules.of(self.version, self._decode, params, self.eos_ids)
+        rules = FinishRules.of(self.version, self._decode, params, self.eos_ids, self._encode)
         if not self.honor_stop_strings:
             rules.stop_strs = []
         run = self.speculative_run
@@ -344,7 +386,11 @@ class FakeSGLangEngine:
             else:
                 self.held.add(hold)
                 await hold.wait()
-                decoded = abort_running(plan, decoded, rules.max_new_tokens, run=run)
+                if hold.retracted:
+                    kept = streamed_so_far(len(decoded.ids))
+                    decoded = Decoded(ids=decoded.ids[:kept], finish=dict(WAITING_ABORT), spans=decoded.spans)
+                else:
+                    decoded = abort_running(plan, decoded, rules.max_new_tokens, run=run)
         if pause is None:
             return decoded, events, 0
         pause.version_before = self.weight_version
@@ -381,7 +427,7 @@ class FakeSGLangEngine:
         meta = {
             "id": uuid.uuid4().hex,
             "finish_reason": finish,
-            "prompt_tokens": len(call.input_ids),
+            "prompt_tokens": call.prompt_tokens,
             "weight_version": version,
             "num_retractions": retractions,
             "reasoning_tokens": 0,
@@ -389,6 +435,9 @@ class FakeSGLangEngine:
             "cached_tokens": 0,
             "e2e_latency": 0.01,
         }
+        if finish == WAITING_ABORT:  # _handle_abort_req answers from what it was sent (managers/tokenizer_manager.py)
+            meta = {"id": meta["id"], "finish_reason": finish, "weight_version": version, "e2e_latency": 0.01}
+            meta["completion_tokens"] = len(out)
         if self.version != SGLANG_0_5_15:
             meta["weight_versions"] = weight_version_spans(events, version, len(out))
         if call.return_logprob:
@@ -410,6 +459,11 @@ class FakeSGLangEngine:
         skip = bool(params.get("skip_special_tokens", True))
         text = trimmed_text(lambda ids: self.tokenizer.decode(ids, skip_special_tokens=skip), out, finish, params)
         return {"text": text, "output_ids": out, "meta_info": meta}
+
+    def _refuse(self, body: dict) -> JSONResponse:
+        """HTTP 400 with `body`, kept in `refused` for the test to read."""
+        self.refused.append(body)
+        return JSONResponse(body, 400)
 
     def _waiting_abort(self, call: EngineCall) -> dict:
         """A request aborted before it ran (managers/tokenizer_manager.py, _handle_abort_req, both versions): no
@@ -469,6 +523,7 @@ class FakeSGLangEngine:
             body = await request.json()
             if self.failures_left > 0:
                 self.failures_left -= 1
+                self.failures_answered += 1
                 if self.failure_body is not None:
                     return Response(self.failure_body, media_type="application/json")
                 return JSONResponse({"error": {"message": "injected failure"}}, status_code=self.failure_status)
@@ -482,6 +537,9 @@ class FakeSGLangEngine:
             return await generate_ids(input_ids, sent_text, params, bool(body.get("return_logprob")), request)
 
         async def generate_ids(input_ids, sent_text, params, return_logprob, request=None):
+            unknown = unknown_sampling_field(self.version, params)
+            if unknown is not None:  # 0.5.23's schema check comes first, its error a plain string
+                return self._refuse({"error": unknown})
             max_new = params.get("max_new_tokens", 128)
             if not isinstance(max_new, int) or max_new < 0:
                 return JSONResponse({"error": {"message": f"max_new_tokens must be >= 0, got {max_new}"}}, 400)
@@ -489,13 +547,11 @@ class FakeSGLangEngine:
             if not 0 <= min_new <= max_new:
                 message = f"min_new_tokens must be in [0, max_new_tokens({max_new})], got {min_new}."
                 return JSONResponse({"error": {"message": message}}, 400)
-            if len(input_ids) + max_new > self.context_length:
-                message = (
-                    f"Requested token count exceeds the model's maximum context length of {self.context_length} "
-                    f"tokens. You requested a total of {len(input_ids) + max_new} tokens"
-                )
-                return JSONResponse({"error": {"message": message}}, 400)
-            call = EngineCall(input_ids, sent_text, dict(params), return_logprob)
+            lengths = LengthRules(self.context_length, self.speculative_reserved, self.allow_auto_truncate)
+            refusal, conditioned, max_new = lengths.admit(input_ids, max_new)
+            if refusal is not None:
+                return self._refuse({"error": {"message": refusal}})
+            call = EngineCall(input_ids, sent_text, dict(params), return_logprob, len(conditioned))
             call.headers = dict(request.headers) if request is not None else {}
             if self.record:
                 self.calls.append(call)
@@ -505,7 +561,7 @@ class FakeSGLangEngine:
             if self.aborted:
                 return self._waiting_abort(call)
             call.weight_version = self.weight_version  # the weights that start sampling it
-            decoded, events, retractions = await self._run(input_ids, params)
+            decoded, events, retractions = await self._run(conditioned, {**params, "max_new_tokens": max_new})
             if decoded.finish.get("type") == "abort":  # a later request that extends it continues the same plan
                 base, already = self.continuations.get(tuple(input_ids), (input_ids, 0))
                 self.continuations[tuple(input_ids + decoded.ids)] = (base, already + len(decoded.ids))
@@ -515,6 +571,14 @@ class FakeSGLangEngine:
             return body
 
         return app
+
+
+def _find(ids: list[int], part: list[int], start: int) -> int:
+    """Where `part` first occurs in `ids` from `start` on, or -1."""
+    for position in range(start, len(ids) - len(part) + 1):
+        if ids[position : position + len(part)] == part:
+            return position
+    return -1
 
 
 def render_openai_messages(tokenizer, messages: list[dict], tools, add_generation_prompt: bool) -> str:

@@ -28,18 +28,23 @@ class FinishRules:
     version: str
     decode: object  # ids -> text, as SGLang's tail_str decodes (special tokens kept)
     stop_strs: list[str]
+    stop_str_max_len: int  # the most tokens a stop string encodes to on its own (SamplingParams.normalize)
     stop_token_ids: set[int]
     eos_token_ids: set[int]
     ignore_eos: bool
     max_new_tokens: int
 
     @classmethod
-    def of(cls, version: str, decode, params: dict, eos_token_ids) -> "FinishRules":
+    def of(cls, version: str, decode, params: dict, eos_token_ids, encode=None) -> "FinishRules":
+        """`encode`: text -> ids without special tokens (the stop strings' canonical token counts); without it each
+        stop string counts as many tokens as it has characters (SGLang's fallback without a tokenizer)."""
         stops = params.get("stop") or []
+        stop_strs = [stops] if isinstance(stops, str) else list(stops)
         return cls(
             version=version,
             decode=decode,
-            stop_strs=[stops] if isinstance(stops, str) else list(stops),
+            stop_strs=stop_strs,
+            stop_str_max_len=max((len(encode(s) if encode else s) for s in stop_strs), default=0),
             stop_token_ids=set(params.get("stop_token_ids") or []),
             eos_token_ids=set(eos_token_ids),
             ignore_eos=bool(params.get("ignore_eos")),
@@ -68,15 +73,24 @@ class FinishRules:
         return None
 
     def _stop_string(self, out: list[int], accepted: int) -> tuple[dict, int] | None:
-        """_check_str_based_finish: the first stop string in the output; the answer ends at the token that completes
-        it (_locate_str_stop_finished_len), which may carry characters past it."""
+        """_check_str_based_finish: the first stop string in the tail window of this request's output; the answer
+        ends at the token that completes it (_locate_str_stop_finished_len), which may carry characters past it.
+
+        The window (Req._stop_match_tail_len, both versions) is the last stop_str_max_len + 1 output tokens, plus
+        the other tokens accepted in this step: a stop string written in more tokens than that (a non-canonical
+        tokenization of `</search>`) is never seen, nor one split across an abort and its resume (a new request).
+        Req.decoded_text, which the check also reads, stays "" in the scheduler (only the detokenizer decodes)."""
         if not self.stop_strs:
             return None
+        window = min(self.stop_str_max_len + 1 + max(accepted - 1, 0), len(out))
+        start = len(out) - window
+        tail = self.decode(out[start:])
         for stop in self.stop_strs:
-            if stop in self.decode(out):
-                for count in range(max(1, len(out) - accepted + 1), len(out) + 1):
-                    if stop in self.decode(out[:count]):
-                        return {"type": "stop", "matched": stop}, count
+            if stop in tail:
+                for count in range(max(1, window - accepted + 1), window):
+                    if stop in self.decode(out[start : start + count]):
+                        return {"type": "stop", "matched": stop}, start + count
+                return {"type": "stop", "matched": stop}, len(out)
         return None
 
     def _stop_token(self, out: list[int], accepted: int) -> tuple[dict, int] | None:
@@ -162,3 +176,102 @@ def trimmed_text(text_of, ids: list[int], finish: dict, params: dict) -> str:
     if isinstance(matched, str):
         return text[: text.find(matched)] if matched in text else text
     return text_of(ids[:-1])
+
+
+# ---- what a request may ask for ---------------------------------------------------------------------------------
+
+# The keys of sampling_params that 0.5.23 accepts: _FIELDS_SamplingParams in sglang/api/v1/api_types.py (generated
+# from the proto schema; SamplingParams there rejects unknown keys). 0.5.15.post1 has no such check.
+SAMPLING_PARAMS_0_5_23 = (
+    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
+    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema", "regex",
+    "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
+    "stream_interval", "logit_bias", "sampling_seed", "custom_params", "beam_width", "watermark", "choice",
+)  # fmt: skip
+
+
+def unknown_sampling_field(version: str, params: dict) -> str | None:
+    """0.5.23's refusal of an unknown sampling_params key, or None: the /generate route runs the schema check first
+    (entrypoints/http_server.py generate_request -> entrypoints/api_contract.py generate_contract_error) and answers
+    HTTP 400 with {"error": <text>}, the text a plain string as api_types.py's _unknown_field writes it (serde's)."""
+    if version == SGLANG_0_5_15:
+        return None
+    for key in params:
+        if key not in SAMPLING_PARAMS_0_5_23:
+            listed = ", ".join(f"`{name}`" for name in SAMPLING_PARAMS_0_5_23)
+            return f"unknown field `{key}`, expected one of {listed}"
+    return None
+
+
+@dataclass(frozen=True)
+class LengthRules:
+    """The length checks a /generate request meets, in their order; C is the served context length.
+
+    1. The tokenizer manager (managers/tokenizer_manager.py, _validate_one_request, both versions) counts the input
+       plus the slots EAGLE-style speculative decoding reserves (num_reserved_tokens: max(topk * num_steps,
+       num_draft_tokens); 0 without it): input + reserved >= C is refused, and so is input + reserved +
+       max_new_tokens > C.
+    2. The scheduler (managers/scheduler.py, init_req_max_new_tokens) lowers max_new_tokens to C - 1 - input - 1
+       without a word, then refuses an input of max_req_input_len = C - 6 tokens or more (managers/tp_worker.py:
+       max_req_len = C - 1, max_req_input_len = max_req_len - 5; managers/utils.py validate_input_length).
+    With --allow-auto-truncate each refusal cuts instead (the input to C, then to C - 6 tokens; max_new_tokens to
+    C - input - reserved). A refusal is HTTP 400 with {"error": {"message": <text>}} (entrypoints/http_server.py,
+    _create_error_response; the scheduler's refusal gets there through _handle_abort_finish_reason's ValueError).
+    The KV pool is taken to hold a whole context (it caps both limits lower when it is smaller)."""
+
+    context_length: int
+    reserved: int = 0
+    allow_auto_truncate: bool = False
+
+    def admit(self, input_ids: list[int], max_new_tokens: int) -> tuple[str | None, list[int], int]:
+        """(the refusal's message or None, the input the engine conditions on, the max_new_tokens it runs with)."""
+        context, ids = self.context_length, list(input_ids)
+        counted = len(ids) + self.reserved
+        if counted >= context:
+            if not self.allow_auto_truncate:
+                return (
+                    f"The input ({counted} tokens) is longer than the model's context length ({context} tokens).",
+                    ids,
+                    0,
+                )
+            del ids[context:]
+            counted = len(ids)
+        if counted + max_new_tokens > context:
+            if not self.allow_auto_truncate:
+                return (
+                    "Requested token count exceeds the model's maximum context length "
+                    f"of {context} tokens. You requested a total of {max_new_tokens + counted} "
+                    f"tokens: {counted} tokens from the input messages and "
+                    f"{max_new_tokens} tokens for the completion. Please reduce the number "
+                    "of tokens in the input messages or the completion to fit within the limit.",
+                    ids,
+                    0,
+                )
+            max_new_tokens = max(0, context - counted)
+        max_req_len = context - 1
+        max_new_tokens = max(0, min(max_new_tokens, max_req_len - len(ids) - 1))
+        max_req_input_len = max_req_len - 5
+        if len(ids) >= max_req_input_len:
+            if not self.allow_auto_truncate:
+                return (
+                    f"Input length ({len(ids)} tokens) exceeds the maximum allowed length ({max_req_input_len} "
+                    "tokens). Use a shorter input or enable --allow-auto-truncate.",
+                    ids,
+                    0,
+                )
+            ids = ids[:max_req_input_len]
+        return None, ids, max_new_tokens
+
+
+# ---- a request retracted under memory pressure --------------------------------------------------------------------
+
+# A non-streamed request's tokens reach the tokenizer manager every SGLANG_FORCE_STREAM_INTERVAL (50) tokens, and at
+# its finish (managers/scheduler_components/output_streamer.py, accept; environ.py for the default).
+FORCE_STREAM_INTERVAL = 50
+
+
+def streamed_so_far(sampled: int) -> int:
+    """How many of a running non-streamed request's `sampled` tokens the tokenizer manager holds: a request
+    retracted to the waiting queue (managers/schedule_batch.py, retract_decode) and aborted there is answered from
+    them by _handle_abort_req ("Abort in waiting queue", without prompt_tokens), its log probs alike."""
+    return sampled - sampled % FORCE_STREAM_INTERVAL

@@ -213,6 +213,7 @@ async def test_rollout_metrics_of_a_mixed_batch_reach_slimes_tracking_call(mixed
         "answer": pytest.approx(4 / n),
         "max_turns": pytest.approx(1 / n),
         "token_budget": pytest.approx(1 / n),
+        "context_length": 0.0,
         "tool_failed": pytest.approx(1 / n),
         "engine_error": 0.0,
         "aborted": pytest.approx(1 / n),
