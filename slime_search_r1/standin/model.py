@@ -1,0 +1,44 @@
+"""What the scripted 'model' does besides choosing its words (policy.py): how it ends a turn, which tokens are its
+EOS, the log prob it gives each token, and how it reads the context it is asked to continue.
+
+It behaves as the base Qwen2.5-3B served with a ChatML template does: inside an assistant turn it ends with
+<|im_end|>, after which, if nothing stops it, it goes on writing (AFTER_TURN, then <|endoftext|>); anywhere else it
+ends with <|endoftext|>, its only EOS. The test suite's engine (tests/support/fake_sglang.py) and the stand-in
+anyone can serve (server.py) share all of it.
+"""
+
+import re
+import zlib
+
+ASSISTANT_MARKER = "<|im_start|>assistant"
+# What the scripted model writes after <|im_end|> when nothing stops it there (a base model served with a chat
+# template does not take <|im_end|> for EOS): it makes up the user's next message.
+AFTER_TURN = "\n<|im_start|>user\nThank you!<|im_end|>\n"
+# The base Qwen2.5-3B's EOS set (config.json, generation_config.json and the tokenizer all say <|endoftext|>).
+BASE_MODEL_EOS = (151643,)
+QUESTION_PATTERN = re.compile(r"Question: (.*?)(?:\n|<\|im_end\|>)")
+
+
+def turn_end_ids(tokenizer) -> tuple[list[int], list[int]]:
+    """(how a turn ends inside a ChatML assistant turn, how it ends anywhere else), as token ids."""
+    ids = tokenizer.convert_tokens_to_ids
+    after = tokenizer.encode(AFTER_TURN, add_special_tokens=False)
+    return [ids("<|im_end|>"), *after, ids("<|endoftext|>")], [ids("<|endoftext|>")]
+
+
+def scripted_log_prob(context_length: int, token_id: int) -> float:
+    """A deterministic, strictly negative log prob that differs by position and token."""
+    return -((zlib.crc32(f"{context_length}:{token_id}".encode()) % 9000) + 1) / 1000.0
+
+
+def question_of(context_text: str) -> str:
+    """The question the prompt asks ("Question: ...", as Search-R1's instruction and the chat data write it)."""
+    match = QUESTION_PATTERN.search(context_text)
+    return match.group(1).strip() if match else ""
+
+
+def turn_index(context_text: str, observation_ends) -> int:
+    """How many turns the model already took: earlier assistant turns (chat) plus, inside this one (XML), the
+    observations it was shown, each ending with one of `observation_ends`."""
+    earlier, _, reply = context_text.rpartition(ASSISTANT_MARKER)
+    return earlier.count(ASSISTANT_MARKER) + sum(reply.count(end) for end in observation_ends)
