@@ -166,3 +166,27 @@ def test_the_stand_in_calls_an_extension_s_tool_in_chat_mode_named_in_the_system
             m for m in conversation if m.get("name") == "calculator"
         ).items()
         assert record["scripted"]
+
+
+@pytest.mark.parametrize("scripted", [True, False])
+def test_the_report_and_the_chart_say_scripted_when_the_stand_in_answered(scripted, tmp_path, monkeypatch):
+    """What the trajectory lines say (the stand-in's weight version, recorded per engine call) decides the titles."""
+    from slime_search_r1.evaluation import chart
+    from slime_search_r1.evaluation.reports import markdown_report
+    from slime_search_r1.evaluation.summary import summarize
+
+    titles = []
+    monkeypatch.setattr(chart, "em_bar_figure", lambda summary, title, references=None: titles.append(title))
+    monkeypatch.setattr(chart, "save_png", lambda figure, path: None)
+    record = {"key": "0", "data_source": "nq", "status": "completed", "em": 1.0, "scripted": scripted}
+    summary = summarize([record], {"nq": 1})
+    run_config = {"hf_checkpoint": "/models/qwen2.5-tokenizer", "llm_api_mode": "generate"}
+    chart.write_em_chart(tmp_path, summary, run_config)
+    title, model = markdown_report(summary, run_config).splitlines()[0:3:2]
+    if scripted:
+        assert titles == [f"{SCRIPTED_LABEL} (tokenizer qwen2.5-tokenizer): EM per data source (1 of 1 trajectories)"]
+        assert title == f"# Search-R1 evaluation of a {SCRIPTED_LABEL}"
+        assert model.startswith(f"- model: none, a {SCRIPTED_LABEL} wrote every turn")
+    else:  # a model's run reads as it always did
+        assert titles == ["qwen2.5-tokenizer: EM per data source (1 of 1 trajectories)"]
+        assert (title, model) == ("# Search-R1 evaluation", "- model: `/models/qwen2.5-tokenizer`")
