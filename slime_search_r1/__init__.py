@@ -13,6 +13,7 @@ tokens/          where a turn's tokens come from: SGLang with the trajectory wri
                  /generate call and its answer read in engine.py, where a turn ends in turn_end.py), or the old slime
                  router's cache (legacy_router.py)
 protocols/       what the model writes and is shown: XML tags, chat tool calls
+families/        how each model family writes tool calls and thoughts, and which family a chat template is
 tools/           what the model may call: the tool contract, the search tool with its client, the access tool
 search/          search backends of their own (google.py)
 training/        what slime does with finished samples: group advantages, the lag mask and staleness against the policy

@@ -1,6 +1,7 @@
 """The plugin's seams, open by name: how the model talks (protocols), where a turn's tokens come from (token
-drivers), what it may call (tools), what answers a search (search backends) and how an answer scores (answer
-scores). Every built-in is declared once, below, as the place its object lives; extensions register theirs here.
+drivers), what it may call (tools), what answers a search (search backends), how an answer scores (answer
+scores) and how a model family writes calls and thoughts (model families). Every built-in is declared once, below,
+as the place its object lives; extensions register theirs here.
 
 A setting names an entry of a seam. A built-in's module is imported the first time its entry is asked for, so that
 naming or checking a setting imports no implementation (or slime). A new entry is one `register()` call in a file
@@ -95,6 +96,21 @@ ANSWER_SCORES = Registry(
         "em": "slime_search_r1.scoring.answers:exact_match",  # Search-R1's exact match
         "f1": "slime_search_r1.scoring.answers:f1_score",  # SQuAD's token F1
         "cover_em": "slime_search_r1.scoring.answers:cover_exact_match",  # a gold answer inside the prediction
+    },
+)
+# How a checkpoint's model writes tool calls and thoughts (families/): the model_family setting names one, or "auto"
+# takes the first, in this order, whose rule places the checkpoint's chat template (families/detection.py). Each file
+# names the SGLang 0.5.23 rule it follows (srt/parser/template_detection.py).
+MODEL_FAMILIES = Registry(
+    "model family",
+    "model_family",
+    {
+        "qwen35": "slime_search_r1.families.qwen35:QWEN35",  # Qwen3.5/3.6: <function=...> calls, prompt-opened thought
+        "qwen3_coder": "slime_search_r1.families.qwen3_coder:QWEN3_CODER",  # <function=...> calls, no thoughts
+        "qwen3": "slime_search_r1.families.qwen3:QWEN3",  # JSON calls, enable_thinking toggles the model's thoughts
+        "qwen3_thinking": "slime_search_r1.families.qwen3_thinking:QWEN3_THINKING",  # JSON calls, prompt-opened
+        "llama3": "slime_search_r1.families.llama3:LLAMA3",  # bare JSON {"name", "parameters"}, <|eot_id|>
+        "qwen25": "slime_search_r1.families.qwen25:QWEN25",  # JSON calls in <tool_call>, no thoughts
     },
 )
 JUDGE = "judge"  # the reward built on an LLM judge's verdict (scoring/judge.py), beside the answer scores

@@ -242,6 +242,7 @@ def parse_slime_flags(train_args: list[str]) -> argparse.Namespace:
         parser.add_argument(flag, action="store_true", default=False)
     parser.add_argument("--disable-rollout-global-dataset", action="store_false", dest="rollout_global_dataset")
     parser.add_argument("--rollout-function-path", default=DEFAULT_ROLLOUT)
+    parser.add_argument("--hf-checkpoint", default=None)
     parser.add_argument("--eval-function-path", default=None)
     parser.add_argument("--eval-interval", type=int, default=None)
     parser.add_argument("--rollout-top-p", type=float, default=1.0)

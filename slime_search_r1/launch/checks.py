@@ -8,6 +8,7 @@ import ast
 from pathlib import Path
 from typing import Any
 
+from slime_search_r1.families.detection import check_checkpoint_family
 from slime_search_r1.settings.kinds import ConfigError
 from slime_search_r1.settings.view import SearchR1Config
 from slime_search_r1.slime_flags import check_router_mode, check_slime_args, parse_slime_flags
@@ -40,4 +41,7 @@ def configs_from_source(path: Path) -> dict[str, Any]:
 def check_plugin(config: SearchR1Config, train_args: list[str], legacy_router: bool) -> list[str]:
     """What generate() would refuse at its first sample, checked on train.py's flags; returns warnings."""
     check_router_mode(config, legacy_router)
-    return check_slime_args(parse_slime_flags(train_args), config, at_launch=True)
+    flags = parse_slime_flags(train_args)
+    mode, tracking = config.llm_api_mode, config.token_tracking_mode
+    check_checkpoint_family(config.model_family, mode, tracking, flags.hf_checkpoint)
+    return check_slime_args(flags, config, at_launch=True)

@@ -1,7 +1,8 @@
 """LLM_API_MODE=chat: the model calls tools with OpenAI-style tool calls through its chat template.
 
-An assistant turn is read in Qwen's format (text, then `<tool_call>{"name", "arguments"}</tool_call>`s), or
-taken as a server parsed it (router_handler). Each call is answered by a tool message, a turn with neither a
+An assistant turn is read in its model family's format (families/: each as SGLang's tool-call parser for it
+reads it; a call in another family's format is unparsable, with why), or taken as a server parsed it
+(router_handler). Each call is answered by a tool message, a turn with neither a
 usable call nor an answer by a short user hint; the template's rendering of those messages is what the model
 is shown next (chat_template.py). The conversation is recorded as OpenAI messages for the reward.
 """
@@ -10,9 +11,12 @@ import copy
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from slime_search_r1.episode import Action, Reply, ToolCall, Turn, encode_text
+from slime_search_r1.families import ModelFamily
+from slime_search_r1.families.detection import check_family_tracking, foreign_calls, tokenizer_family
+from slime_search_r1.families.qwen25 import QWEN25
 from slime_search_r1.protocols.chat_template import ChatRenderer, chat_template_kwargs, turn_stop_ids
 from slime_search_r1.protocols.xml_tags import ANSWER_PATTERN
 from slime_search_r1.settings.kinds import ConfigError
@@ -22,6 +26,9 @@ TOOL_CALL_PATTERN = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 # The model's own text after its first tool call (e.g. an invented <tool_response>), kept in the recorded
 # assistant message under this key: chat templates ignore it, the chat reward does not.
 TEXT_AFTER_TOOL_CALLS = "text_after_tool_calls"
+# The calls the model's family could not read, kept in the recorded assistant message under this key as
+# {"text", "error"} (why: malformed, or written in another family's format); templates ignore it, the reward does not.
+UNPARSABLE_TOOL_CALLS = "unparsable_tool_calls"
 # SEARCH_R1_FORCE_ANSWER=inject: the user message after the replies before the forced turn. The recorded message
 # carries FORCED_ANSWER_KEY (chat templates ignore it), so the chat reward does not take it for a retry hint.
 FORCE_ANSWER_MESSAGE = (
@@ -50,8 +57,9 @@ class AssistantMessage:
 
     content: str
     tool_calls: list[ToolCall]
-    unparsable: list[str]  # <tool_call> blocks that are not JSON objects
+    unparsable: list[str]  # the calls the family's reader could not read
     text_after_tool_calls: str = ""  # what the model wrote after its first call besides whitespace and parsed calls
+    unparsable_why: list[str] = field(default_factory=list)  # why, one per unparsable call
 
     @property
     def answers(self) -> list[str]:
@@ -81,44 +89,51 @@ class AssistantMessage:
             ]
         if self.text_after_tool_calls:
             message[TEXT_AFTER_TOOL_CALLS] = self.text_after_tool_calls
+        if self.unparsable:
+            why = [*self.unparsable_why, *[""] * (len(self.unparsable) - len(self.unparsable_why))]
+            message[UNPARSABLE_TOOL_CALLS] = [
+                {"text": text, "error": error} for text, error in zip(self.unparsable, why, strict=True)
+            ]
         return message
 
 
-def parse_generated_turn(text: str, end_of_turn: str, turn_index: int, tools: Mapping[str, Tool]) -> AssistantMessage:
-    """Read a raw assistant turn in Qwen's format: text, then `<tool_call>{"name", "arguments"}</tool_call>`s.
+def parse_generated_turn(
+    text: str,
+    end_of_turn: str,
+    turn_index: int,
+    tools: Mapping[str, Tool],
+    family: ModelFamily = QWEN25,
+    tool_schemas: list[dict] | None = None,
+) -> AssistantMessage:
+    """Read a raw assistant turn in `family`'s format (Qwen2.5's: text, then `<tool_call>{"name", "arguments"}
+    </tool_call>`s); `tool_schemas`: the tools the template showed (a reader may convert arguments by their types).
 
     Only whitespace and further well-formed calls may follow the first call; anything else the model wrote
-    there (an invented tool response, an answer, a broken call) is kept as text_after_tool_calls.
+    there (an invented tool response, an answer, a broken call) is kept as text_after_tool_calls. A turn whose
+    calls another family's reader reads, and this family's does not, has them unparsable, saying so.
     """
     body = text.removesuffix(end_of_turn) if end_of_turn else text
-    first_call = body.find("<tool_call>")
-    if first_call < 0:
-        return AssistantMessage(body.rstrip("\n"), [], [])
-    content, rest = body[:first_call].rstrip("\n"), body[first_call:]
-    calls, unparsable, leftover, position = [], [], [], 0
-    for match in TOOL_CALL_PATTERN.finditer(rest):
-        call = _parse_call_block(match.group(1), f"call_{turn_index}_{len(calls)}", tools)
-        if call is None:
-            unparsable.append(match.group(1))
-            continue
-        calls.append(call)
-        leftover.append(rest[position : match.start()])
-        position = match.end()
-    leftover.append(rest[position:])
-    if rest.count("<tool_call>") > rest.count("</tool_call>"):
-        unparsable.append(rest[rest.rfind("<tool_call>") :])  # an unclosed call
-    return AssistantMessage(content, calls, unparsable, "".join(leftover).strip())
-
-
-def _parse_call_block(block: str, call_id: str, tools: Mapping[str, Tool]) -> ToolCall | None:
-    """A <tool_call> block's {"name", "arguments"} object, or None when the block is not one."""
-    try:
-        payload = json.loads(block)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(payload, dict) or "name" not in payload:
-        return None
-    return read_call(call_id, payload["name"], payload.get("arguments", {}), tools)
+    schemas = tool_schemas if tool_schemas is not None else [tool.schema for tool in tools.values()]
+    read = family.read_calls(body, schemas)
+    if not read.calls:
+        other = foreign_calls(family, body, schemas)
+        if other is not None:
+            why = (
+                f"a tool call in the {other.name} format ({other.call_format}), which this model's family "
+                f"({family.name}) does not write; its calls are {family.call_format}"
+            )
+            read.unparsable = [(body[len(read.content) :].strip(), why)]
+    calls = [
+        read_call(f"call_{turn_index}_{index}", name, arguments, tools)
+        for index, (name, arguments) in enumerate(read.calls)
+    ]
+    return AssistantMessage(
+        read.content,
+        calls,
+        [text for text, _ in read.unparsable],
+        read.text_after_calls,
+        [why for _, why in read.unparsable],
+    )
 
 
 def parse_openai_message(message: dict, turn_index: int, tools: Mapping[str, Tool]) -> AssistantMessage:
@@ -130,7 +145,10 @@ def parse_openai_message(message: dict, turn_index: int, tools: Mapping[str, Too
         call_id = raw.get("id") or f"call_{turn_index}_{index}"
         calls.append(read_call(call_id, function.get("name"), function.get("arguments", {}), tools))
     unparsable = TOOL_CALL_PATTERN.findall(content) if "<tool_call>" in content else []
-    return AssistantMessage(content, calls, unparsable, message.get(TEXT_AFTER_TOOL_CALLS) or "")
+    recorded = [item for item in message.get(UNPARSABLE_TOOL_CALLS) or [] if isinstance(item, dict)]
+    unparsable += [str(item.get("text", "")) for item in recorded]
+    why = [""] * (len(unparsable) - len(recorded)) + [str(item.get("error", "")) for item in recorded]
+    return AssistantMessage(content, calls, unparsable, message.get(TEXT_AFTER_TOOL_CALLS) or "", why)
 
 
 def initial_messages(prompt) -> list[dict]:
@@ -169,6 +187,8 @@ class ChatProtocol:
         self.tools = state.tools
         self.messages = initial_messages(state.sample.prompt)
         self.tool_schemas = sample_tools(state.sample, self.tools)
+        self.family = tokenizer_family(state.config.model_family, state.tokenizer)
+        check_family_tracking(self.family, state.config.token_tracking_mode)
         kwargs = chat_template_kwargs(state.args, state.sample)
         self.renderer = ChatRenderer(state.tokenizer, self.tool_schemas, kwargs, self.messages)
         self.prompt_text = self.renderer.render(self.messages, add_generation_prompt=True)
@@ -182,7 +202,9 @@ class ChatProtocol:
             message = parse_openai_message(turn.message, state.turn_index, self.tools)
         else:
             end_of_turn = self.renderer.end_of_turn_text.strip()
-            message = parse_generated_turn(turn.text, end_of_turn, state.turn_index, self.tools)
+            message = parse_generated_turn(
+                turn.text, end_of_turn, state.turn_index, self.tools, self.family, self.tool_schemas
+            )
         # Nothing stops a chat turn at </answer>: one cut by length after it was not finished.
         cut = turn.finish_type == "length" and not message.content.rstrip().endswith("</answer>")
         return Action(
@@ -199,7 +221,8 @@ class ChatProtocol:
         if force_answer:
             messages.append({"role": "user", "content": FORCE_ANSWER_MESSAGE, FORCED_ANSWER_KEY: True})
         history = self.messages + state.history_before_turn()
-        return Reply(self.renderer.followup_ids(history, messages, turn.ids), messages, truncated)
+        ids = self.renderer.followup_ids(history, messages, turn.ids, action.message)
+        return Reply(ids, messages, truncated)
 
     def tool_messages(self, calls: list[ToolCall], results: dict[str, str], config) -> tuple[list[dict], int]:
         """One tool message per call (its result, cut to its tool's budget, or what was wrong with the call), or a

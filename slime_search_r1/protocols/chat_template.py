@@ -1,19 +1,28 @@
 """Render the model's chat template ourselves so chat mode stays token-exact without a router.
 
 The trajectory is `prompt ids + generated ids + follow-up ids + generated ids + ...`. Generated ids
-are the engine's own; follow-up ids (the end of the assistant turn the model did not write, the tool
-messages, the next generation prompt) are the template's delta between two renders of the same
-conversation: without and with the new messages. The earlier render is checked to be a true prefix
-of the later one (both end the assistant turn the same way, and neither adds a generation prompt
-before the new messages), so the delta is exactly what the template puts there. The delta is
-tokenized as a chat server tokenizes the whole rendered conversation (split only at the template's
-added tokens), so the observations trained on are the ones the served model meets.
+are the engine's own, never rendered again; follow-up ids (the end of the assistant turn the model
+did not write, the tool messages, the next generation prompt) are what the template writes after an
+assistant message's content, read from two renders of the same conversation: without and with the
+new messages. Only what follows the assistant content is compared: the template must end the turn
+the same way in both, and write the new messages after it. What it writes before the content may
+differ (Qwen3's templates render the last assistant turn with a thought block and drop it once a
+tool message follows): the model's own tokens stand there. The new messages are rendered once more
+with the real assistant message before them, and must come out the same: a template whose rendering
+of them depends on what the model wrote is refused (ChatTemplateError).
+
+Message contents are placed as the template writes them (as given, trimmed as Qwen3.5's and Llama's
+templates trim them, or JSON-quoted as Llama's writes a tool result), and the delta is tokenized as
+a chat server tokenizes the whole rendered conversation (split only at the template's added tokens),
+so the observations trained on are the ones the served model meets.
 """
 
 import copy
 import json
 import re
 from functools import lru_cache
+
+from jinja2 import TemplateError
 
 from slime_search_r1.episode import encode_text
 
@@ -53,15 +62,20 @@ def _template_end_of_turn(tokenizer, template_kwargs: str) -> tuple[str, int | N
     return _end_of_turn(tokenizer, rendered)
 
 
+def _after_assistant(rendered: str) -> str:
+    """What a render writes after the placeholder assistant content."""
+    return rendered[rendered.rindex(_ASSISTANT_SENTINEL) + len(_ASSISTANT_SENTINEL) :]
+
+
 def _end_of_turn(tokenizer, rendered: str) -> tuple[str, int | None]:
-    text = rendered[rendered.rindex(_ASSISTANT_SENTINEL) + len(_ASSISTANT_SENTINEL) :]
+    text = _after_assistant(rendered)
     special = set(tokenizer.all_special_ids)
     ids = encode_text(tokenizer, text, special_tokens_as_text=False)
     return text, next((i for i in ids if i in special), None)
 
 
 class ChatTemplateError(RuntimeError):
-    """The chat template cannot be extended turn by turn (its earlier render is not a prefix of the later)."""
+    """The chat template cannot be extended turn by turn token-exactly (followup_ids says why)."""
 
 
 def template_messages(messages: list[dict]) -> list[dict]:
@@ -102,23 +116,72 @@ class ChatRenderer:
             **self.template_kwargs,
         )
 
-    def followup_ids(self, history: list[dict], new_messages: list[dict], generated_ids: list[int]) -> list[int]:
+    def followup_ids(
+        self,
+        history: list[dict],
+        new_messages: list[dict],
+        generated_ids: list[int],
+        assistant_message: dict | None = None,
+    ) -> list[int]:
         """Ids to append after the model's turn: the rest of its end-of-turn, `new_messages`, the generation prompt.
 
-        `history` is the conversation before the assistant turn the model just generated.
+        `history` is the conversation before the assistant turn the model just generated; `assistant_message`, that
+        turn as recorded (the new messages must render the same after it as after a placeholder).
         """
         assistant = {"role": "assistant", "content": _ASSISTANT_SENTINEL}
         slots = [{**message, "content": _CONTENT_SLOT.format(i)} for i, message in enumerate(new_messages)]
-        before = self.render([*history, assistant], add_generation_prompt=False)
-        after = self.render([*history, assistant, *slots], add_generation_prompt=True)
-        if not after.startswith(before):
+        closing = _after_assistant(self.render([*history, assistant], add_generation_prompt=False))
+        following = _after_assistant(self.render([*history, assistant, *slots], add_generation_prompt=True))
+        if closing != self.end_of_turn_text or not following.startswith(closing):
             raise ChatTemplateError(
-                "the chat template renders a conversation differently once messages follow the assistant turn, "
-                "so turns cannot be appended token-exactly; use a template whose earlier render is a prefix of "
-                "the later one (ChatML/Qwen2.5 templates are)"
+                f"the chat template ends an assistant turn with {closing!r} here and {self.end_of_turn_text!r} "
+                f"after the prompt, or otherwise once messages follow it ({following[: len(closing) + 20]!r}), so "
+                "turns cannot be appended token-exactly; use a template that ends every assistant turn alike"
             )
+        real = _after_assistant(self.render([*history, assistant, *new_messages], add_generation_prompt=True))
+        contents = self._placed_contents(following, real, new_messages)
+        if assistant_message is not None:
+            self._check_independent_of_turn(history, assistant_message, new_messages, real)
         written = _overlap(generated_ids, self.end_of_turn_ids)
-        return self._encode_rendered(self._unwritten_end_of_turn(written) + after[len(before) :], new_messages)
+        delta = self._unwritten_end_of_turn(written) + following[len(closing) :]
+        return self._encode_rendered(delta, contents)
+
+    def _placed_contents(self, slotted: str, real: str, new_messages: list[dict]) -> list[str]:
+        """Each new message's content as the template wrote it in `real` (the render with the contents) where
+        `slotted` (the render with slots) holds its slot: as given, trimmed, or JSON-quoted."""
+        pieces = _SLOT_PATTERN.split(slotted)
+        position, placed = len(pieces[0]), []
+        if not real.startswith(pieces[0]):
+            raise ChatTemplateError("the chat template renders the messages before their contents otherwise")
+        for slot, after in zip(pieces[1::2], pieces[2::2], strict=True):
+            content = str(new_messages[int(slot)].get("content") or "")
+            quoted = json.dumps(content, ensure_ascii=False)[1:-1]
+            ways = dict.fromkeys((content, content.strip(), quoted))
+            found = next((way for way in ways if real.startswith(way + after, position)), None)
+            if found is None:
+                raise ChatTemplateError(
+                    f"the chat template writes the content of a {new_messages[int(slot)].get('role')} message "
+                    "otherwise than as given, trimmed or JSON-quoted, so its tokens cannot be placed exactly"
+                )
+            placed.append(found)
+            position += len(found) + len(after)
+        if position != len(real):
+            raise ChatTemplateError("the chat template renders the new messages otherwise with their contents")
+        return placed
+
+    def _check_independent_of_turn(self, history, assistant_message, new_messages, expected: str) -> None:
+        """The new messages render the same after the real assistant message as after the placeholder. A template
+        that cannot render the real one (Llama's allows one call per turn) is left to the placeholder's render."""
+        try:
+            rendered = self.render([*history, assistant_message, *new_messages], add_generation_prompt=True)
+        except TemplateError:
+            return
+        if not rendered.endswith(expected):
+            raise ChatTemplateError(
+                "the chat template renders the tool results or the next generation prompt otherwise after the "
+                "model's own assistant message than after another, so the reply depends on history and cannot be "
+                "appended token-exactly; use a template whose follow-ups do not depend on the assistant's text"
+            )
 
     def _unwritten_end_of_turn(self, written: int) -> str:
         """The template's end-of-turn text after the first `written` of its ids (those the model generated)."""
@@ -130,7 +193,7 @@ class ChatRenderer:
             )
         return self.end_of_turn_text[len(written_text) :]
 
-    def _encode_rendered(self, rendered: str, new_messages: list[dict]) -> list[int]:
+    def _encode_rendered(self, rendered: str, contents: list[str]) -> list[int]:
         """Ids of template text with content slots, as a chat server tokenizes the rendered conversation.
 
         The template's own added tokens (<|im_start|>, <|im_end|>, ...) become their ids; each run of text between
@@ -142,7 +205,7 @@ class ChatRenderer:
         run: list[str] = []
         for index, piece in enumerate(_SLOT_PATTERN.split(rendered)):
             if index % 2:
-                run.append(str(new_messages[int(piece)].get("content") or ""))
+                run.append(contents[int(piece)])
                 continue
             for part_index, part in enumerate(self._split_at_markers(piece)):
                 if part_index % 2:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from slime_search_r1.registry import PROTOCOLS, SEARCH_BACKENDS, TOKEN_DRIVERS, TOOLS, reward_names
+from slime_search_r1.registry import MODEL_FAMILIES, PROTOCOLS, SEARCH_BACKENDS, TOKEN_DRIVERS, TOOLS, reward_names
 from slime_search_r1.settings.kinds import Choice, Flag, IdList, Integer, Names, Number, ShellWords, Text, Urls
 
 Kind = Choice | Flag | Integer | Number | Text | Urls | Names | IdList | ShellWords
@@ -105,6 +105,9 @@ for _setting in (
             "generate: Search-R1's XML tags over /generate; chat: OpenAI tool calls"),
     Setting("token_tracking_mode", "manual", Choice(TOKEN_DRIVERS.names), "TOKEN_TRACKING_MODE",
             "where the trajectory's tokens come from: manual (token in, token out), or the old slime router's cache"),
+    Setting("model_family", "auto", Choice(lambda: ("auto", *MODEL_FAMILIES.names())), "SEARCH_R1_MODEL_FAMILY",
+            "how the model writes tool calls and thoughts (slime_search_r1/families/); auto: read from the "
+            "checkpoint's chat template by SGLang's rules"),
     Setting("loss_mask_mode", "strict", Choice(("strict", "simple")), "LOSS_MASK_MODE",
             "strict: observations masked out of the loss; simple: trained too (placeholder log probs 0.0)"),
     Setting("return_logprob", True, Flag(), "TRACK_LOG_PROBS",

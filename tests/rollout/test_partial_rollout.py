@@ -12,7 +12,6 @@ import asyncio
 import copy
 import json
 import os
-import threading
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -35,6 +34,7 @@ from support.episodes import (
 )
 from support import slime_compat
 from support.fidelity import assert_faithful, assert_resumed_exactly
+from support.partial_rollouts import reached, rollout_aborted_mid_generation, run_rollout
 from support.slime_rollout import chat_prompt
 
 SCRIPTS = TWO_SEARCHES_THEN_ANSWER
@@ -73,37 +73,6 @@ def prompt_ids_of(mode: str, tokenizer) -> list[int]:
     if mode == "chat":
         return chat_prompt_ids(tokenizer, chat_messages())
     return tokenizer.encode(chat_prompt(tokenizer, QUESTION), add_special_tokens=False)
-
-
-async def run_rollout(args, groups: list[list[Sample]]) -> list[list[Sample]]:
-    """One rollout that nothing interrupts: every group to its end."""
-    state = GenerateState(args)
-    state.submit_generate_tasks(groups)
-    done = await asyncio.gather(*state.pendings)
-    state.reset()
-    return list(done)
-
-
-async def reached(event: threading.Event, state) -> bool:
-    """Waits until `event` is set by a held request, or every task finished first (then False)."""
-    waiting = asyncio.ensure_future(asyncio.to_thread(event.wait))
-    everything = asyncio.ensure_future(asyncio.wait(set(state.pendings)))
-    done, _ = await asyncio.wait({waiting, everything}, return_when=asyncio.FIRST_COMPLETED)
-    if waiting not in done:
-        event.set()  # frees the waiting thread
-    everything.cancel()
-    return waiting in done and not everything.done()
-
-
-async def rollout_aborted_mid_generation(engine, args, groups, call: int, tokens: int, rollout_id: int):
-    """A rollout that slime aborts while the `call`-th engine request from now holds `tokens` sampled tokens."""
-    hold = engine.hold_call(len(engine.calls) + call, tokens)
-    state = GenerateState(args)
-    state.submit_generate_tasks(groups)
-    await reached(hold.reached, state)
-    buffered = await abort(args, rollout_id)
-    state.reset()
-    return buffered
 
 
 async def rollout_aborted_during_a_search(retriever, args, groups, rollout_id: int):

@@ -37,8 +37,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from slime_search_r1.standin.model import (
-    ASSISTANT_MARKER,
     BASE_MODEL_EOS,
+    assistant_marker,
     question_of,
     scripted_log_prob,
     turn_end_ids,
@@ -266,7 +266,7 @@ class FakeSGLangEngine:
 
     @functools.cached_property
     def _turn_ends(self) -> tuple[list[int], list[int]]:
-        """(how a turn ends inside a ChatML assistant turn, how it ends anywhere else)."""
+        """(how a turn ends inside an assistant turn, how it ends anywhere else)."""
         return turn_end_ids(self.tokenizer)
 
     def _split(self, token: int) -> list[int]:
@@ -294,7 +294,8 @@ class FakeSGLangEngine:
         context_text = self.tokenizer.decode(context, skip_special_tokens=False)
         planned = self._non_canonical(self.tokenizer.encode(self.policy(context_text), add_special_tokens=False))
         in_chat_turn, elsewhere = self._turn_ends
-        return [*planned, *(in_chat_turn if ASSISTANT_MARKER in context_text else elsewhere)][already:]
+        in_chat = assistant_marker(context_text) in context_text
+        return [*planned, *(in_chat_turn if in_chat else elsewhere)][already:]
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)

@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from local_dense_retriever.building.fingerprints import file_digest, package_versions, stale_reason
@@ -49,7 +50,8 @@ QWEN25_ADDED_TOKENS = [
 FIRST_ADDED_ID = 151643
 
 CHAT_TEMPLATE_PATH = Path(__file__).with_name("qwen2_5_chat_template.jinja")
-DEFAULT_CACHE_DIR = Path(__file__).resolve().parents[2] / ".cache" / "qwen2.5-tokenizer"
+CACHE_ROOT = Path(__file__).resolve().parents[2] / ".cache"
+DEFAULT_CACHE_DIR = CACHE_ROOT / "qwen2.5-tokenizer"
 MANIFEST = "manifest.json"
 
 
@@ -64,20 +66,57 @@ def qwen_tiktoken_file() -> Path:
     return path
 
 
-def build_qwen25_tokenizer(out_dir: Path) -> Path:
+def qwen_bpe_backend(added_tokens: list[tuple[str, bool]]):
+    """The Qwen ranks as a `tokenizers.Tokenizer`, with `added_tokens` (token, special) at ids from 151643."""
     from tokenizers import AddedToken, normalizers
-    from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     backend = TikTokenConverter(vocab_file=str(qwen_tiktoken_file()), pattern=QWEN_SPLIT_PATTERN).converted()
     backend.normalizer = normalizers.NFC()
-    backend.add_tokens([AddedToken(tok, special=special, normalized=False) for tok, special in QWEN25_ADDED_TOKENS])
-    for offset, (tok, _) in enumerate(QWEN25_ADDED_TOKENS):
+    backend.add_tokens([AddedToken(tok, special=special, normalized=False) for tok, special in added_tokens])
+    for offset, (tok, _) in enumerate(added_tokens):
         if backend.token_to_id(tok) != FIRST_ADDED_ID + offset:
             raise RuntimeError(f"{tok} got id {backend.token_to_id(tok)}, expected {FIRST_ADDED_ID + offset}")
+    return backend
+
+
+def save_tokenizer(tokenizer, out_dir: Path, key: dict, extra_files: dict[str, dict] | None = None) -> Path:
+    """`tokenizer.save_pretrained(out_dir)` plus the manifest `key` and `extra_files` (name -> JSON), swapped into
+    place whole so a reader never sees half a directory."""
+    tmp_dir = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
+    tokenizer.save_pretrained(tmp_dir)
+    for name, content in (extra_files or {}).items():
+        (tmp_dir / name).write_text(json.dumps(content, indent=2) + "\n")
+    (tmp_dir / MANIFEST).write_text(json.dumps(key))
+    old_dir = out_dir.with_name(out_dir.name + f".old{os.getpid()}")
+    if out_dir.exists():
+        os.replace(out_dir, old_dir)
+    os.replace(tmp_dir, out_dir)
+    shutil.rmtree(old_dir, ignore_errors=True)
+    return out_dir
+
+
+def cached_build(cache_dir: Path, key: dict, build: Callable[[Path], object], label: str) -> Path:
+    """`cache_dir` as `build(cache_dir)` made it, built on first use and rebuilt, with one line saying why, when
+    `key` (what the directory is made of) differs from the manifest saved beside it."""
+    manifest = cache_dir / MANIFEST
+    if not (cache_dir / "tokenizer.json").is_file():
+        reason = "nothing is cached yet"
+    else:
+        earlier = json.loads(manifest.read_text()) if manifest.is_file() else {}
+        reason = stale_reason(earlier, json.loads(json.dumps(key)))  # tuples compared as JSON lists
+    if reason:
+        print(f"building the {label} tokenizer in {cache_dir}: {reason}", file=sys.stderr, flush=True)
+        cache_dir.parent.mkdir(parents=True, exist_ok=True)
+        build(cache_dir)
+    return cache_dir
+
+
+def build_qwen25_tokenizer(out_dir: Path) -> Path:
+    from transformers import PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=backend,
+        tokenizer_object=qwen_bpe_backend(QWEN25_ADDED_TOKENS),
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         additional_special_tokens=[tok for tok, special in QWEN25_ADDED_TOKENS if special and tok != "<|endoftext|>"],
@@ -85,15 +124,7 @@ def build_qwen25_tokenizer(out_dir: Path) -> Path:
         clean_up_tokenization_spaces=False,
     )
     tokenizer.chat_template = CHAT_TEMPLATE_PATH.read_text()
-    tmp_dir = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
-    tokenizer.save_pretrained(tmp_dir)
-    (tmp_dir / MANIFEST).write_text(json.dumps(tokenizer_key()))
-    old_dir = out_dir.with_name(out_dir.name + f".old{os.getpid()}")
-    if out_dir.exists():
-        os.replace(out_dir, old_dir)
-    os.replace(tmp_dir, out_dir)
-    shutil.rmtree(old_dir, ignore_errors=True)
-    return out_dir
+    return save_tokenizer(tokenizer, out_dir, tokenizer_key())
 
 
 def tokenizer_key() -> dict:
@@ -110,14 +141,4 @@ def tokenizer_key() -> dict:
 def qwen25_tokenizer_dir(cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
     """Directory holding the saved tokenizer, built on first use (~20 s) and cached; rebuilt, with one line saying
     why, when what it is made of changed."""
-    manifest = cache_dir / MANIFEST
-    if not (cache_dir / "tokenizer.json").is_file():
-        reason = "nothing is cached yet"
-    else:
-        earlier = json.loads(manifest.read_text()) if manifest.is_file() else {}
-        reason = stale_reason(earlier, json.loads(json.dumps(tokenizer_key())))  # tuples compared as JSON lists
-    if reason:
-        print(f"building the Qwen2.5 tokenizer in {cache_dir}: {reason}", file=sys.stderr, flush=True)
-        cache_dir.parent.mkdir(parents=True, exist_ok=True)
-        build_qwen25_tokenizer(cache_dir)
-    return cache_dir
+    return cached_build(cache_dir, tokenizer_key(), build_qwen25_tokenizer, "Qwen2.5")
