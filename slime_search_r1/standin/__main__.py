@@ -7,8 +7,10 @@
 It serves SGLang's /generate on 127.0.0.1 (slime_search_r1/standin/server.py), every turn written from a script
 (policy.py): a search, one call to every other tool the prompt offers (the registered ones, those of --extensions
 included), then an answer. Nothing it writes is a model's: it shows the plugin's mechanics, not a model's quality,
-and every answer says so (meta_info.weight_version "scripted-stand-in"). The tokenizer folder is a Qwen2.5-style
-one (ChatML, <|im_end|>, <|endoftext|>); `make rollout-demo` builds one offline in .cache/qwen2.5-tokenizer.
+and every answer says so (meta_info.weight_version "scripted-stand-in"). The tokenizer folder is a checkpoint's of
+a model family the plugin knows (Qwen2.5, Qwen3, Qwen3.5, Llama 3.2: slime_search_r1/families), whose format the
+chat-mode calls are written in (--model-family); `make rollout-demo` builds Qwen2.5's offline in
+.cache/qwen2.5-tokenizer.
 Ctrl-C or SIGTERM stops it (exit code 130 or 143).
 """
 
@@ -43,6 +45,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--sglang-version", choices=VERSIONS, default=VERSIONS[0], help="whose answers to give (default: %(default)s)"
     )
+    parser.add_argument(
+        "--model-family",
+        default=os.environ.get("SEARCH_R1_MODEL_FAMILY", "auto"),
+        help="how chat-mode calls and thoughts are written, as SEARCH_R1_MODEL_FAMILY names it (default: that "
+        "variable, else auto: the family the tokenizer's chat template is placed in)",
+    )
     args = parser.parse_args(argv)
     if not 0 < args.port < 65536:
         parser.error(f"--port must be in 1..65535, got {args.port}")
@@ -67,6 +75,7 @@ def serve(args: argparse.Namespace) -> int:
         return 2
     from transformers import AutoTokenizer
 
+    from slime_search_r1.families.detection import tokenizer_family
     from slime_search_r1.standin.policy import StandInPolicy, registered_tools
     from slime_search_r1.standin.server import StandInEngine, serving
 
@@ -76,17 +85,22 @@ def serve(args: argparse.Namespace) -> int:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"stand-in: error: --tokenizer {args.tokenizer}: not a tokenizer folder ({first_line})", file=sys.stderr)
         return 2
+    try:
+        family = tokenizer_family(args.model_family, tokenizer)
+    except (ConfigError, KeyError) as exc:
+        print(f"stand-in: error: --model-family: {str(exc).strip(chr(34))}", file=sys.stderr)
+        return 2
     tools = registered_tools()
     engine = StandInEngine(
-        tokenizer, StandInPolicy(tools), tokenizer_path=str(args.tokenizer), version=args.sglang_version
+        tokenizer, StandInPolicy(tools, family), tokenizer_path=str(args.tokenizer), version=args.sglang_version
     )
     try:
         with serving(engine.app, args.host, args.port) as thread:
             print(
                 f"{SCRIPTED_LABEL} for SGLang {args.sglang_version} at http://{args.host}:{args.port}: every turn is "
                 f"scripted, not a model's (meta_info.weight_version {SCRIPTED_WEIGHT_VERSION!r}); it searches, "
-                f"calls each other tool the prompt offers ({', '.join(tools)} are registered), then answers. "
-                "Ctrl-C stops it.",
+                f"calls each other tool the prompt offers ({', '.join(tools)} are registered), then answers, in "
+                f"{family.name}'s format. Ctrl-C stops it.",
                 flush=True,
             )
             thread.join()  # until a signal (Stopped), or the server ends on its own

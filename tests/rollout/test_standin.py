@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from transformers import AutoTokenizer
 
 import evaluate
 import oai_format_data_preprocess
@@ -190,3 +191,30 @@ def test_the_report_and_the_chart_say_scripted_when_the_stand_in_answered(script
     else:  # a model's run reads as it always did
         assert titles == ["qwen2.5-tokenizer: EM per data source (1 of 1 trajectories)"]
         assert (title, model) == ("# Search-R1 evaluation", "- model: `/models/qwen2.5-tokenizer`")
+
+
+@pytest.mark.parametrize("checkpoint", ["llama-3.2-3b-instruct", "qwen3.5-4b"])
+def test_the_stand_in_writes_calls_in_the_model_family_s_format(checkpoint, retriever, search_config, tmp_path):
+    """Chat mode on another family's tokenizer: the stand-in places the template in its family (as the plugin does)
+    and writes its calls as that family's SGLang parser reads them (Llama's JSON with "parameters", Qwen3.5's
+    <function=...>), so the plugin reads each one."""
+    from support.model_tokenizers import checkpoint_dir
+
+    from slime_search_r1.families.detection import tokenizer_family
+
+    tokenizer_dir = str(checkpoint_dir(checkpoint))
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    xml = write_search_r1_parquet(tmp_path / "questions.parquet", QUESTIONS)
+    chat = tmp_path / "questions_chat.parquet"
+    assert oai_format_data_preprocess.main(["--input", str(xml), "--output", str(chat)]) == 0
+    family = tokenizer_family("auto", tokenizer)
+    engine = StandInEngine(tokenizer, StandInPolicy(family=family), tokenizer_path=tokenizer_dir)
+    with serve_in_thread(engine.app) as url:
+        arguments = ["--data", str(chat), "--hf-checkpoint", tokenizer_dir, "--sglang-url", url, "--output-dir",
+                     str(tmp_path / "out"), "--llm-api-mode", "chat"]  # fmt: skip
+        assert evaluate.main(arguments) == 0
+    records = {r["question"]: r for r in map(json.loads, (tmp_path / "out" / "trajectories.jsonl").open())}
+    for question, gold in (("Which is the largest continent", "Asia"), ("What is the capital of France", "Paris")):
+        record = records[question]
+        assert (record["status"], record["searches"], record["answer"]) == ("completed", 1, gold), record["response"]
+        assert record["scripted"]
