@@ -17,6 +17,7 @@ Ctrl-C or SIGTERM stops it (exit code 130 or 143).
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from slime_search_r1.launch.signals import Stopped, stop_on_signals
 from slime_search_r1.settings.kinds import ConfigError
@@ -79,6 +80,13 @@ def serve(args: argparse.Namespace) -> int:
     from slime_search_r1.standin.policy import StandInPolicy, registered_tools
     from slime_search_r1.standin.server import StandInEngine, serving
 
+    if not Path(args.tokenizer).is_dir():
+        print(
+            f"stand-in: error: --tokenizer {args.tokenizer}: no such folder; accepted: a Hugging Face tokenizer's "
+            "folder (make rollout-demo builds Qwen2.5's in .cache/qwen2.5-tokenizer)",
+            file=sys.stderr,
+        )
+        return 2
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     except (OSError, ValueError) as exc:

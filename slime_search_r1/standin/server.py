@@ -131,6 +131,12 @@ class _Server(uvicorn.Server):
         finally:
             self.startup_over.set()
 
+    def run(self, sockets=None) -> None:
+        try:
+            super().run(sockets=sockets)
+        finally:
+            self.startup_over.set()  # it ended before or during its startup
+
 
 @contextlib.contextmanager
 def serving(app, host: str, port: int) -> Iterator[threading.Thread]:
