@@ -32,6 +32,7 @@ from slime_search_r1.demo.scripts import DATA_SOURCE, EPISODES, expected_em
 from slime_search_r1.launch.signals import Stopped, children, holding, run_child, stop_on_signals
 from slime_search_r1.settings.kinds import ConfigError
 from slime_search_r1.settings.sources import resolve_config, search_r1_configs
+from slime_search_r1.settings.table import PLUGIN, read_by
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"  # tests/support rebuilds Qwen2.5's tokenizer offline and writes Search-R1's parquet
@@ -104,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
                                                  args.output_dir / folder)
                         for folder, mode in MODES.items()}  # fmt: skip
             codes = evaluate_both(commands, env, args.output_dir)
-        print_rerun(server.command if server is not None else None, engine_command, commands, env)
+        print_rerun(server.command if server is not None else None, engine_command, commands, shell_env(env))
     finally:
         if server is not None:
             server.stop()
@@ -119,6 +120,13 @@ def evaluation_env(config) -> dict[str, str]:
         return dict(LOCAL)
     print(f"SEARCH_R1_MAX_TURNS={needed}: the longest script, and a call to each tool besides search", flush=True)
     return {**LOCAL, "SEARCH_R1_MAX_TURNS": str(needed)}
+
+
+def shell_env(env: dict[str, str]) -> dict[str, str]:
+    """What the printed commands set, so that they rerun in any terminal: PYTHONPATH and the plugin's variables as
+    this shell sets them (secrets left out: set those yourself), then `env`."""
+    names = ["PYTHONPATH", *(setting.env for setting in read_by(PLUGIN) if setting.env and not setting.secret)]
+    return {**{name: os.environ[name] for name in names if name in os.environ}, **env}
 
 
 def say_which_slime() -> None:
@@ -203,14 +211,13 @@ def print_rerun(
     retriever: list[str] | None, engine: list[str], evaluations: dict[str, list[str]], env: dict[str, str]
 ) -> None:
     """The commands that run it again by hand, from the repository: the servers (each in a terminal of its own,
-    while it runs), then evaluate.py in either protocol."""
+    while it runs), then evaluate.py in either protocol; the stand-in and evaluate.py with `env` set."""
     print(f"\n==== to run it again by hand, from {REPO} (each server in a terminal of its own):")
+    assignments = "".join(f"{name}={shlex.quote(value)} " for name, value in env.items())
     if retriever is not None:
         print(f"$ {shlex.join(retriever)}")
-    print(f"$ {shlex.join(engine)}")
-    assignments = " ".join(f"{name}={shlex.quote(value)}" for name, value in env.items())
-    for command in evaluations.values():
-        print(f"$ {assignments} {shlex.join(command)}")
+    for command in [engine, *evaluations.values()]:
+        print(f"$ {assignments}{shlex.join(command)}")
 
 
 def summary(output_dir: Path, codes: dict[str, int], tools: list[str], seconds: float) -> int:

@@ -93,23 +93,29 @@ def test_the_stand_in_answers_generate_on_loopback_marked_scripted_and_stops_on_
 
 
 def test_evaluate_as_the_demo_prints_it_runs_the_calculator_against_the_stand_in(
-    tokenizer_dir, retriever, tmp_path, capsys
+    tokenizer_dir, retriever, tmp_path, capsys, monkeypatch
 ):
-    """The demo's printed commands with SEARCH_R1_EXTENSIONS=calculator: the stand-in, then evaluate.py in XML mode,
-    run as printed in the newcomer's shell; each episode searches, calls the calculator, answers."""
+    """The demo's printed commands with SEARCH_R1_EXTENSIONS=calculator in the shell: the stand-in, then evaluate.py
+    in XML mode, each run as printed in a terminal that sets nothing; each episode searches, calls the calculator,
+    answers."""
     data = write_search_r1_parquet(tmp_path / "questions.parquet", QUESTIONS)
     port = free_port()
     engine = rollouts.standin_command(Path(tokenizer_dir), port, config_with(["calculator"]))
     run = rollouts.evaluate_command(
         data, Path(tokenizer_dir), f"http://127.0.0.1:{port}", retriever.url, "generate", tmp_path / "xml"
     )
-    env = user_env(SEARCH_R1_EXTENSIONS="calculator", SEARCH_R1_TOOLS="search,calculator")
-    rollouts.print_rerun(None, engine, {"xml": run}, {"SEARCH_BACKEND": "local", "SEARCH_R1_MAX_TURNS": "4"})
+    shell = user_env(SEARCH_R1_EXTENSIONS="calculator", SEARCH_R1_TOOLS="search,calculator")
+    for name in ("PYTHONPATH", "SEARCH_R1_EXTENSIONS", "SEARCH_R1_TOOLS"):
+        monkeypatch.setenv(name, shell[name])
+    rollouts.print_rerun(None, engine, {"xml": run}, rollouts.shell_env({"SEARCH_BACKEND": "local"}))
     printed = [line.removeprefix("$ ") for line in capsys.readouterr().out.splitlines() if line.startswith("$ ")]
-    assert len(printed) == 2 and printed[1].startswith("SEARCH_BACKEND=local SEARCH_R1_MAX_TURNS=4 ")
-    with served_standin(["bash", "-c", printed[0]], env) as (_, first_line):
+    assert len(printed) == 2
+    for assignment in ("SEARCH_R1_TOOLS=search,calculator", "SEARCH_R1_EXTENSIONS=calculator", "SEARCH_BACKEND=local"):
+        assert f"{assignment} " in printed[1]
+    bare = {k: v for k, v in os.environ.items() if not k.startswith("SEARCH_R1_") and k != "PYTHONPATH"}
+    with served_standin(["bash", "-c", printed[0]], bare) as (_, first_line):
         assert "calculator" in first_line  # the extension's tool is registered
-        result = subprocess.run(["bash", "-c", printed[1]], cwd=REPO, env=env, capture_output=True, text=True)
+        result = subprocess.run(["bash", "-c", printed[1]], cwd=REPO, env=bare, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     if not using_real_slime():
         assert "evaluate.py: slime is not installed here: using its stand-in" in result.stderr
