@@ -38,12 +38,15 @@ endif
 # then the plugin offline on it: 20 episodes through generate() and reward_func(), the report and the viewer page.
 demo: $(STAMP)
 	$(BIN)/python -m local_dense_retriever.demo
-	$(BIN)/python -m slime_search_r1.demo
+	$(BIN)/python -m slime_search_r1.demo $(ROLLOUT_DEMO_FLAGS)
 
 # The plugin offline alone (no GPU, about a minute once `make demo` built the index): a scripted stand-in for SGLang,
 # the embedded retriever, evaluate.py in both modes (XML tags, tool calls) with its report and the viewer's page.
+# RETRIEVAL_URL=http://127.0.0.1:8000 uses that running retrieval server (another index: docs/extending.md) instead.
+RETRIEVAL_URL ?=
+ROLLOUT_DEMO_FLAGS = $(if $(RETRIEVAL_URL),--retrieval_url $(RETRIEVAL_URL))
 rollout-demo: $(STAMP)
-	$(BIN)/python -m slime_search_r1.demo
+	$(BIN)/python -m slime_search_r1.demo $(ROLLOUT_DEMO_FLAGS)
 
 # Slower checks than the test suite; each writes its own section of bench/RESULTS.md.
 bench: bench-rollout bench-retriever

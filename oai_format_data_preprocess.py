@@ -3,7 +3,8 @@
 Input: Search-R1's parquet (a local file, or a Hugging Face dataset id such as PeterJinGo/nq_hotpotqa_train)
 with columns question, golden_answers/reward_model, data_source (id, ability, extra_info kept when present).
 Output: parquet with
-  prompt        [{"role": "system", ...}, {"role": "user", "content": "Question: ...?"}]
+  prompt        [{"role": "system", ...}, {"role": "user", "content": "Question: ...?"}]; the system prompt names
+                the tools offered (slime_search_r1/data.py's chat_system_prompt), or is --system-prompt-file's
   tools         the tool list as a JSON string (slime's --tool-key tools puts it in sample.metadata["tools"]);
                 --tools search,access offers those tools (enable the same ones with SEARCH_R1_TOOLS); a tool of
                 your own is offered once its module is named in --extensions (or SEARCH_R1_EXTENSIONS)
@@ -38,7 +39,7 @@ with needs_extra("oai_format_data_preprocess.py", "data"):
     import pyarrow.parquet as pq
     from tqdm import tqdm
 
-from slime_search_r1.data import CHAT_SYSTEM_PROMPT, chat_question, golden_answers
+from slime_search_r1.data import chat_question, chat_system_prompt, golden_answers
 from slime_search_r1.registry import TOOLS
 from slime_search_r1.scoring.answers import normalize_answer
 from slime_search_r1.settings.kinds import ConfigError
@@ -193,14 +194,16 @@ def convert(
     split: str = "train",
     data_sources: set[str] | None = None,
     limit: int | None = None,
-    system_prompt: str = CHAT_SYSTEM_PROMPT,
+    system_prompt: str | None = None,
     keep_prompt: bool = False,
     tools: tuple[str, ...] = ("search",),
     gold_from: str | None = None,
 ) -> tuple[int, str | None]:
     """Write the converted rows; returns how many, and what was resolved (--gold-answers), if anything.
 
-    `gold_from`: the column whose answers a row keeps when its gold columns disagree; None refuses such rows."""
+    `system_prompt`: None for the built-in one, which names the `tools`; `gold_from`: the column whose answers a row
+    keeps when its gold columns disagree; None refuses such rows."""
+    system_prompt = chat_system_prompt(tools) if system_prompt is None else system_prompt
     rows, total = read_rows(source, split)
     tools_json = json.dumps([TOOLS.get(name).schema for name in tools], ensure_ascii=False)
     converted = []
@@ -289,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--limit must be at least 1")
     if not options.output.endswith(".parquet"):
         parser.error(f"--output must end with .parquet, got {options.output!r}")
-    system_prompt = CHAT_SYSTEM_PROMPT
+    system_prompt = None  # the built-in one, naming the --tools
     if options.system_prompt_file:
         try:
             with open(options.system_prompt_file, encoding="utf-8") as handle:

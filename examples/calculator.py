@@ -76,7 +76,14 @@ CALCULATOR = Tool(
     description="Evaluate an arithmetic expression: numbers, + - * / ** and parentheses.",
     parameters={
         "type": "object",
-        "properties": {"expression": {"type": "string", "description": "The expression, e.g. 2 * (3 + 4)."}},
+        # `examples`: what the scripted stand-in (python -m slime_search_r1.standin) calls it with
+        "properties": {
+            "expression": {
+                "type": "string",
+                "description": "The expression, e.g. 2 * (3 + 4).",
+                "examples": ["2 * (3 + 4)"],
+            }
+        },
         "required": ["expression"],
     },
     read_arguments=read_arguments,

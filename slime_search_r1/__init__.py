@@ -21,8 +21,10 @@ training/        what slime does with finished samples: group advantages, the la
 evaluation/      evaluate.py's body: its command lines, the run, the judge's pass, reports, papers' figures beside them
 scoring/         how an answer scores: EM, F1, cover EM (Search-R1's normalisation), an LLM judge; reward and eval
 viewer/          an offline HTML page of slime's dumps and evaluate.py runs (`python -m slime_search_r1.viewer`)
-demo/            the plugin offline (`python -m slime_search_r1.demo`): a scripted stand-in for SGLang, the
-                 embedded retriever, evaluate.py in both modes and the viewer's page
+standin/         a scripted stand-in for SGLang anyone can serve (`python -m slime_search_r1.standin`), and SGLang's
+                 answer rules it shares with the test engine
+demo/            the plugin offline (`python -m slime_search_r1.demo`): the stand-in, the embedded retriever,
+                 evaluate.py in both modes and the viewer's page
 data.py          Search-R1's prompts, labels and test sets
 http_client.py   aiohttp plumbing shared by the engine, router and search clients
 """

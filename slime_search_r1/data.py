@@ -38,6 +38,24 @@ CHAT_SYSTEM_PROMPT = (
 )
 
 
+def chat_system_prompt(tools=("search",)) -> str:
+    """The chat data's system prompt for the enabled tools, by name: with search alone CHAT_SYSTEM_PROMPT, word for
+    word; with others (access, a tool of your own) it names every one of them."""
+    tools = list(tools)
+    if tools == ["search"]:
+        return CHAT_SYSTEM_PROMPT
+    named = tools[0] if len(tools) == 1 else f"{', '.join(tools[:-1])} and {tools[-1]}"
+    several = len(tools) > 1
+    return (
+        f"You are a helpful assistant that answers questions with the help of "
+        f"{f'the {named} tools' if several else f'a {named} tool'}. Reason step by step inside <think> and </think> "
+        "every time you get new information. If you lack some knowledge or need what a tool gives, call "
+        f"{'one of the tools' if several else f'the {named} tool'}; you can call {'them' if several else 'it'} as "
+        "many times as you want. When no further knowledge is needed, give the final answer inside <answer> and "
+        "</answer>, without detailed illustrations. For example, <answer> Beijing </answer>."
+    )
+
+
 def chat_question(question: str) -> str:
     """The user turn of the chat-format data (the question gets a `?` like Search-R1's)."""
     return f"Question: {as_question(question)}"

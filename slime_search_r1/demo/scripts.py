@@ -1,15 +1,13 @@
-"""What the offline rollout demo's scripted policy writes: ten questions whose answers are in the embedded
-mini-Wikipedia, each with the turns the 'model' takes, in both protocols (XML tags and chat tool calls).
+"""What the offline rollout demo's 'model' does: ten questions whose answers are in the embedded mini-Wikipedia, each
+with the turns it takes. The scripted stand-in for SGLang (slime_search_r1/standin/policy.py) writes them, in either
+protocol (XML tags or chat tool calls), with a call to every other enabled tool before the answer.
 
 The turns are fixed in advance: the policy never reads what the searches return. The questions' evidence articles are
 in the 10,033 summaries, so the real retriever finds them for the scripted queries; one episode answers wrongly on
 purpose, one answers without searching, one searches twice, so that the rewards and the trajectories differ.
 """
 
-import json
 from dataclasses import dataclass
-
-from slime_search_r1.data import as_question
 
 DATA_SOURCE = "mini_wiki"
 
@@ -20,19 +18,6 @@ class Scripted:
     golden_answers: tuple[str, ...]
     evidence: str  # the article (its summary's title) that holds the answer
     turns: tuple[tuple[str, str], ...]  # ("search", query) or ("answer", text), in order
-
-    def written(self, mode: str) -> list[str]:
-        """The text of each turn in LLM_API_MODE `mode`: "generate" (XML tags) or "chat" (tool calls)."""
-        return [_turn(kind, text, mode) for kind, text in self.turns]
-
-
-def _turn(kind: str, text: str, mode: str) -> str:
-    if kind == "answer":
-        return f"<think>A scripted turn: the answer.</think>\n<answer> {text} </answer>"
-    if mode == "chat":
-        call = json.dumps({"name": "search", "arguments": {"query": text}})
-        return f"<think>A scripted turn: search.</think>\n<tool_call>\n{call}\n</tool_call>"
-    return f"<think>A scripted turn: search.</think>\n<search> {text} </search>"
 
 
 EPISODES = (
@@ -61,11 +46,6 @@ EPISODES = (
              "The Garden of Earthly Delights",
              (("search", "The Garden of Earthly Delights painter"), ("answer", "Caspar David Friedrich"))),
 )  # fmt: skip
-
-
-def policy_scripts(mode: str) -> dict[str, list[str]]:
-    """ScriptedPolicy's scripts: the question as the prompt carries it (with its `?`) -> the turns' text."""
-    return {as_question(episode.question): episode.written(mode) for episode in EPISODES}
 
 
 def expected_em() -> float:

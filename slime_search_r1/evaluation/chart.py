@@ -7,7 +7,7 @@ still writes its results and warns that the picture is missing.
 
 from pathlib import Path
 
-from slime_search_r1.evaluation.summary import format_score, score_label
+from slime_search_r1.evaluation.summary import format_score, model_name, score_label
 
 RESULTS_PNG = "em_by_source.png"  # every score, EM first
 
@@ -15,7 +15,7 @@ RESULTS_PNG = "em_by_source.png"  # every score, EM first
 def write_em_chart(output_dir: Path, summary: dict, run_config: dict, references: list[dict] | None = None) -> Path:
     """em_by_source.png next to results.md (with the paper's bars when `references` are given); raises ImportError
     when matplotlib is not installed."""
-    model = Path(str(run_config.get("hf_checkpoint") or "")).name or "model"
+    model = model_name(run_config.get("hf_checkpoint"), bool(summary.get("scripted")))
     what = "EM" if summary.get("scores", ["em"]) == ["em"] else "scores"
     title = f"{model}: {what} per data source ({summary['n']} of {summary['selected']} trajectories)"
     if references:

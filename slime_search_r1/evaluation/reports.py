@@ -13,6 +13,7 @@ from slime_search_r1.evaluation.references import beside_paper, beside_paper_mar
 from slime_search_r1.evaluation.store import TrajectoryStore
 from slime_search_r1.registry import reward_names
 from slime_search_r1.evaluation.summary import format_score, score_label, summarize
+from slime_search_r1.standin import SCRIPTED_LABEL
 from slime_search_r1.scoring.judge import JudgeClient
 
 RESULTS_MD = "results.md"
@@ -69,10 +70,15 @@ def markdown_report(summary: dict, run_config: dict) -> str:
     sampling = "greedy" if not run_config.get("temperature") else f"temperature {run_config.get('temperature')}"
     if run_config.get("temperature"):
         sampling += f", top-p {run_config.get('top_p')}, top-k {run_config.get('top_k')}"
+    checkpoint = run_config.get("hf_checkpoint")
+    scripted = bool(summary.get("scripted"))
     lines = [
-        "# Search-R1 evaluation",
+        f"# Search-R1 evaluation of a {SCRIPTED_LABEL}" if scripted else "# Search-R1 evaluation",
         "",
-        f"- model: `{run_config.get('hf_checkpoint')}`",
+        f"- model: none, a {SCRIPTED_LABEL} wrote every turn (python -m slime_search_r1.standin), with the tokenizer "
+        f"`{checkpoint}`: these figures show the plugin's mechanics, not a model's quality"
+        if scripted
+        else f"- model: `{checkpoint}`",
         f"- data: `{run_config.get('data')}`",
         f"- mode: {run_config.get('llm_api_mode')}, {sampling}, {k} sample{'s' if k > 1 else ''} per question, "
         f"max response {run_config.get('max_response_len')} tokens, max turns {run_config.get('max_turns')}, "

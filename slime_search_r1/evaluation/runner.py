@@ -4,7 +4,8 @@ evaluation calls them, against a running SGLang server (or router) and the confi
 The plugin is passed in (evaluate.py loads generate_with_search, the user's settings and hooks): this package never
 imports the top-level files. Each finished sample becomes one line of trajectories.jsonl (trajectory_record): its
 status and counters, the answer it gave and its rule-based scores (EM from reward_func, F1 and cover EM from
-scoring/answers.py over the same answer).
+scoring/answers.py over the same answer), and whether the scripted stand-in wrote its turns (slime_search_r1/standin:
+the weight version its answers carry, which the plugin records per engine call).
 """
 
 import asyncio
@@ -23,6 +24,7 @@ from slime_search_r1.http_client import close_loop_sessions
 from slime_search_r1.episode import episode_record, tool_counters
 from slime_search_r1.scoring.answers import answer_of, rule_scores
 from slime_search_r1.settings.kinds import ConfigError
+from slime_search_r1.standin import scripted_record
 from slime_search_r1.tools.contract import Tool
 
 logger = logging.getLogger("evaluate")
@@ -151,6 +153,7 @@ def trajectory_record(
         "response_length": sample.response_length,
         "seconds": round(seconds, 3),
         "response": sample.response,
+        "scripted": scripted_record(episode),  # the scripted stand-in answered, not a model
         **(viewer_fields(sample, episode) if with_tokens else {}),
     }
 

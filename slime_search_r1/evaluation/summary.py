@@ -12,10 +12,12 @@ The reports (reports.py, chart.py, comparison.py) show these figures with score_
 """
 
 import math
+from pathlib import Path
 from statistics import fmean
 
 from slime_search_r1.data import SEARCH_R1_DATA_SOURCES
 from slime_search_r1.registry import ANSWER_SCORES
+from slime_search_r1.standin import SCRIPTED_LABEL
 
 _NAMES = {"em": "EM", "f1": "F1", "cover_em": "cover EM", "judge": "judge"}  # how tables name them; others as named
 
@@ -63,6 +65,7 @@ def summarize(
         if "_pass@" in key:
             summary[f"{key}_short"] = sum(s[f"{key}_short"] for s in sources.values())
     summary |= {
+        "scripted": any(record.get("scripted") for record in records),  # the scripted stand-in answered
         "n": len(records),
         "selected": sum(selected_per_source.values()),
         "complete": len(records) == sum(selected_per_source.values()),
@@ -71,6 +74,13 @@ def summarize(
         summary["judge"] = judge
         summary["unjudged"] = sum(s["unjudged"] for s in sources.values())
     return summary
+
+
+def model_name(hf_checkpoint, scripted: bool) -> str:
+    """How the reports name what answered: the checkpoint's folder; for the scripted stand-in, that it was one and
+    whose tokenizer it wrote with."""
+    name = Path(str(hf_checkpoint or "")).name or str(hf_checkpoint or "model")
+    return f"{SCRIPTED_LABEL} (tokenizer {name})" if scripted else name
 
 
 def pass_key(score: str, k: int) -> str:

@@ -9,7 +9,7 @@
                        is wrong with it (the episode then ends FAILED with that message in its record)
   every answer's weight versions go to episode.ENGINE_VERSIONS, the newest any engine has shown in this process
 
-What the answer holds, as SGLang 0.5.15.post1 (slime's image) and 0.5.23 write it (tests/support/sglang_rules.py
+What the answer holds, as SGLang 0.5.15.post1 (slime's image) and 0.5.23 write it (standin/sglang_rules.py
 cites the source): `output_ids` and, with return_logprob, `meta_info.output_token_logprobs` as [logprob, id, text]
 per sampled token, the same ids in both; a NaN or infinite log prob arrives as null. `finish_reason` is stop, length
 or abort; an aborted answer holds every token sampled so far (none, and no prompt_tokens, when it never ran).

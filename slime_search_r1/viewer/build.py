@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slime_search_r1.evaluation.store import RUN_CONFIG
+from slime_search_r1.standin import SCRIPTED_LABEL
 from slime_search_r1.viewer.inputs import read_inputs
 from slime_search_r1.viewer.page import render_page, write_page
 from slime_search_r1.viewer.samples import Run
@@ -51,9 +52,12 @@ def build_page(
     """Read `inputs` (slime dumps, evaluate.py folders) and write output_dir/index.html.
 
     The tokenizer is `tokenizer` (an object), else loaded from `tokenizer_path`, else from a folder found beside the
-    inputs; without one the page shows tokens by id. TokenizerError when a named tokenizer cannot be loaded."""
+    inputs; without one the page shows tokens by id. The title says "scripted stand-in" when one wrote any sample's
+    turns. TokenizerError when a named tokenizer cannot be loaded."""
     found = read_inputs(inputs, allowed_globals, rollouts)
     warnings = list(found.warnings)
+    if SCRIPTED_LABEL not in title and any(sample.scripted for run in found.runs for sample in run.samples):
+        title = f"{title} ({SCRIPTED_LABEL})"
     name = None
     if tokenizer is not None:
         name = str(getattr(tokenizer, "name_or_path", "") or "given")

@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slime_search_r1.episode import episode_record
+from slime_search_r1.standin import scripted_record
 
 
 @dataclass
@@ -34,6 +35,11 @@ class ViewSample:
     @property
     def record(self) -> dict | None:
         return episode_record(self)
+
+    @property
+    def scripted(self) -> bool:
+        """The scripted stand-in wrote its turns: its record's weight versions say so, or evaluate.py's line does."""
+        return scripted_record(self.record) or bool(self.other.get("scripted"))
 
 
 @dataclass

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from slime_search_r1.episode import METADATA_KEY
 from slime_search_r1.evaluation.store import RUN_CONFIG, TRAJECTORIES, TrajectoryStore
+from slime_search_r1.evaluation.summary import model_name
 from slime_search_r1.scoring.answers import answer_of
 from slime_search_r1.viewer.dumps import InputError
 from slime_search_r1.viewer.samples import Run, ViewSample
@@ -70,7 +71,9 @@ def read_evaluate_run(folder: Path) -> Run:
     notes = []
     if config_path.is_file():
         config = json.loads(config_path.read_text(encoding="utf-8"))
-        notes.append(f"model {config.get('hf_checkpoint')}, data {config.get('data')}")
+        scripted = any(line.get("scripted") for line in lines)
+        model = model_name(config.get("hf_checkpoint"), True) if scripted else config.get("hf_checkpoint")
+        notes.append(f"model {model}, data {config.get('data')}")
     if lines and not any(isinstance(line.get("tokens"), dict) for line in lines):
         notes.append("no token ids in these trajectories (run evaluate.py with --viewer to record them): text only")
     return Run(

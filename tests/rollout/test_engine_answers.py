@@ -1,4 +1,4 @@
-"""What SGLang's engine really answers, through generate() in both protocols (tests/support/sglang_rules.py holds the
+"""What SGLang's engine really answers, through generate() in both protocols (standin/sglang_rules.py holds the
 rules, each with its version and source file): the two versions' finish orders at the last allowed token, an EOS
 inside a speculative run, a base model's EOS set, a request aborted while it waited, weight-version spans when the
 weights change under a running request, and answers nothing can be trained on (a null log prob, a body that is not
@@ -25,7 +25,7 @@ from support.episodes import (
     searches,
 )
 from support.fake_sglang import BASE_MODEL_EOS
-from support.sglang_rules import SGLANG_0_5_23, VERSIONS
+from slime_search_r1.standin.sglang_rules import SGLANG_0_5_23, VERSIONS
 from support.slime_rollout import slime_sampling_params
 
 IM_END, END_OF_TEXT = 151645, 151643

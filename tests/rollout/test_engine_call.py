@@ -1,5 +1,5 @@
 """tokens/engine.py in process: the /generate call (its transport, retries and the prompt-length check) and the
-answer read as SGLang 0.5.15.post1 and 0.5.23 write it (tests/support/sglang_rules.py cites their source): ids, log
+answer read as SGLang 0.5.15.post1 and 0.5.23 write it (standin/sglang_rules.py cites their source): ids, log
 probs and weight-version spans out of a good answer, EngineProtocolError naming what is wrong with a bad one (the
 episode then ends FAILED: test_engine_answers.py shows it through generate()). No server: the POST is a recorded
 function."""

@@ -259,7 +259,7 @@ async def test_an_episode_aborted_twice_resumes_twice(mode, rollout_args, tokeni
 
 
 # ---- an abort whose one more step ends the turn ---------------------------------------------------------------------
-# SGLang's abort runs one more decode step and keeps its token with no stop check (tests/support/sglang_rules.py), so
+# SGLang's abort runs one more decode step and keeps its token with no stop check (standin/sglang_rules.py), so
 # a turn held one token before its end comes back aborted and already ended: with <|im_end|>, with the token that
 # completes </search> or </answer>, or with EOS. It must end there, as the engine would have ended it, and never be
 # continued past its end.

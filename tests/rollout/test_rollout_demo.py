@@ -92,9 +92,14 @@ def test_the_offline_rollout_demo_runs_both_modes_with_real_searches(small_corpu
                 assert record["retrieval_hit"]
         page = (run / "viewer" / "index.html").read_text()
         assert all(episode.question in page for episode in EPISODES)
-        assert (run / "results.md").is_file() and (run / "em_by_source.png").is_file()
+        assert (run / "em_by_source.png").is_file()
+        assert (run / "results.md").read_text().startswith("# Search-R1 evaluation of a scripted stand-in\n")
 
     assert "==== one episode (XML): Where is Apple Inc. headquartered?" in out
+    rerun = out.split("==== to run it again by hand", 1)[1].split("==== summary", 1)[0]
+    printed = [line.removeprefix("$ ") for line in rerun.splitlines() if line.startswith("$ ")]
+    assert "-m local_dense_retriever.retrieval_server" in printed[0] and "-m slime_search_r1.standin" in printed[1]
+    assert all(" SEARCH_BACKEND=local " in line and "evaluate.py" in line for line in printed[2:4])
     assert '<information>Doc 1(Title: "' in out
     server_pid = int(out.split("starting the retrieval server on the mini-Wikipedia (pid ")[1].split(")")[0])
     assert not psutil.pid_exists(server_pid) or "retrieval_server" not in " ".join(

@@ -22,9 +22,10 @@ from dataclasses import dataclass, field
 from slime.rollout.sglang_rollout import GenerateState
 from slime.utils.types import Sample
 from slime_search_r1.training import metrics as hook_metrics
+from slime_search_r1.standin.model import ASSISTANT_MARKER
 from slime_search_r1.training.collapse import CollapseWatch
 from support.episodes import label
-from support.fake_sglang import ASSISTANT_MARKER, question_of, turn_index
+from support.fake_sglang import question_of, turn_index
 from support.slime_rollout import chat_prompt, log_rollout_data
 from support.tracking import record_tracking
 

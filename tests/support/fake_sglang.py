@@ -1,6 +1,7 @@
 """A loopback stand-in for SGLang's native /generate, driven by a scripted policy and a real tokenizer.
 
-It answers as SGLang's source says (tests/support/sglang_rules.py holds the rules, each with its version and file):
+It answers as SGLang's source says (slime_search_r1/standin/sglang_rules.py holds the rules, each with its version and
+file, for this engine and the stand-in anyone can serve, `python -m slime_search_r1.standin`):
 `input_ids` (or `text`) in; `output_ids`, `text` and `meta_info` (finish_reason stop/length/abort with `matched`,
 prompt/completion token counts, `output_token_logprobs` as [logprob, id, null], the `weight_version` that sampled it,
 and on 0.5.23 the `weight_versions` spans) out. `version` picks 0.5.15.post1 (slime's image, the default) or 0.5.23:
@@ -32,7 +33,6 @@ import json
 import re
 import threading
 import uuid
-import zlib
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +40,15 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from support.sglang_rules import (
+from slime_search_r1.standin.model import (
+    BASE_MODEL_EOS,
+    assistant_marker,
+    question_of,
+    scripted_log_prob,
+    turn_end_ids,
+)
+from slime_search_r1.standin.model import turn_index as turns_taken
+from slime_search_r1.standin.sglang_rules import (
     SGLANG_0_5_15,
     VERSIONS,
     WAITING_ABORT,
@@ -48,17 +56,16 @@ from support.sglang_rules import (
     FinishRules,
     LengthRules,
     abort_running,
+    admit_request,
+    answer_meta,
     decode_steps,
     streamed_so_far,
+    output_token_logprobs,
     trimmed_text,
-    unknown_sampling_field,
     weight_version_spans,
 )
 
-QUESTION_PATTERN = re.compile(r"Question: (.*?)(?:\n|<\|im_end\|>|<\|eot_id\|>)")
 TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-ASSISTANT_MARKER = "<|im_start|>assistant"
-LLAMA_ASSISTANT_MARKER = "<|start_header_id|>assistant<|end_header_id|>"  # Llama 3's assistant turn
 OBSERVATION_ENDS = (  # what ends each observation the model was shown inside one assistant turn (XML mode)
     "</information>",
     "</result>",  # examples/calculator.py's result block
@@ -70,19 +77,7 @@ OBSERVATION_ENDS = (  # what ends each observation the model was shown inside on
 
 def turn_index(context_text: str) -> int:
     """How many turns the model already took: earlier assistant turns (chat) plus replies inside this one (XML)."""
-    marker = assistant_marker(context_text)
-    earlier, _, reply = context_text.rpartition(marker)
-    return earlier.count(marker) + sum(reply.count(end) for end in OBSERVATION_ENDS)
-
-
-def assistant_marker(context_text: str) -> str:
-    """What opens an assistant turn in this context: Llama 3's header, else ChatML's."""
-    return LLAMA_ASSISTANT_MARKER if LLAMA_ASSISTANT_MARKER in context_text else ASSISTANT_MARKER
-
-
-def question_of(context_text: str) -> str:
-    match = QUESTION_PATTERN.search(context_text)
-    return match.group(1).strip() if match else ""
+    return turns_taken(context_text, OBSERVATION_ENDS)
 
 
 class ScriptedPolicy:
@@ -96,20 +91,6 @@ class ScriptedPolicy:
         turns = self.scripts.get(question_of(context_text), self.default)
         index = turn_index(context_text)
         return turns[min(index, len(turns) - 1)]
-
-
-# What the scripted model writes after <|im_end|> when nothing stops it there (a base model served with a chat
-# template does not take <|im_end|> for EOS): it makes up the user's next message.
-AFTER_TURN = "\n<|im_start|>user\nThank you!<|im_end|>\n"
-# Llama 3's: (end of turn, what it makes up after it, end of text)
-LLAMA_TURN_END = ("<|eot_id|>", "<|start_header_id|>user<|end_header_id|>\n\nThank you!<|eot_id|>", "<|end_of_text|>")
-# The base Qwen2.5-3B's EOS set (config.json, generation_config.json and the tokenizer all say <|endoftext|>).
-BASE_MODEL_EOS = (151643,)
-
-
-def fake_log_prob(context_length: int, token_id: int) -> float:
-    """A deterministic, strictly negative log prob that differs by position and token."""
-    return -((zlib.crc32(f"{context_length}:{token_id}".encode()) % 9000) + 1) / 1000.0
 
 
 @dataclass
@@ -247,7 +228,7 @@ class FakeSGLangEngine:
         self.null_log_prob_at: dict[int, int] = {}  # call number -> the position whose log prob is NaN (sent as null)
         self.rewrite_next: Callable[[dict], dict] | None = None  # the next answer's body, as a broken engine sends it
         self._arrivals: list[tuple[int, threading.Event]] = []  # (call count, set once that many have arrived)
-        # (context ids, sampled ids) -> the sampled ids' log probs; None: fake_log_prob by position and token
+        # (context ids, sampled ids) -> the sampled ids' log probs; None: scripted_log_prob by position and token
         self.log_probs_of: Callable[[list[int], list[int]], list[float]] | None = None
         self.app = self._build_app()
 
@@ -312,13 +293,8 @@ class FakeSGLangEngine:
 
     @functools.cached_property
     def _turn_ends(self) -> tuple[list[int], list[int]]:
-        """(how a turn ends inside a ChatML assistant turn, how it ends anywhere else)."""
-        ids = self.tokenizer.convert_tokens_to_ids
-        end, after, end_of_text = ("<|im_end|>", AFTER_TURN, "<|endoftext|>")
-        if "<|im_end|>" not in self.tokenizer.get_vocab():
-            end, after, end_of_text = LLAMA_TURN_END
-        after_ids = self.tokenizer.encode(after, add_special_tokens=False)
-        return [ids(end), *after_ids, ids(end_of_text)], [ids(end_of_text)]
+        """(how a turn ends inside an assistant turn, how it ends anywhere else)."""
+        return turn_end_ids(self.tokenizer)
 
     def _split(self, token: int) -> list[int]:
         """Two smaller tokens that decode to the same bytes, if the vocabulary has them."""
@@ -422,31 +398,24 @@ class FakeSGLangEngine:
         call.log_probs = (
             self.log_probs_of(call.input_ids, out)
             if self.log_probs_of
-            else [fake_log_prob(len(call.input_ids) + i, t) for i, t in enumerate(out)]
+            else [scripted_log_prob(len(call.input_ids) + i, t) for i, t in enumerate(out)]
         )
-        meta = {
-            "id": uuid.uuid4().hex,
-            "finish_reason": finish,
-            "prompt_tokens": call.prompt_tokens,
-            "weight_version": version,
-            "num_retractions": retractions,
-            "reasoning_tokens": 0,
-            "completion_tokens": len(out),
-            "cached_tokens": 0,
-            "e2e_latency": 0.01,
-        }
-        if finish == WAITING_ABORT:  # _handle_abort_req answers from what it was sent (managers/tokenizer_manager.py)
-            meta = {"id": meta["id"], "finish_reason": finish, "weight_version": version, "e2e_latency": 0.01}
-            meta["completion_tokens"] = len(out)
-        if self.version != SGLANG_0_5_15:
-            meta["weight_versions"] = weight_version_spans(events, version, len(out))
+        meta = answer_meta(
+            self.version,
+            request_id=uuid.uuid4().hex,
+            finish=finish,
+            prompt_tokens=call.prompt_tokens,
+            completion_tokens=len(out),
+            weight_version=version,
+            retractions=retractions,
+            version_events=events,
+        )
         if call.return_logprob:
             log_probs: list[float | None] = list(call.log_probs)
             nan_at = self.null_log_prob_at.pop(len(self.calls), None)
             if nan_at is not None and nan_at < len(log_probs):
                 log_probs[nan_at] = None  # orjson writes NaN and infinities as null
-            meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(log_probs, out, strict=True)]
-            meta["output_token_logprobs_length"] = len(out)
+            meta.update(output_token_logprobs(log_probs, out))
         if self.top_p_replay:
             nucleus = [[t, (t + 1) % 151643] for t in out]  # the sampled token and one more per position
             ids = [i for kept in nucleus for i in kept]
@@ -537,20 +506,10 @@ class FakeSGLangEngine:
             return await generate_ids(input_ids, sent_text, params, bool(body.get("return_logprob")), request)
 
         async def generate_ids(input_ids, sent_text, params, return_logprob, request=None):
-            unknown = unknown_sampling_field(self.version, params)
-            if unknown is not None:  # 0.5.23's schema check comes first, its error a plain string
-                return self._refuse({"error": unknown})
-            max_new = params.get("max_new_tokens", 128)
-            if not isinstance(max_new, int) or max_new < 0:
-                return JSONResponse({"error": {"message": f"max_new_tokens must be >= 0, got {max_new}"}}, 400)
-            min_new = params.get("min_new_tokens", 0)
-            if not 0 <= min_new <= max_new:
-                message = f"min_new_tokens must be in [0, max_new_tokens({max_new})], got {min_new}."
-                return JSONResponse({"error": {"message": message}}, 400)
             lengths = LengthRules(self.context_length, self.speculative_reserved, self.allow_auto_truncate)
-            refusal, conditioned, max_new = lengths.admit(input_ids, max_new)
+            refusal, conditioned, max_new = admit_request(self.version, input_ids, params, lengths)
             if refusal is not None:
-                return self._refuse({"error": {"message": refusal}})
+                return self._refuse(refusal)
             call = EngineCall(input_ids, sent_text, dict(params), return_logprob, len(conditioned))
             call.headers = dict(request.headers) if request is not None else {}
             if self.record:

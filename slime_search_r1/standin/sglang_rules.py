@@ -1,9 +1,10 @@
 """How SGLang decides where a /generate request ends, and what its answer holds, read from SGLang's own source.
 
-The test engine (fake_sglang.py) generates with these rules; each one names the SGLang version and the file it was
-read from (paths inside the wheel, under sglang/srt/; `pip download sglang==0.5.23 --no-deps` and unzip to check).
-Two versions are covered: 0.5.15.post1, what slime's Docker image runs, and 0.5.23, the newest on the index. They
-differ in the order of the finish checks and in what an answer says about weight versions.
+Both scripted engines generate with these rules: the stand-in anyone can serve (server.py) and the test suite's
+(tests/support/fake_sglang.py). Each rule names the SGLang version and the file it was read from (paths inside the
+wheel, under sglang/srt/; `pip download sglang==0.5.23 --no-deps` and unzip to check). Two versions are covered:
+0.5.15.post1, what slime's Docker image runs, and 0.5.23, the newest on the index. They differ in the order of the
+finish checks and in what an answer says about weight versions.
 """
 
 from dataclasses import dataclass, field
@@ -275,3 +276,71 @@ def streamed_so_far(sampled: int) -> int:
     retracted to the waiting queue (managers/schedule_batch.py, retract_decode) and aborted there is answered from
     them by _handle_abort_req ("Abort in waiting queue", without prompt_tokens), its log probs alike."""
     return sampled - sampled % FORCE_STREAM_INTERVAL
+
+
+def admit_request(
+    version: str, input_ids: list[int], params: dict, lengths: LengthRules
+) -> tuple[dict | None, list[int], int]:
+    """(the HTTP 400 body SGLang refuses a /generate request with, or None; the input the engine conditions on; the
+    max_new_tokens it runs with). In SGLang's order: 0.5.23's sampling_params schema (its error a plain string),
+    max_new_tokens and min_new_tokens out of range (sampling/sampling_params.py, verify), then the length rules."""
+    unknown = unknown_sampling_field(version, params)
+    if unknown is not None:
+        return {"error": unknown}, input_ids, 0
+    max_new = params.get("max_new_tokens", 128)
+    if not isinstance(max_new, int) or max_new < 0:
+        return {"error": {"message": f"max_new_tokens must be >= 0, got {max_new}"}}, input_ids, 0
+    min_new = params.get("min_new_tokens", 0)
+    if not 0 <= min_new <= max_new:
+        return (
+            {"error": {"message": f"min_new_tokens must be in [0, max_new_tokens({max_new})], got {min_new}."}},
+            [],
+            0,
+        )
+    refusal, conditioned, max_new = lengths.admit(input_ids, max_new)
+    if refusal is not None:
+        return {"error": {"message": refusal}}, conditioned, 0
+    return None, conditioned, max_new
+
+
+def answer_meta(
+    version: str,
+    *,
+    request_id: str,
+    finish: dict,
+    prompt_tokens: int,
+    completion_tokens: int,
+    weight_version: str,
+    retractions: int = 0,
+    version_events: list[tuple[str, int]] | None = None,
+) -> dict:
+    """The meta_info of a finished (or running, then aborted) request's answer (managers/tokenizer_manager.py,
+    _handle_batch_output; 0.5.23 adds weight_versions, utils/weight_versions.py). Log probs are added apart
+    (output_token_logprobs), only when the request asked for them."""
+    meta = {
+        "id": request_id,
+        "finish_reason": finish,
+        "prompt_tokens": prompt_tokens,
+        "weight_version": weight_version,
+        "num_retractions": retractions,
+        "reasoning_tokens": 0,
+        "completion_tokens": completion_tokens,
+        "cached_tokens": 0,
+        "e2e_latency": 0.01,
+    }
+    if finish == WAITING_ABORT:  # _handle_abort_req answers from what it was sent (managers/tokenizer_manager.py)
+        meta = {
+            key: meta[key] for key in ("id", "finish_reason", "weight_version", "e2e_latency", "completion_tokens")
+        }
+    if version != SGLANG_0_5_15:
+        meta["weight_versions"] = weight_version_spans(version_events or [], weight_version, completion_tokens)
+    return meta
+
+
+def output_token_logprobs(log_probs: list[float | None], ids: list[int]) -> dict:
+    """meta_info's log probs with return_logprob: [logprob, id, text] per output token, the text null as slime asks
+    for none (return_text_in_logprobs off); a NaN log prob reaches the client as null (orjson writes NaN as null)."""
+    return {
+        "output_token_logprobs": [[lp, t, None] for lp, t in zip(log_probs, ids, strict=True)],
+        "output_token_logprobs_length": len(ids),
+    }
