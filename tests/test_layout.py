@@ -208,3 +208,52 @@ def test_no_test_skips_when_a_project_module_fails_to_import():
             ):
                 skipped.append(f"{path.relative_to(REPO)}:{node.lineno} {node.args[0].value}")
     assert skipped == []
+
+
+# ---- the documentation's links ----------------------------------------------------------------------------------
+
+MARKDOWN_PAGES = sorted(
+    path
+    for path in REPO.rglob("*.md")
+    if not {".venv", ".git", ".cache", "slime_stub", "node_modules"} & set(path.relative_to(REPO).parts)
+)
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")  # [text](target), images included
+HEADING = re.compile(r"^#{1,6} +(.+?)\s*$", re.MULTILINE)
+
+
+def without_code_blocks(text: str) -> str:
+    return re.sub(r"^```.*?^```", "", text, flags=re.MULTILINE | re.DOTALL)
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives a page's headings: the text lower-cased, every character but letters, digits, `_`,
+    `-` and spaces dropped, spaces as hyphens; a repeated anchor gets -1, -2, ..."""
+    anchors, seen = set(), {}
+    for heading in HEADING.findall(without_code_blocks(page.read_text(encoding="utf-8"))):
+        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link in a heading: its text
+        anchor = re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+        anchors.add(anchor if anchor not in seen else f"{anchor}-{seen[anchor]}")
+        seen[anchor] = seen.get(anchor, 0) + 1
+    return anchors
+
+
+@pytest.mark.parametrize("page", MARKDOWN_PAGES, ids=lambda page: str(page.relative_to(REPO)))
+def test_every_relative_link_and_anchor_resolves(page):
+    text = re.sub(r"`[^`\n]*`", "", without_code_blocks(page.read_text(encoding="utf-8")))  # code is not a link
+    broken = []
+    for target in LINK.findall(text):
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+            continue
+        file, _, anchor = target.partition("#")
+        linked = (page.parent / file).resolve() if file else page
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in heading_anchors(linked):
+            broken.append(f"{target}: no such heading")
+    assert broken == []
+
+
+def test_every_documentation_page_has_its_chinese_twin():
+    english = [path for path in [REPO / "README.md", *(REPO / "docs").glob("*.md")] if not path.stem.endswith("_zh")]
+    missing = [path for path in english if not path.with_name(f"{path.stem}_zh.md").is_file()]
+    assert [str(path.relative_to(REPO)) for path in missing] == []
