@@ -1,4 +1,4 @@
-"""The engine's limits as SGLang enforces them, through generate() (tests/support/sglang_rules.py cites the source of
+"""The engine's limits as SGLang enforces them, through generate() (tests/slime_search_r1/standin/sglang_rules.py cites the source of
 each rule the test engine follows): an episode that reaches the served context length ends TRUNCATED
 `context_length` and is trained, never FAILED, with or without speculative decoding's reserved slots and whether the
 flags told the plugin the length or the engine's refusal did; no engine answer crashes a rollout, over either
@@ -24,7 +24,7 @@ from slime_search_r1.tokens.limits import EngineLimits, config_context_length, r
 from support import slime_compat
 from support.fake_sglang import Hold
 from support.episodes import ANSWER, MODE_IDS, MODES, QUESTION, SEARCH, info, sample_for, searches
-from support.sglang_rules import SGLANG_0_5_15, SGLANG_0_5_23, VERSIONS
+from slime_search_r1.standin.sglang_rules import SGLANG_0_5_15, SGLANG_0_5_23, VERSIONS
 from support.slime_rollout import slime_sampling_params
 
 # A long answer after one search: the episode that runs into the context length.
