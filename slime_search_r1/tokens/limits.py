@@ -1,7 +1,7 @@
 """The engine's length limits: what SGLang accepts of one /generate request, so the budget never asks for more.
 
-SGLang (0.5.15.post1 and 0.5.23, tests/support/sglang_rules.py LengthRules cites the source) checks a request of L
-input tokens against the served context length C: its tokenizer manager refuses L + R >= C and L + R +
+SGLang (0.5.15.post1 and 0.5.23; LengthRules in slime_search_r1/standin/sglang_rules.py cites the source) checks a
+request of L input tokens against the served context length C: its tokenizer manager refuses L + R >= C and L + R +
 max_new_tokens > C, where R is the slots EAGLE-style speculative decoding reserves for draft tokens (0 without it);
 its scheduler refuses L >= C - 6 and lowers max_new_tokens to C - L - 2 without saying so. A refusal is HTTP 400.
 So a request is sent only with L <= C - max(7, R + 1), asking for at most C - L - max(2, R) new tokens: everything

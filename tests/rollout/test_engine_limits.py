@@ -1,5 +1,5 @@
-"""The engine's limits as SGLang enforces them, through generate() (tests/slime_search_r1/standin/sglang_rules.py cites the source of
-each rule the test engine follows): an episode that reaches the served context length ends TRUNCATED
+"""The engine's limits as SGLang enforces them, through generate() (slime_search_r1/standin/sglang_rules.py cites
+the source of each rule the test engine follows): an episode that reaches the served context length ends TRUNCATED
 `context_length` and is trained, never FAILED, with or without speculative decoding's reserved slots and whether the
 flags told the plugin the length or the engine's refusal did; no engine answer crashes a rollout, over either
 transport; an aborted answer is checked against what was sent; and an episode that starts over keeps every counter
