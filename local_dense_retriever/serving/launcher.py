@@ -207,7 +207,7 @@ def server_layout(flags: list[str], facts: ServerFacts, node_gpus: int | None = 
         return f"--index_path {args.index_path}: its header gives no size (not a plain FAISS index file)"
     size, dim, flat = header["size"], header["dim"], header["code"] in ("IxFI", "IxF2")
     # as the memory plan names layouts; FAISS's type code only for a kind it has no name for
-    named = header.get("layout") or f"FAISS index of type {header['code']} (a kind the memory plan does not name)"
+    named = header.get("layout") or f"FAISS type {header['code']} (not a layout the memory plan names)"
     gpus = facts.visible_gpus or node_gpus or 0
     if args.torch_search is not None and args.torch_search.strip().lower() != "cpu":
         if args.torch_search.strip().lower() == "all" and not gpus:
