@@ -15,6 +15,7 @@ beside each row; compare servers within a round.
 
 import os
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -59,6 +60,16 @@ class TailRow:
     @property
     def beside_ratio(self) -> float:
         return self.beside_p99_ms / self.alone_p99_ms
+
+
+def commit_of(checkout: Path) -> str:
+    """The checkout's commit, for the table (a tree with changes says so)."""
+
+    def git(*words: str) -> str:
+        return subprocess.run(["git", "-C", str(checkout), *words], capture_output=True, text=True).stdout.strip()
+
+    changed = " with changes" if git("status", "--porcelain", "--untracked-files=no") else ""
+    return (git("rev-parse", "--short", "HEAD") or "unknown") + changed
 
 
 def server_program(checkout: Path | None) -> list[str]:
@@ -131,10 +142,11 @@ def tail_targets(rows: list[TailRow]) -> list[tuple[str, str, bool]]:
 
 
 def render_tail(rows: list[TailRow], targets, servers, started: str) -> str:
-    compared = f"; `compared` = the server of {servers[1][1]}" if len(servers) > 1 else ""
+    compared = f"; `compared` = the server of {servers[1][1]} ({commit_of(servers[1][1])})" if len(servers) > 1 else ""
     lines = [
         f"Measured by `python bench/retriever_load.py {' '.join(sys.argv[1:])}`".rstrip() + f" on {started}; "
-        f"{os.cpu_count()} CPU cores, no GPU. `this` = this checkout's server{compared}; each round runs every "
+        f"{os.cpu_count()} CPU cores, no GPU. `this` = this checkout's server ({commit_of(REPO)}){compared}; each "
+        "round runs every "
         "server once, in turns. Busy: 256 closed-loop single-query clients on the 100k corpus, idle and then beside "
         "the busy processes (load_busy.py). Max-size: 16 single-query clients on the 10k corpus alone, then beside "
         "one client sending 512 x 4,096-character requests (load_max_size.py). Load: the 1-minute load average as "
