@@ -106,12 +106,21 @@ def run_busy_neighbour(args, assets, questions: list[str], started: str) -> int:
     return 1 if failed else 0
 
 
-def run_busy_server(size: str, mode: str, flags: list[str], questions: list[str], args) -> BusyRun:
-    """One server, idle then beside `--busy_cores` busy processes, in turns, `--repeats` times; best window kept."""
+def run_busy_server(
+    size: str,
+    mode: str,
+    flags: list[str],
+    questions: list[str],
+    args,
+    program: list[str] | None = None,
+    concurrency: tuple[int, ...] = CONCURRENCY,
+) -> BusyRun:
+    """One server, idle then beside `--busy_cores` busy processes, in turns, `--repeats` times; best window kept.
+    `program`: what the server runs instead of the mode's (another checkout's server, for the tail case)."""
     import httpx
 
     log_path = CACHE_DIR / f"server_{size}_{mode}_busy.log"
-    program, mode_flags = BUSY_MODES[mode]
+    program, mode_flags = (program, []) if program else BUSY_MODES[mode]
     server = ServerProcess(flags + mode_flags, log_path=log_path, startup_timeout=900, program=program)
     server.start()
     try:
@@ -121,7 +130,7 @@ def run_busy_server(size: str, mode: str, flags: list[str], questions: list[str]
         for _ in range(args.repeats):
             for state in ("idle", "busy"):
                 with BusyCores(args.busy_cores if state == "busy" else 0, busy_bound_seconds(args)) as busy:
-                    for clients in CONCURRENCY:
+                    for clients in concurrency:
                         point = measure_point(
                             server, size, mode, clients, questions, args, busy_pids=busy.pids, answers=answers
                         )

@@ -20,6 +20,8 @@ Results go to the `## Retriever load` section of bench/RESULTS.md (other section
 
     python bench/retriever_load.py --busy_cores 1            # beside 1 busy core, 100k (about 15 minutes here)
     python bench/retriever_load.py --busy_cores 1 --wrapper  # the same through run_qwen2.5_3B_with_retrieval.sh
+    python bench/retriever_load.py --tail_case --compare_with /tmp/base --repeats 2 --max_size_seconds 30
+                                # busy p99/p50, beside a max-size client, idle QPS: one table (load_tail.py)
 
 Busy neighbours (--busy_cores K, load_busy.py): K child processes spin (`while True: pass`, bounded in time, stopped
 by PID), each pinned to one of the last K CPUs; each server is measured idle and beside them, in turns, at 1 and 256
@@ -49,6 +51,7 @@ from load_busy import BUSY_MODES, DEFAULT_BUSY_MODES, run_busy_neighbour
 from load_ceiling import best_ceiling
 from load_corpora import CACHE_DIR, SIZES, corpus_files, load_questions
 from load_max_size import run_max_size_case
+from load_tail import run_tail_case
 from load_points import CHECKED_MODES, MODES, TOPK, Point, best_of, check_answers, measure_point
 from load_wrapper import run_wrapper_cases, standin_training
 
@@ -110,12 +113,31 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with --busy_cores: the same through run_qwen2.5_3B_with_retrieval.sh and a CPU-busy stand-in training",
     )
+    parser.add_argument(
+        "--tail_case",
+        action="store_true",
+        help="instead of the sweep: busy p99/p50 (100k, 256 clients, --busy_cores, default 1), single-query p99 "
+        "beside a max-size client over alone, and idle QPS, in one table; --repeats rounds (exit 1 if a target fails)",
+    )
+    parser.add_argument(
+        "--compare_with",
+        help="with --tail_case: another checkout (e.g. `git worktree add /tmp/base main`) whose server is measured "
+        "in turns with this one's",
+    )
     parser.add_argument("--standin_training", type=Path, help=argparse.SUPPRESS)  # the --wrapper case's TRAIN_CMD
     args = parser.parse_args(argv)
     if args.standin_training:
         return standin_training(args.standin_training, args)
     if args.max_size_case:
         return run_max_size_case(args)
+    if args.compare_with and not args.tail_case:
+        parser.error("--compare_with goes with --tail_case")
+    if args.tail_case:
+        if args.compare_with and not (Path(args.compare_with) / "local_dense_retriever").is_dir():
+            parser.error(f"--compare_with {args.compare_with}: accepted is a checkout of this repository")
+        args.busy_cores = 1 if args.busy_cores is None else args.busy_cores
+        started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        return run_tail_case(args, embedded_default.prepare(), load_questions(), started)
     busy_case = args.busy_cores is not None
     if args.wrapper and not busy_case:
         parser.error("--wrapper needs --busy_cores K")

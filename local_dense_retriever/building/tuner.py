@@ -1,5 +1,6 @@
 """The index tuner: from a built Flat index (or the builder's saved embeddings), build candidate layouts and measure
-what each costs and keeps, then name the cheapest that keeps recall@3 at or above a threshold.
+what each costs and keeps, then name the cheapest that keeps recall@3 at or above a threshold (Flat itself when no
+layout beats it).
 
     python -m local_dense_retriever.tune_index --index_path e5_Flat.index --corpus_path wiki-18.jsonl \
         --retriever_name e5 --retriever_model intfloat/e5-base-v2 --queries nq_hotpotqa_train/train.parquet
@@ -9,8 +10,8 @@ by the index's own encoder; without it, the first words of passages drawn from t
 queries/s, single-query latency and QPS at --clients in flight through the real server (a child process on
 127.0.0.1), index bytes (RAM; GPU bytes for GPU layouts), the server's peak RSS, and build time. The passages are
 never encoded again: the vectors stream from the memory-mapped Flat file, each layout is built, measured, written
-for its server, and freed before the next. "Cheapest": among layouts at or above the threshold, those within 5% of
-the best QPS (noise), then the fewest bytes.
+for its server, and freed before the next. "Cheapest": among layouts at or above the threshold, exact Flat included,
+those within 5% of the best QPS (noise), then the fewest bytes.
 
 This module runs the tuning; tuner_candidates.py says what is tried, tuner_measures.py how each layout is measured,
 tuner_report.py what is chosen and written, tuner_cli.py the command line.
@@ -114,9 +115,11 @@ def tune(config: TuneConfig) -> Report:
     for layout in gpu_layouts:
         rows.append(measure_gpu_layout(config, layout, vectors, queries, exact, questions, precision_flags))
     kept_file = measure_cpu_families(config, families, vectors, queries, exact, questions, precision_flags, rows)
-    best = recommend(rows, config.threshold)
+    best = recommend(rows, config.threshold, flat_comparable=not is_npy)
     index_file = None
-    if best is not None and kept_file is not None and config.keep:
+    if best is not None and best.layout == "Flat":
+        index_file = config.index_path  # the index given is the one to serve
+    if best is not None and best.layout != "Flat" and kept_file is not None and config.keep:
         index_file = str(keep_recommended(config, parse_layout(best.layout), kept_file))
     elif kept_file is not None:
         kept_file.unlink(missing_ok=True)
@@ -133,6 +136,7 @@ def measure_cpu_families(config: TuneConfig, families: list[list[Layout]], vecto
     quantizers: dict = {}
     kept_file: Path | None = None
     out_dir, k = config.output_dir, exact.shape[1]
+    flat_comparable = not config.index_path.endswith(".npy")
     overall = tqdm(total=sum(len(family) for family in families), unit="layout", desc="layouts measured",
                    disable=not config.progress, position=1)  # fmt: skip
     for family in families:
@@ -154,8 +158,10 @@ def measure_cpu_families(config: TuneConfig, families: list[list[Layout]], vecto
                 row.fill(served(config, flags, questions, out_dir / f"server_{file_part(layout.spec)}.log"))
             rows.append(row)
             overall.update(1)
-            logger.info("%s: recall@3 %.4f, %s", row.layout, row.recall_at_3, row.qps)
-        best = recommend(rows, config.threshold)
+            served_text = "not served" if row.qps is None else f"server {row.qps:.1f} QPS at {config.clients} clients"
+            logger.info("%s: recall@3 %.4f, search %.0f q/s, %s", row.layout, row.recall_at_3, row.search_qps,
+                        served_text)  # fmt: skip
+        best = recommend(rows, config.threshold, flat_comparable)
         if best is not None and parse_layout(best.layout).built_as == family[0].built_as:
             if kept_file is not None and kept_file != path:
                 kept_file.unlink(missing_ok=True)

@@ -51,11 +51,17 @@ class Report:
     seconds: float
 
 
-def recommend(rows: list[Row], threshold: float) -> Row | None:
-    """Among CPU rows at or above the threshold (exact Flat aside; GPU rows are shown beside, not chosen: GPU
+def recommend(rows: list[Row], threshold: float, flat_comparable: bool = True) -> Row | None:
+    """Among CPU rows at or above the threshold, exact Flat included (GPU rows are shown beside, not chosen: GPU
     memory and RAM are not the same cost): those within 5% of the best QPS (server QPS when measured for all of
-    them, else in-process search queries/s), then the fewest bytes, then the fastest."""
-    passing = [row for row in rows if row.layout != "Flat" and not row.gpu_bytes and row.recall_at_3 >= threshold]
+    them, else in-process search queries/s), then the fewest bytes, then the fastest. So Flat is the answer when it
+    is as fast as the fastest and no faster layout is smaller. `flat_comparable`: False when Flat's figures are not
+    a served Flat index's (saved embeddings), which leaves it out."""
+    passing = [
+        row
+        for row in rows
+        if not row.gpu_bytes and row.recall_at_3 >= threshold and (flat_comparable or row.layout != "Flat")
+    ]
     if not passing:
         return None
     served = all(row.qps is not None for row in passing)
@@ -102,8 +108,14 @@ def render_markdown(report: Report, command: str) -> str:
 
 def recommendation_text(report: Report) -> str:
     if report.recommended is None:
-        return (f"No approximate layout kept recall@3 >= {report.threshold}: keep Flat (or --torch_search on GPUs), "
-                "or try larger efSearch / nprobe (--candidates).")  # fmt: skip
+        return (f"No layout kept recall@3 >= {report.threshold}: build a Flat index to serve (or use --torch_search "
+                "on GPUs), or try larger efSearch / nprobe (--candidates).")  # fmt: skip
+    if report.recommended == "Flat":
+        return (
+            f"Recommended: **Flat** (exact; the fewest bytes among the fastest that keep recall@3 >= "
+            f"{report.threshold}): no approximate layout is faster by more than 5% and smaller. Keep serving "
+            f"`--index_path {report.index_file}`."
+        )
     layout = parse_layout(report.recommended)
     serve = f"--index_path {report.index_file}" if report.index_file else f"--index_path <the {layout.factory} index>"
     params = f" --faiss_search_params {layout.params}" if layout.params else ""

@@ -140,8 +140,9 @@ RETRIEVE_RESPONSES: dict[int | str, dict[str, Any]] = {
     500: {"model": ErrorResponse, "description": "retrieval or the corpus lookup failed (the message says where)"},
     503: {
         "model": ErrorResponse,
-        "description": "the retriever is still loading, failed to load, or is stopping; or the queries in flight "
-        "would exceed --max_queries_in_flight (retry after the Retry-After seconds)",
+        "description": "the retriever is still loading, failed to load, or is stopping (a request still running "
+        "when --timeout_graceful_shutdown ends is cancelled and answered so); or the queries in flight would exceed "
+        "--max_queries_in_flight (retry after the Retry-After seconds)",
     },
 }
 ACCESS_RESPONSES: dict[int | str, dict[str, Any]] = {

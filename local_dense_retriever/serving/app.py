@@ -6,7 +6,8 @@ and checked by bodies.py and answered in the shapes of api.py.
 """
 
 import asyncio
-from collections.abc import Callable
+import functools
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import asdict
 
@@ -39,6 +40,10 @@ from local_dense_retriever.serving.limits import (
 from local_dense_retriever.serving.loading import Resources, Runtime, load_resources
 
 RETRY_LATER = {"retry-after": str(RETRY_AFTER_SECONDS)}
+CANCELLED_AT_SHUTDOWN = (
+    "the retriever is shutting down: this request was still running when --timeout_graceful_shutdown ended, so it "
+    "was cancelled; send it again to a running retriever"
+)
 # Answers to requests of up to this many queries are rendered on the event loop (a thread hop costs more than
 # they do); larger ones in a thread.
 INLINE_QUERIES = 64
@@ -108,6 +113,26 @@ def render_hits(corpus: Corpus, scores: np.ndarray, rows: np.ndarray, found: np.
     return orjson.dumps({"result": result})
 
 
+Route = Callable[[Request], Awaitable[Response]]
+
+
+def answered_at_shutdown(handler: Route) -> Route:
+    """The route, answering a request that shutdown cancels with a 503 that says so, and Retry-After.
+
+    When --timeout_graceful_shutdown ends, uvicorn cancels every request still running and answers each one it
+    cancelled before its response began with a bare 500 text/plain "Internal Server Error". Clients leaving are seen
+    by bodies.client_left, never by cancelling the route, so a cancellation here is always the shutdown's."""
+
+    @functools.wraps(handler)
+    async def route(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except asyncio.CancelledError:
+            return error_response(503, CANCELLED_AT_SHUTDOWN, close=True, headers=RETRY_LATER)
+
+    return route
+
+
 def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Resources] | None = None) -> FastAPI:
     """The FastAPI app; `load` (default: the real model, index and corpus) runs in a background thread."""
     runtime = Runtime(load or (lambda report: load_resources(config, report)))
@@ -172,6 +197,7 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
         return payload
 
     @app.post("/retrieve", responses=RETRIEVE_RESPONSES, openapi_extra=body_schema(rules))
+    @answered_at_shutdown
     async def retrieve(request: Request) -> Response:
         """Search-R1's retrieval API: `{"queries": [...], "topk": 3, "return_scores": false}`."""
         payload = await read_when_ready(request, rules)
@@ -216,7 +242,7 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
         try:
             scores, rows = work.result()
         except BatcherClosed as err:
-            return error_response(503, str(err))
+            return error_response(503, str(err), headers=RETRY_LATER)
         except Exception as err:
             return error_response(500, f"retrieval failed: {type(err).__name__}: {err}")
         found = rows >= 0  # -1: fewer than topk candidates
@@ -237,6 +263,7 @@ def create_app(config: ServerConfig, load: Callable[[Callable[[str], None]], Res
         return Response(body, media_type="application/json")
 
     @app.post("/access", responses=ACCESS_RESPONSES, openapi_extra=body_schema(page_rules))
+    @answered_at_shutdown
     async def access(request: Request) -> Response:
         """ASearcher's page access: `{"urls": [...]}` -> `{"result": [page or null, ...]}`, one per URL, in order."""
         payload = await read_when_ready(request, page_rules)

@@ -85,7 +85,9 @@ class ServerFacts:
 
     ram_available: int  # bytes this machine could still give the server now
     visible_gpus: int  # GPUs CUDA would show the server (CUDA_VISIBLE_DEVICES applied)
-    header: dict | None = None  # the index's code, dim and size (retrieval/index_files.py); None: not headed so
+    # the index's code, dim and size (retrieval/index_files.py) and its layout as the memory plan names it (HNSW32,
+    # IVF4096,SQ8, ...: retrieval/index_layout.py; None for one it does not name); None: not headed so
+    header: dict | None = None
     index_bytes: int | None = None  # the index file's size
 
 
@@ -101,14 +103,15 @@ def probe() -> None:
         return
     from local_dense_retriever.retrieval.gpus import visible_gpu_count
     from local_dense_retriever.retrieval.index_files import read_header
+    from local_dense_retriever.retrieval.index_layout import layout_name
     from local_dense_retriever.retrieval.memory_plan import available_ram
 
     index_path = sys.argv[2]
     facts = ServerFacts(available_ram(), visible_gpu_count())
     if index_path and os.path.isfile(index_path):
         header = read_header(index_path)
-        facts = ServerFacts(facts.ram_available, facts.visible_gpus, header and asdict(header),
-                            os.path.getsize(index_path))  # fmt: skip
+        header = header and {**asdict(header), "layout": layout_name(index_path)}
+        facts = ServerFacts(facts.ram_available, facts.visible_gpus, header, os.path.getsize(index_path))
     print(json.dumps({"missing": [], "facts": asdict(facts)}))
 
 
@@ -157,7 +160,7 @@ def preflight(python: str, flags: list[str], host: str, port: int) -> ServerFact
 class ServerLayout:
     """The memory-plan layout a server's flags choose, and where: the GPUs it uses, memory-mapped or read whole."""
 
-    layout: str  # memory_plan's layout name, or "<code> index" for a CPU index its byte model does not cover
+    layout: str  # memory_plan's layout name (for a CPU index other than Flat: read from its file)
     corpus_size: int
     dim: int
     gpu_ids: tuple[int, ...] = ()
@@ -203,6 +206,8 @@ def server_layout(flags: list[str], facts: ServerFacts, node_gpus: int | None = 
     if header is None:
         return f"--index_path {args.index_path}: its header gives no size (not a plain FAISS index file)"
     size, dim, flat = header["size"], header["dim"], header["code"] in ("IxFI", "IxF2")
+    # as the memory plan names layouts; FAISS's type code only for a kind it has no name for
+    named = header.get("layout") or f"FAISS type {header['code']} (not a layout the memory plan names)"
     gpus = facts.visible_gpus or node_gpus or 0
     if args.torch_search is not None and args.torch_search.strip().lower() != "cpu":
         if args.torch_search.strip().lower() == "all" and not gpus:
@@ -217,14 +222,14 @@ def server_layout(flags: list[str], facts: ServerFacts, node_gpus: int | None = 
         return ServerLayout("Flat", size, dim, flag="--torch_search cpu")
     if args.faiss_gpu:
         if not flat:
-            return f"--faiss_gpu with a {header['code']} index: the plan covers FAISS on GPUs for Flat indexes only"
+            return f"--faiss_gpu with a {named} index: the plan covers FAISS on GPUs for Flat indexes only"
         if not gpus:
             return f"--faiss_gpu: {NODE_GPUS_UNKNOWN}"
         layout = "faiss-gpu-fp32" if args.faiss_fp32 else "faiss-gpu-fp16"
         return ServerLayout(layout, size, dim, tuple(range(gpus)), flag="--faiss_gpu")
     if flat:
         return ServerLayout("Flat", size, dim, mmap=args.faiss_mmap)
-    return ServerLayout(f"{header['code']} index", size, dim, file_bytes=facts.index_bytes)
+    return ServerLayout(named, size, dim, file_bytes=facts.index_bytes)
 
 
 SERVER_MODULE = ["-m", "local_dense_retriever.retrieval_server"]

@@ -142,15 +142,25 @@ def ask_training(train_cmd: str) -> TrainingGpus | None:
         return TrainingGpus.from_json(json.loads(answer.read_text())["training"])
 
 
+def flag_source(knobs: Section, name: str) -> str:
+    """The wrapper variable a server flag came from: RETRIEVER_ARGS (given last, so it wins), else the embedded
+    preset's flags, else RETRIEVER_FAISS_GPU (the only other source of a flag)."""
+    if name in shlex.split(knobs.retriever_args or ""):
+        return "RETRIEVER_ARGS"
+    if knobs.retriever_preset == "embedded" and name != "--faiss_gpu":
+        return "RETRIEVER_PRESET=embedded"
+    return f"RETRIEVER_FAISS_GPU={knobs.retriever_faiss_gpu}"
+
+
 def chosen_by(knobs: Section, server: ServerLayout, flags: list[str]) -> str:
-    """The server flag and the wrapper variable that chose the layout, for the plan's messages."""
+    """The server flags that chose the layout, each with the wrapper variable it came from, for the plan's
+    messages."""
     if server.flag:
-        name = server.flag.split()[0]
-        if name in shlex.split(knobs.retriever_args or ""):
-            return f"{server.flag} (RETRIEVER_ARGS)"
-        return f"{server.flag} (RETRIEVER_FAISS_GPU={knobs.retriever_faiss_gpu})"
-    index = f"--index_path {flag_value(flags, '--index_path')}" + (" --faiss_mmap" if server.mmap else "")
-    return f"{index} ({'RETRIEVER_PRESET=embedded' if knobs.retriever_preset == 'embedded' else 'on the CPU'})"
+        return f"{server.flag} ({flag_source(knobs, server.flag.split()[0])})"
+    chosen = f"--index_path {flag_value(flags, '--index_path')} ({flag_source(knobs, '--index_path')})"
+    if server.mmap:
+        chosen += f" --faiss_mmap ({flag_source(knobs, '--faiss_mmap')})"
+    return f"{chosen}, on the CPU"
 
 
 def check_memory(knobs: Section, flags: list[str], facts: ServerFacts) -> dict:

@@ -11,13 +11,14 @@ from pathlib import Path
 import pytest
 
 from local_dense_retriever.retrieval.memory_plan import gib, plan_memory
-from local_dense_retriever.serving.launcher import ServerFacts
+from local_dense_retriever.serving.launcher import ServerFacts, preflight
 from slime_search_r1.launch import retriever_server
 from slime_search_r1.launch.command import read_flags
 from slime_search_r1.launch.retriever_memory import TrainingGpus, declared_training
 from slime_search_r1.settings.sources import read_environment
 from slime_search_r1.settings.table import WRAPPER, read_by
 from support.launch_runs import SCRIPT, dry_run_here, launch_here, run_script
+from support.loopback import free_port
 from support.retriever_fixtures import small_wiki_fixture  # noqa: F401
 from test_wrapper import logs, run_wrapper, tmux_server_running
 from test_wrapper import wrapper_env_fixture  # noqa: F401
@@ -198,8 +199,8 @@ def test_the_wrapper_refuses_an_index_that_does_not_fit_in_ram(wrapper_env, smal
     assert result.returncode == 1
     error = result.stderr.splitlines()[-1]
     assert error.startswith(
-        f"run_qwen2.5_3B_with_retrieval.sh: error: --index_path {small_wiki.index_path} (on the CPU): layout Flat "
-        "needs "
+        f"run_qwen2.5_3B_with_retrieval.sh: error: --index_path {small_wiki.index_path} (RETRIEVER_ARGS), on the CPU: "
+        "layout Flat needs "
     )
     assert error.endswith(
         "of RAM (index 0.4 MiB + encoder) but 102.4 MiB is available (RETRIEVER_RAM_GIB); what would fit: none of the "
@@ -219,8 +220,8 @@ def test_the_wrapper_prints_the_plan_of_a_cpu_server_and_hands_the_launch_none(w
     size = len(small_wiki.titles)
     ram = gib(plan_memory("Flat", size, 384).ram_bytes)
     assert (
-        f"run_qwen2.5_3B_with_retrieval.sh: memory plan (--index_path {small_wiki.index_path} (on the CPU)): layout "
-        f"Flat, {size:,} x 384: RAM {ram} (index "
+        f"run_qwen2.5_3B_with_retrieval.sh: memory plan (--index_path {small_wiki.index_path} (RETRIEVER_ARGS), on "
+        f"the CPU): layout Flat, {size:,} x 384: RAM {ram} (index "
     ) in result.stderr
     assert f"run_qwen2.5_3B_with_retrieval.sh: RAM: {ram} of the " in result.stderr
     assert "TRAIN_CMD" not in result.stderr  # a CPU layout: what training holds on the GPUs is not asked
@@ -251,6 +252,39 @@ def test_the_wrapper_checks_a_fitting_gpu_layout_beside_what_the_launch_declares
         "NODE_RETRIEVER_LAYOUT": "torch-fp16", "NODE_RETRIEVER_CORPUS_SIZE": WIKI_18, "NODE_RETRIEVER_DIM": "768",
         "NODE_RETRIEVER_GPUS": "2,3",
     }  # fmt: skip
+
+
+def test_the_wrapper_names_an_index_layout_as_the_plan_does_and_credits_each_flag(small_wiki, tmp_path, capsys):
+    """An HNSW index in RETRIEVER_ARGS beside the embedded preset (whose flags, given first, name the Flat index):
+    the plan's line names the layout as the memory plan and --list name layouts (HNSW8,SQ8), read from the file in
+    the retriever's Python, not FAISS's type code (IHNs), and credits the index path to RETRIEVER_ARGS, not the
+    preset; a flag the preset gave (--faiss_mmap on its Flat index) is credited to the preset."""
+    import faiss
+
+    flat = faiss.read_index(str(small_wiki.index_path))
+    vectors = flat.reconstruct_n(0, flat.ntotal)
+    hnsw = faiss.index_factory(flat.d, "HNSW8,SQ8", faiss.METRIC_INNER_PRODUCT)
+    hnsw.train(vectors)
+    hnsw.add(vectors)
+    hnsw_path = tmp_path / "minilm_HNSW8_SQ8.index"
+    faiss.write_index(hnsw, str(hnsw_path))
+    knobs, _ = read_environment(read_by(WRAPPER), {"RETRIEVER_PRESET": "embedded", "RETRIEVER_FAISS_GPU": "0",
+                                                   "RETRIEVER_ARGS": f"--index_path {hnsw_path}"})  # fmt: skip
+    preset = ["--index_path", str(small_wiki.index_path), "--corpus_path", str(small_wiki.corpus_path), "--faiss_mmap"]
+    flags = [*preset, "--index_path", str(hnsw_path)]
+    facts = preflight(sys.executable, flags, "127.0.0.1", free_port())
+    retriever_server.check_memory(knobs, flags, facts)
+    preset_only, _ = read_environment(read_by(WRAPPER), {"RETRIEVER_PRESET": "embedded", "RETRIEVER_FAISS_GPU": "0"})
+    retriever_server.check_memory(preset_only, preset, preflight(sys.executable, preset, "127.0.0.1", free_port()))
+    printed = capsys.readouterr().err
+    assert (
+        f"memory plan (--index_path {hnsw_path} (RETRIEVER_ARGS), on the CPU): layout HNSW8,SQ8, 300 x 384: RAM "
+    ) in printed
+    assert (
+        f"memory plan (--index_path {small_wiki.index_path} (RETRIEVER_PRESET=embedded) --faiss_mmap "
+        "(RETRIEVER_PRESET=embedded), on the CPU): layout Flat, 300 x 384: RAM "
+    ) in printed
+    assert "IHNs" not in printed
 
 
 def test_the_wrapper_asks_only_a_train_cmd_that_runs_the_launch(tmp_path):

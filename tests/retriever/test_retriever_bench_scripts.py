@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
 
 import approximate_layouts  # noqa: E402
+import load_tail  # noqa: E402
 import real_text  # noqa: E402
 
 
@@ -124,3 +125,24 @@ def test_the_wrapper_case_hands_the_server_its_flags_in_variables_the_wrapper_re
         assert (knobs.train_cmd, knobs.log_dir) == (f"{sys.executable} standin", str(tmp_path / "logs"))
         assert knobs.retriever_cpus == variables.get("RETRIEVER_CPUS")
         assert retrieval_bases(REPO / "generate_with_search.py", env) == [env["RETRIEVAL_SERVER_URL"]]
+
+
+def test_the_tail_case_checks_its_three_figures_against_the_compared_server():
+    """Busy p99/p50 and the ratio beside a max-size client are judged on this checkout's rounds (medians); idle QPS
+    against the compared server's; one table holds all three per server and round."""
+
+    def row(server: str, round_: int, busy_p99: float, beside_p99: float, idle_qps: float) -> load_tail.TailRow:
+        return load_tail.TailRow(server, round_, "04:00", 1.2, idle_qps, 1000.0, busy_p99, 50.0, beside_p99, 3, 0)
+
+    rows = [row("this", 1, 1400.0, 90.0, 300.0), row("compared", 1, 2000.0, 95.0, 310.0),
+            row("this", 2, 1450.0, 80.0, 290.0), row("compared", 2, 2100.0, 85.0, 300.0)]  # fmt: skip
+    targets = {target.split(" (")[0]: (result, met) for target, result, met in load_tail.tail_targets(rows)}
+    assert targets["busy p99 <= 1.5x p50 at 256 clients"] == ("1.42", True)  # median of 1.40 and 1.45
+    assert targets["single-query p99 beside a max-size client <= 2.0x alone"] == ("1.70x", True)
+    assert targets["idle QPS at 256 clients no worse than the compared server's"] == ("295.0 vs 305.0 = 0.97", True)
+    rows[0] = row("this", 1, 1600.0, 120.0, 200.0)
+    rows[2] = row("this", 2, 1700.0, 110.0, 210.0)
+    assert not any(met for _, _, met in load_tail.tail_targets(rows)[:2] + load_tail.tail_targets(rows)[3:])
+    text = load_tail.render_tail(rows, load_tail.tail_targets(rows), [("this", None), ("compared", Path("/b"))], "x")
+    assert "| this | 1 | 04:00 | 1.2 | 200.0 | 1000 / 1600 | 1.60 | 50 / 120 | 2.40x | 3 | 0 |" in text
+    assert "`compared` = the server of /b" in text

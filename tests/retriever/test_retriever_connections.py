@@ -2,6 +2,7 @@
 
 import signal
 import socket
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -87,6 +88,30 @@ def test_sigterm_stops_the_server_promptly_while_a_client_holds_a_half_sent_body
     print(server.log_tail(15))
     assert server.process.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal once it has shut down
     assert "Application shutdown complete" in server.log_tail(15)
+
+
+def test_a_request_still_running_when_the_graceful_shutdown_ends_gets_a_503_saying_so(small_wiki, tmp_path):
+    """SIGTERM during a request far longer than --timeout_graceful_shutdown (512 queries each encoded at the full 256
+    tokens, one at a time): uvicorn cancels it when the grace ends; its client gets a JSON 503 naming the shutdown,
+    with Retry-After, not uvicorn's bare 500 text/plain "Internal Server Error"."""
+    flags = [*server_flags(small_wiki), "--timeout_graceful_shutdown", "1"]
+    long_queries = [(f"query {i} " + "about the history of the tower " * 200)[:4096] for i in range(512)]
+    server = ServerProcess(flags, log_path=tmp_path / "server.log", startup_timeout=120)
+    server.start()
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(httpx.post, f"{server.url}/retrieve", json={"queries": long_queries}, timeout=120)
+            wait_for(lambda: health(server.url)["batches"]["queries"] >= 1, "the request's first batch has run")
+            server.process.send_signal(signal.SIGTERM)
+            response = answer.result()
+        server.process.wait(timeout=60)
+    finally:
+        server.stop()
+    assert response.status_code == 503, (response.status_code, response.text)
+    assert response.headers["content-type"] == "application/json"
+    assert response.headers["retry-after"] == "1"
+    assert "the retriever is shutting down" in response.json()["detail"]
+    assert "--timeout_graceful_shutdown" in response.json()["detail"]
 
 
 def test_connections_past_the_file_descriptor_limit_are_refused_with_a_503_and_logged(small_wiki, tmp_path):

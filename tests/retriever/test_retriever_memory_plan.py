@@ -10,6 +10,7 @@ import pytest
 
 from local_dense_retriever.building.layouts import build_layout, write_index
 from local_dense_retriever.retrieval.index_files import FlatVectors, check_dimension, read_header
+from local_dense_retriever.retrieval.index_layout import layout_name
 from local_dense_retriever.retrieval.layouts import default_nlist, default_pq, index_bytes, parse_layout
 from local_dense_retriever.retrieval.memory_plan import (
     GIB,
@@ -173,6 +174,24 @@ def test_index_dimension_is_checked_from_the_header_alone(tmp_path):
     other.write_bytes(b"this is not a FAISS index")
     assert read_header(other) is None  # not read as a header: FAISS's reader reports such a file itself
     check_dimension(other, 384)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["Flat", "HNSW8", "HNSW16,SQ8", "HNSW8,SQfp16", "IVF4,Flat", "IVF4,SQ8", "IVF4,PQ4x4"],
+)
+def test_an_index_file_s_layout_is_read_as_the_memory_plan_names_it(tmp_path, spec):
+    """From the file's own fields (the graph and the coarse quantizer are skipped, not read): the names the memory
+    plan and the tuner use, not FAISS's type codes (IHNf, IwSq, ...)."""
+    vectors = np.random.default_rng(0).random((300, 16), dtype=np.float32)
+    index = faiss.index_factory(16, spec, faiss.METRIC_INNER_PRODUCT)
+    index.train(vectors)
+    index.add(vectors)
+    path = tmp_path / "x.index"
+    faiss.write_index(index, str(path))
+    assert layout_name(path) == spec
+    (tmp_path / "cut.index").write_bytes(path.read_bytes()[:60])
+    assert layout_name(tmp_path / "cut.index") in (None, "Flat")  # a file cut short names no layout it lacks
 
 
 def test_the_server_refuses_an_index_larger_than_the_ram_available(flat_file, monkeypatch):

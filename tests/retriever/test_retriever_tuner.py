@@ -52,9 +52,47 @@ def test_the_recommendation_is_the_fewest_bytes_among_the_fastest_that_keep_reca
     ]
     assert recommend(rows, 0.99).layout == "HNSW32,SQ8:efSearch=256"
     assert recommend(rows, 0.998).layout == "HNSW32:efSearch=256"
-    assert recommend(rows, 1.0) is None  # Flat itself is never "recommended": it is the baseline
+    assert recommend(rows, 1.0).layout == "Flat"  # exact: the only row that keeps every row
+    assert recommend(rows[1:], 1.0) is None
     unserved = [row("A", 0.995, None, 100, search_qps=1000.0), row("B", 0.995, None, 50, search_qps=500.0)]
     assert recommend(unserved, 0.99).layout == "A"  # without server figures, in-process speed decides
+
+
+def test_flat_is_recommended_when_it_is_the_fastest_and_no_layout_as_fast_is_smaller():
+    """The mini-wiki's table: Flat 2,256 q/s at 14.7 MiB, HNSW32 623 q/s at 17.3 MiB; Flat is the answer."""
+    mib = 2**20
+    table = [
+        row("Flat", 1.0, None, int(14.7 * mib), search_qps=2256.0),
+        row("HNSW32:efSearch=128", 0.995, None, int(17.3 * mib), search_qps=623.0),
+        row("HNSW32,SQ8:efSearch=128", 0.991, None, int(5.2 * mib), search_qps=540.0),
+        row("IVF400,Flat:nprobe=32", 0.993, None, int(14.9 * mib), search_qps=2200.0),  # as fast, but larger
+    ]
+    assert recommend(table, 0.99).layout == "Flat"
+    smaller_and_as_fast = [*table, row("IVF400,SQ8:nprobe=32", 0.992, None, int(4.0 * mib), search_qps=2150.0)]
+    assert recommend(smaller_and_as_fast, 0.99).layout == "IVF400,SQ8:nprobe=32"  # within 5% of Flat, smaller
+    served = [row("Flat", 1.0, 300.0, 10 * mib, search_qps=10.0), row("HNSW32", 0.995, 200.0, 12 * mib, 5000.0)]
+    assert recommend(served, 0.99).layout == "Flat"  # the server's QPS decides when every row has it
+    # Saved embeddings: Flat's speed is the exact pass over the file, not a Flat index's: it is left out.
+    assert recommend(table, 0.99, flat_comparable=False).layout == "IVF400,Flat:nprobe=32"
+
+
+def test_a_tuning_where_flat_wins_names_the_flat_index_keeps_no_other_file_and_logs_no_none(
+    small_wiki, tmp_path, monkeypatch, caplog
+):
+    from local_dense_retriever.building import tuner
+
+    monkeypatch.setattr(tuner, "flat_search_qps", lambda index_path, queries: 1e9)  # Flat far the fastest
+    caplog.set_level("INFO", logger="local_dense_retriever.tuner")
+    report = tune(config_for(small_wiki, tmp_path, candidates=["HNSW8:efSearch=16", "IVF4,Flat:nprobe=4"]))
+    assert report.recommended == "Flat" and report.index_file == str(small_wiki.index_path)
+    assert list((tmp_path / "tuning").glob("*.index")) == []  # the candidates' files are gone
+    markdown, _ = write_report(report, tmp_path / "tuning", "cmd")
+    text = markdown.read_text()
+    assert "| Flat **(recommended)** |" in text
+    assert "Recommended: **Flat** (exact;" in text and f"Keep serving `--index_path {small_wiki.index_path}`" in text
+    logged = [record.getMessage() for record in caplog.records if record.name == "local_dense_retriever.tuner"]
+    assert any(message.startswith("HNSW8:efSearch=16: recall@3 ") for message in logged), logged
+    assert all("not served" in message and "None" not in message for message in logged), logged
 
 
 def test_candidate_grids_expand_and_bad_ones_name_what_is_accepted():
@@ -137,8 +175,12 @@ def test_a_candidate_that_does_not_fit_in_ram_is_refused_before_building(small_w
         tune(config_for(small_wiki, tmp_path, candidates=["HNSW8"]))
 
 
-def test_tuning_measures_recall_against_flat_and_keeps_the_recommended_index(small_wiki, tmp_path):
-    """IVF with every list probed is exact (recall 1); one list of four cannot be; the kept file carries nprobe."""
+def test_tuning_measures_recall_against_flat_and_keeps_the_recommended_index(small_wiki, tmp_path, monkeypatch):
+    """IVF with every list probed is exact (recall 1); one list of four cannot be; the kept file carries nprobe.
+    Flat is made slow here, so an approximate layout is the choice on this small corpus."""
+    from local_dense_retriever.building import tuner
+
+    monkeypatch.setattr(tuner, "flat_search_qps", lambda index_path, queries: 1e-3)
     config = config_for(small_wiki, tmp_path, candidates=["IVF4,Flat:nprobe=1/4", "HNSW8,SQ8:efSearch=4"])
     report = tune(config)
     rows = {r.layout: r for r in report.rows}
@@ -230,7 +272,10 @@ def test_gpu_rows_report_recall_and_shard_bytes_and_are_not_recommended(small_wi
 
     from local_dense_retriever.retrieval import torch_search
 
+    from local_dense_retriever.building import tuner
+
     monkeypatch.setattr(torch_search, "parse_devices", lambda value, flag="": [torch.device("cpu")] * 2)
+    monkeypatch.setattr(tuner, "flat_search_qps", lambda index_path, queries: 1e-3)  # Flat slow: a CPU layout wins
     report = tune(config_for(small_wiki, tmp_path, candidates=["torch-fp32", "IVF4,Flat:nprobe=4"]))
     rows = {r.layout: r for r in report.rows}
     assert rows["torch-fp32"].recall == {"1": 1.0, "3": 1.0, "10": 1.0}
