@@ -25,10 +25,8 @@ from support.episodes import QUESTION, SEARCH_ONLY, info, label, searches
 from support.fidelity import assert_faithful, assert_resumed_exactly
 from support.loopback import serve_in_thread
 from support.slime_rollout import slime_sampling_params
+from support.family_cases import CASE_IDS, CASES, PROMPT_THINKS, THINKING_OFF
 from support.xml_families import (
-    CASE_IDS,
-    CASES,
-    PROMPT_THINKS,
     FamilyEngine,
     FamilyPolicy,
     family_dir,
@@ -111,7 +109,7 @@ async def test_an_xml_episode_is_token_exact_and_earns_the_full_reward(
 
 
 @pytest.mark.parametrize("where", ["args", "sample"])
-@pytest.mark.parametrize("case", [case for case in CASES if case.template_kwargs], ids=lambda case: case.id)
+@pytest.mark.parametrize("case", [case for case in CASES if case.thought == THINKING_OFF], ids=lambda case: case.id)
 async def test_the_template_kwargs_reach_a_messages_prompt(
     case, where, make_args, tokenizer, engine, policy, search_config
 ):
