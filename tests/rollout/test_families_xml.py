@@ -3,7 +3,7 @@ it with slime's --apply-chat-template-kwargs (or the sample's own), the family's
 ids, the trajectory token-exact (support/fidelity.py), the end-token abort, --partial-rollout resume and the
 fully-async path with each family's own end token, and the reward's format rule under each way of thinking.
 
-Every test runs once per case of support/xml_families.py (the checkpoint's real tokenizer and official template,
+Every test runs once per case of support/family_cases.py (the checkpoint's real tokenizer and official template,
 support/model_tokenizers.py); the engine is the loopback stand-in, its scripted model writing and ending turns in the
 family's shape. The partial-rollout and fully-async machinery is the one tests/rollout/test_partial_rollout.py and
 test_fully_async.py drive slime with.
