@@ -28,7 +28,6 @@ from support.slime_rollout import slime_sampling_params
 from support.family_cases import CASE_IDS, CASES, PROMPT_THINKS, THINKING_OFF
 from support.xml_families import (
     FamilyEngine,
-    FamilyPolicy,
     family_dir,
     family_prompt,
     family_sample,
@@ -58,11 +57,6 @@ def tokenizer(case):
 @pytest.fixture
 def tokenizer_dir(case, tokenizer):
     return str(family_dir(case.checkpoint))
-
-
-@pytest.fixture
-def policy():
-    return FamilyPolicy()
 
 
 @pytest.fixture

@@ -11,17 +11,15 @@ model while the template wrote an empty thought to switch the model's own thinki
 
 import functools
 import json
-import re
 from pathlib import Path
 
 import pytest
 
 from slime.utils.types import Sample
 from slime_search_r1.data import search_r1_prompt
-from slime_search_r1.families import ASSISTANT_HEADERS
 from support.episodes import QUESTION, label
 from support.family_cases import PROMPT_THINKS, FamilyCase
-from support.fake_sglang import BASE_MODEL_EOS, OBSERVATION_ENDS, FakeSGLangEngine, ScriptedPolicy
+from support.fake_sglang import BASE_MODEL_EOS, FakeSGLangEngine
 from support.model_tokenizers import checkpoint_dir, load_checkpoint_tokenizer
 
 
@@ -79,22 +77,6 @@ def search_then_answer(case: FamilyCase, answer: str = "Paris") -> list[str]:
 def no_action_then_answer(case: FamilyCase) -> list[str]:
     """A first turn with no tag, which the model ends with its end-of-turn token, then the answer."""
     return [thought(case, "It is a capital.", first=True) + "I think it is Paris.", search_then_answer(case)[1]]
-
-
-# The scripted model counts the replies after the last assistant header (ChatML's or Llama 3's).
-# The question ends its line, or the user turn: Llama 3's template trims the message, so <|eot_id|> follows it.
-QUESTION_PATTERN = re.compile(r"Question: (.*?)(?:\n|<\|im_end\|>|<\|eot_id\|>)")
-
-
-class FamilyPolicy(ScriptedPolicy):
-    """ScriptedPolicy reading the question and counting turns in every family's turn format, not ChatML's alone."""
-
-    def __call__(self, context_text: str) -> str:
-        question = QUESTION_PATTERN.search(context_text)
-        turns = self.scripts.get(question.group(1).strip() if question else "", self.default)
-        reply = context_text[max(context_text.rfind(header) for header in ASSISTANT_HEADERS) :]
-        index = sum(reply.count(end) for end in OBSERVATION_ENDS)
-        return turns[min(index, len(turns) - 1)]
 
 
 class FamilyEngine(FakeSGLangEngine):
