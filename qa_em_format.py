@@ -27,6 +27,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
+from slime_search_r1.families import ASSISTANT_HEADERS
 from slime_search_r1.protocols.chat_reward import read_conversation
 from slime_search_r1.protocols.xml_tags import assistant_prefill, opens_thought, prompt_opens_thought, result_blocks
 
@@ -114,7 +115,7 @@ def format_problem(prompt: str, response: str, tools: Mapping[str, Tool] | Itera
     every other template. Tags inside a thought break the format, as in Search-R1's rule."""
     prefill = assistant_prefill(prompt)
     if prefill is None:
-        return "missing assistant marker (<|im_start|>assistant or <|start_header_id|>assistant<|end_header_id|>)"
+        return f"missing assistant marker ({' or '.join(ASSISTANT_HEADERS)})"
     in_thought = opens_thought(prefill)
     automaton = format_automaton(result_tags(tools))
     for tag in automaton.tags:

@@ -5,9 +5,14 @@ MODEL_FAMILIES; the `model_family` setting (SEARCH_R1_MODEL_FAMILY) names one, o
 places the checkpoint's chat template (detection.py), in the registry's order, as SGLang 0.5.23 picks its parsers
 from the template (srt/parser/template_detection.py; each family names the rule it follows).
 
-  ModelFamily     its tool-call reader, its SGLang parsers, its reasoning format and think tags, its rule
+  ModelFamily     its tool-call reader, its SGLang parsers, its reasoning format, its rule
   CallsRead       what a reader makes of an assistant turn: text, calls (name, arguments), calls it cannot read
   Thinking        who opens a thought (nobody, the model, the generation prompt) and the kwarg that turns it off
+
+What every family's template shares is declared once, here, for both modes: the think tags (THINK_TAGS: what
+SGLang's qwen3 and deepseek-r1 reasoning parsers read, and what Search-R1's prompt asks the model to think in) and
+where a template opens the assistant's turn (ASSISTANT_HEADERS: ChatML's for the Qwen families, Llama 3's). XML mode
+reads them as constants (protocols/xml_tags.py), so one episode runs no code of this package.
 
 The end-of-turn and EOS tokens are not declared here: the template and the checkpoint say them
 (protocols/chat_template.py reads the end of turn from the template, tokens/turn_end.py the EOS set).
@@ -17,6 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 NO_THOUGHTS, MODEL_OPENS, PROMPT_OPENS = "none", "model", "prompt"
+THINK_TAGS = ("<think>", "</think>")
+# What each template writes to open the assistant's turn, before its prefill (an empty thought, or "<think>\n"):
+# ChatML's (Qwen2.5, Qwen3, Qwen3.5) and Llama 3's.
+ASSISTANT_HEADERS = ("<|im_start|>assistant", "<|start_header_id|>assistant<|end_header_id|>")
 
 
 @dataclass(frozen=True)
@@ -25,7 +34,7 @@ class Thinking:
     model (MODEL_OPENS: its turn begins with `<think>`), or the template's generation prompt (PROMPT_OPENS: the
     prompt ends with `<think>\\n`, the response holds only `</think>`). `toggle`: the chat-template kwarg that turns
     thinking off when False (`enable_thinking`: the prompt then holds an empty, closed thought); which of the two a
-    prompt holds, the rendered prompt says (thought_in_prompt)."""
+    prompt holds, the rendered prompt says (protocols/xml_tags.py prompt_thought)."""
 
     opened_by: str = NO_THOUGHTS
     toggle: str | None = None
@@ -61,22 +70,10 @@ class ModelFamily:
     # the template renders an earlier assistant turn otherwise than as the model wrote it once messages follow (Qwen3
     # drops thoughts before the last user turn): whatever re-renders messages (router_handler) is not token-exact
     rewrites_history: bool = False
-    think_tags: tuple[str, str] = ("<think>", "</think>")
 
 
-def thought_in_prompt(family: ModelFamily, prompt_text: str) -> str:
-    """What the rendered generation prompt leaves the response: "open" (it ends inside a thought the prompt opened:
-    the response holds only the closing tag), "closed" (it ends after an empty thought: thinking is off), or "none".
-    The template says it, whatever its default: read it from the prompt, not from the kwargs."""
-    opening, closing = family.think_tags
-    tail = prompt_text.rstrip()
-    if tail.endswith(opening):
-        return "open"
-    return "closed" if tail.endswith(closing) and opening in tail else "none"
-
-
-def think_tag_ids(family: ModelFamily, tokenizer) -> tuple[int | None, int | None]:
-    """The ids of the family's think tags where each is one token of this tokenizer (Qwen3's `<think>` 151667 and
-    `</think>` 151668), else None (Qwen2.5 spells them in several tokens)."""
+def think_tag_ids(tokenizer) -> tuple[int | None, int | None]:
+    """The ids of the think tags where each is one token of this tokenizer (Qwen3's `<think>` 151667 and `</think>`
+    151668), else None (Qwen2.5 and Llama 3 spell them in several tokens)."""
     vocabulary = tokenizer.get_added_vocab()
-    return tuple(vocabulary.get(tag) for tag in family.think_tags)  # type: ignore[return-value]
+    return tuple(vocabulary.get(tag) for tag in THINK_TAGS)  # type: ignore[return-value]

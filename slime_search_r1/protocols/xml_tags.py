@@ -10,7 +10,9 @@ Thoughts: text between <think> and </think> is the model's reasoning, never an a
 (a thinking model often writes "I should put the answer between <answer> and </answer>"). A text whose first thought
 marker is </think> began inside a thought: the chat template's generation prompt opened it (Qwen3-Thinking-2507's and
 Qwen3.5's end with "<think>\n"). In Qwen3 and later the markers are single added tokens; they decode to the same text,
-which is what is read here (as SGLang's reasoning parsers read it).
+which is what is read here (as SGLang's reasoning parsers read it). The tags and the assistant headers are the model
+families' (families/__init__.py), read from the prompt the template rendered: which family wrote it is not needed, so
+an episode resolves none.
 """
 
 import logging
@@ -19,17 +21,18 @@ from collections.abc import Iterable, Mapping
 from functools import lru_cache
 
 from slime_search_r1.episode import Action, Reply, Turn, encode_text, fixed_text_ids
+from slime_search_r1.families import ASSISTANT_HEADERS, THINK_TAGS
 from slime_search_r1.protocols.chat_template import chat_template_kwargs, template_end_of_turn, turn_stop_ids
 from slime_search_r1.tools.contract import Tool, read_call
 
 logger = logging.getLogger(__name__)
 
 ANSWER_PATTERN = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+THINK_OPEN, THINK_CLOSE = THINK_TAGS
 _THOUGHT_MARKER = re.compile(f"{re.escape(THINK_OPEN)}|{re.escape(THINK_CLOSE)}")
-# Where a chat template opens the assistant's turn: ChatML's header (Qwen2.5, Qwen3, Qwen3.5) and Llama 3's. What a
-# template writes after it in the generation prompt (an empty thought, or "<think>\n") is its prefill.
-ASSISTANT_OPENING = re.compile(r"<\|im_start\|>assistant\s*|<\|start_header_id\|>assistant<\|end_header_id\|>\s*")
+# A template's assistant header and the whitespace after it; what the generation prompt writes next (an empty
+# thought, or "<think>\n") is its prefill.
+ASSISTANT_OPENING = re.compile("|".join(rf"{re.escape(header)}\s*" for header in ASSISTANT_HEADERS))
 INFORMATION_PATTERN = re.compile(r"<information>(.*?)</information>", re.DOTALL)
 INFORMATION_OPEN = "\n\n<information>"
 INFORMATION_CLOSE = "</information>\n\n"
@@ -75,9 +78,18 @@ def opens_thought(text: str) -> bool:
     return text.rfind(THINK_OPEN) > text.rfind(THINK_CLOSE)
 
 
+def prompt_thought(prompt: str) -> str:
+    """What the prompt's assistant prefill leaves the model's turn: "open" (it starts inside a thought the prompt
+    opened: the response holds only the closing tag), "closed" (the prefill holds an empty thought: the template's
+    thinking is off), or "none"."""
+    prefill = assistant_prefill(prompt) or ""
+    if opens_thought(prefill):
+        return "open"
+    return "closed" if THINK_CLOSE in prefill else "none"
+
+
 def prompt_opens_thought(prompt: str) -> bool:
-    """Whether the model's turn starts inside a thought: the prompt's assistant prefill (or, without one, the prompt)
-    leaves one open."""
+    """Whether the model's turn starts inside a thought the prompt's assistant prefill opened."""
     return opens_thought(assistant_prefill(prompt) or "")
 
 

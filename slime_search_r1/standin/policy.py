@@ -23,7 +23,8 @@ from collections.abc import Mapping
 
 from slime_search_r1.data import as_question
 from slime_search_r1.demo.scripts import EPISODES
-from slime_search_r1.families import ModelFamily, thought_in_prompt
+from slime_search_r1.families import THINK_TAGS, ModelFamily
+from slime_search_r1.protocols.xml_tags import prompt_thought
 from slime_search_r1.registry import TOOLS
 from slime_search_r1.standin.model import assistant_marker, question_of, turn_index
 from slime_search_r1.tools.contract import Tool
@@ -112,8 +113,8 @@ class StandInPolicy:
         opened it, none after the empty one a prompt with thinking off holds (families/__init__.py)."""
         if self.family is None:
             return f"<think>{text}</think>\n"
-        opening, closing = self.family.think_tags
-        state = thought_in_prompt(self.family, context_text)
+        opening, closing = THINK_TAGS
+        state = prompt_thought(context_text)
         if state == "open":
             return f"{text}\n{closing}\n\n"
         return "" if state == "closed" else f"{opening}{text}{closing}\n"

@@ -27,7 +27,8 @@ from slime_search_r1.tokens.turn_end import model_eos_ids
 from support import slime_compat
 from support.episodes import CHAT_LABEL, QUESTION, chat_messages, conversation, info, searches
 from support.fake_sglang import FakeSGLangEngine
-from support.family_chat import CASES, call_text, thought_text, two_searches_then_answer
+from support.family_cases import CASES
+from support.family_chat import call_text, thought_text, two_searches_then_answer
 from support.fidelity import assert_faithful, assert_resumed_exactly
 from support.fully_async_rollouts import fully_async_rollout_of
 from support.loopback import serve_in_thread

@@ -3,7 +3,7 @@ it with slime's --apply-chat-template-kwargs (or the sample's own), the family's
 ids, the trajectory token-exact (support/fidelity.py), the end-token abort, --partial-rollout resume and the
 fully-async path with each family's own end token, and the reward's format rule under each way of thinking.
 
-Every test runs once per case of support/xml_families.py (the checkpoint's real tokenizer and official template,
+Every test runs once per case of support/family_cases.py (the checkpoint's real tokenizer and official template,
 support/model_tokenizers.py); the engine is the loopback stand-in, its scripted model writing and ending turns in the
 family's shape. The partial-rollout and fully-async machinery is the one tests/rollout/test_partial_rollout.py and
 test_fully_async.py drive slime with.
@@ -25,12 +25,9 @@ from support.episodes import QUESTION, SEARCH_ONLY, info, label, searches
 from support.fidelity import assert_faithful, assert_resumed_exactly
 from support.loopback import serve_in_thread
 from support.slime_rollout import slime_sampling_params
+from support.family_cases import CASE_IDS, CASES, PROMPT_THINKS, THINKING_OFF
 from support.xml_families import (
-    CASE_IDS,
-    CASES,
-    PROMPT_THINKS,
     FamilyEngine,
-    FamilyPolicy,
     family_dir,
     family_prompt,
     family_sample,
@@ -60,11 +57,6 @@ def tokenizer(case):
 @pytest.fixture
 def tokenizer_dir(case, tokenizer):
     return str(family_dir(case.checkpoint))
-
-
-@pytest.fixture
-def policy():
-    return FamilyPolicy()
 
 
 @pytest.fixture
@@ -111,7 +103,7 @@ async def test_an_xml_episode_is_token_exact_and_earns_the_full_reward(
 
 
 @pytest.mark.parametrize("where", ["args", "sample"])
-@pytest.mark.parametrize("case", [case for case in CASES if case.template_kwargs], ids=lambda case: case.id)
+@pytest.mark.parametrize("case", [case for case in CASES if case.thought == THINKING_OFF], ids=lambda case: case.id)
 async def test_the_template_kwargs_reach_a_messages_prompt(
     case, where, make_args, tokenizer, engine, policy, search_config
 ):

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slime_search_r1.families import thought_in_prompt, think_tag_ids
+from slime_search_r1.families import think_tag_ids
 from slime_search_r1.families.detection import resolve_family, tokenizer_family
 from slime_search_r1.protocols.chat import UNPARSABLE_TOOL_CALLS, parse_generated_turn, parse_openai_message
 from slime_search_r1.protocols.chat_reward import conversation_format_problem
@@ -17,7 +17,9 @@ from slime_search_r1.registry import MODEL_FAMILIES
 from slime_search_r1.settings.kinds import ConfigError
 from slime_search_r1.tools.search import SEARCH_SCHEMA
 from support.episodes import SEARCH_ONLY, chat_messages
-from support.family_chat import CASES, CHECKPOINT_FAMILIES
+from slime_search_r1.launch.presets import MODEL_PRESETS
+from slime_search_r1.protocols.xml_tags import prompt_thought
+from support.family_cases import CASES
 from support.fidelity import assert_canonical_observation
 from support.model_tokenizers import CHECKPOINTS, load_checkpoint_tokenizer
 
@@ -165,7 +167,7 @@ def checkpoint(request):
 
 def test_auto_places_each_checkpoints_template_in_its_family(checkpoint):
     name, tokenizer = checkpoint
-    assert tokenizer_family("auto", tokenizer).name == CHECKPOINT_FAMILIES[name]
+    assert tokenizer_family("auto", tokenizer).name == MODEL_PRESETS[name].family
 
 
 def test_a_template_no_rule_places_is_refused_naming_the_setting_and_a_named_family_overrides_it():
@@ -179,7 +181,7 @@ def test_a_template_no_rule_places_is_refused_naming_the_setting_and_a_named_fam
 
 def test_each_familys_think_tags_are_the_tokens_they_are(checkpoint):
     name, tokenizer = checkpoint
-    ids = think_tag_ids(MODEL_FAMILIES.get(CHECKPOINT_FAMILIES[name]), tokenizer)
+    ids = think_tag_ids(tokenizer)
     single = name.startswith(("qwen3-", "qwen3.5"))  # Qwen3's added tokens; Qwen2.5 and Llama spell them in pieces
     assert ids == (
         (tokenizer.convert_tokens_to_ids("<think>"), tokenizer.convert_tokens_to_ids("</think>"))
@@ -192,7 +194,7 @@ def test_each_familys_think_tags_are_the_tokens_they_are(checkpoint):
 def test_the_generation_prompt_says_who_opens_the_thought_and_the_template_the_end_of_turn(case):
     tokenizer, family = load_checkpoint_tokenizer(case.checkpoint), case.family
     renderer = ChatRenderer(tokenizer, [SEARCH_SCHEMA], case.template_kwargs, chat_messages())
-    state = thought_in_prompt(family, renderer.render(chat_messages(), add_generation_prompt=True))
+    state = prompt_thought(renderer.render(chat_messages(), add_generation_prompt=True))
     thinking_off = case.template_kwargs.get("enable_thinking") is False
     expected = {"none": "none", "model": "none", "prompt": "open"}[family.thinking.opened_by]
     assert state == ("closed" if thinking_off else expected)
@@ -207,7 +209,7 @@ def test_a_family_says_whether_its_template_rewrites_earlier_assistant_turns(che
     before = tokenizer.apply_chat_template(first, tokenize=False)
     after = tokenizer.apply_chat_template([*first, {"role": "user", "content": "Sure?"}], tokenize=False)
     rewrites = not after.startswith(before)
-    assert MODEL_FAMILIES.get(CHECKPOINT_FAMILIES[name]).rewrites_history == rewrites
+    assert MODEL_FAMILIES.get(MODEL_PRESETS[name].family).rewrites_history == rewrites
 
 
 def test_the_recorded_reason_survives_json():

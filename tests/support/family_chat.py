@@ -1,5 +1,5 @@
-"""Chat-mode episodes on each model family's real tokenizer and template: the cases (checkpoint x enable_thinking where
-the template toggles it) and what the scripted model writes in each family's own formats.
+"""Chat-mode episodes on each model family's real tokenizer and template (the cases: support/family_cases.py): what the
+scripted model writes in each family's own formats.
 
 The model writes a thought as its generation prompt leaves it: it opens `<think>` itself when the prompt opens
 none, it only closes the thought the prompt opened (Qwen3-Thinking-2507, Qwen3.5), and writes none after the empty
@@ -7,44 +7,9 @@ thought a prompt with thinking off holds. Calls are written as the family's SGLa
 """
 
 import json
-from dataclasses import dataclass
 
-from slime_search_r1.families import ModelFamily, thought_in_prompt
-from slime_search_r1.registry import MODEL_FAMILIES
-from support.model_tokenizers import CHECKPOINTS
-
-# The family each checkpoint's template is placed in (families/detection.py), as SGLang's rules say.
-CHECKPOINT_FAMILIES = {
-    "qwen2.5-3b": "qwen25",
-    "llama-3.2-3b-instruct": "llama3",
-    "qwen3-4b": "qwen3",
-    "qwen3-4b-instruct-2507": "qwen25",
-    "qwen3-4b-thinking-2507": "qwen3_thinking",
-    "qwen3.5-4b": "qwen35",
-}
-TOGGLES_THINKING = ("qwen3-4b", "qwen3.5-4b")  # their templates read enable_thinking
-
-
-@dataclass(frozen=True)
-class FamilyCase:
-    checkpoint: str
-    template_kwargs: dict
-
-    @property
-    def family(self) -> ModelFamily:
-        return MODEL_FAMILIES.get(CHECKPOINT_FAMILIES[self.checkpoint])
-
-    @property
-    def id(self) -> str:
-        thinking = self.template_kwargs.get("enable_thinking")
-        return self.checkpoint + ("" if thinking is None else f"-thinking-{'on' if thinking else 'off'}")
-
-
-CASES = [
-    FamilyCase(name, kwargs)
-    for name in CHECKPOINTS
-    for kwargs in (({"enable_thinking": True}, {"enable_thinking": False}) if name in TOGGLES_THINKING else ({},))
-]
+from slime_search_r1.families import THINK_TAGS, ModelFamily
+from slime_search_r1.protocols.xml_tags import prompt_thought
 
 
 def call_text(family: ModelFamily, query: str) -> str:
@@ -58,8 +23,8 @@ def call_text(family: ModelFamily, query: str) -> str:
 
 def thought_text(family: ModelFamily, prompt_text: str, thought: str) -> str:
     """A thought as the model writes it after this generation prompt (nothing when thinking is off)."""
-    state = thought_in_prompt(family, prompt_text)
-    opening, closing = family.think_tags
+    state = prompt_thought(prompt_text)
+    opening, closing = THINK_TAGS
     if state == "open":
         return f"{thought}\n{closing}\n\n"
     if state == "closed":

@@ -11,8 +11,6 @@ model while the template wrote an empty thought to switch the model's own thinki
 
 import functools
 import json
-import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -20,38 +18,9 @@ import pytest
 from slime.utils.types import Sample
 from slime_search_r1.data import search_r1_prompt
 from support.episodes import QUESTION, label
-from support.fake_sglang import BASE_MODEL_EOS, OBSERVATION_ENDS, FakeSGLangEngine, ScriptedPolicy
+from support.family_cases import PROMPT_THINKS, FamilyCase
+from support.fake_sglang import BASE_MODEL_EOS, FakeSGLangEngine
 from support.model_tokenizers import checkpoint_dir, load_checkpoint_tokenizer
-
-# who opens the first thought of the model's turn
-MODEL_THINKS = "model"  # the generation prompt ends at the assistant header: the model writes <think> itself
-PROMPT_THINKS = "prompt"  # the generation prompt ends with "<think>\n": the turn starts mid-thought
-THINKING_OFF = "off"  # the generation prompt holds an empty "<think>\n\n</think>\n\n": the model thinks as asked
-
-
-@dataclass(frozen=True)
-class FamilyCase:
-    checkpoint: str
-    end_of_turn: str  # the special token the template closes an assistant message with
-    thought: str  # MODEL_THINKS, PROMPT_THINKS or THINKING_OFF
-    template_kwargs: dict = field(default_factory=dict)  # slime's --apply-chat-template-kwargs
-
-    @property
-    def id(self) -> str:
-        return self.checkpoint + ("-thinking-off" if self.thought == THINKING_OFF else "")
-
-
-CASES = [
-    FamilyCase("qwen2.5-3b", "<|im_end|>", MODEL_THINKS),
-    FamilyCase("llama-3.2-3b-instruct", "<|eot_id|>", MODEL_THINKS),
-    FamilyCase("qwen3-4b", "<|im_end|>", MODEL_THINKS),
-    FamilyCase("qwen3-4b", "<|im_end|>", THINKING_OFF, {"enable_thinking": False}),
-    FamilyCase("qwen3-4b-instruct-2507", "<|im_end|>", MODEL_THINKS),
-    FamilyCase("qwen3-4b-thinking-2507", "<|im_end|>", PROMPT_THINKS),
-    FamilyCase("qwen3.5-4b", "<|im_end|>", PROMPT_THINKS),
-    FamilyCase("qwen3.5-4b", "<|im_end|>", THINKING_OFF, {"enable_thinking": False}),
-]
-CASE_IDS = [case.id for case in CASES]
 
 
 def family_tokenizer(case: FamilyCase):
@@ -108,23 +77,6 @@ def search_then_answer(case: FamilyCase, answer: str = "Paris") -> list[str]:
 def no_action_then_answer(case: FamilyCase) -> list[str]:
     """A first turn with no tag, which the model ends with its end-of-turn token, then the answer."""
     return [thought(case, "It is a capital.", first=True) + "I think it is Paris.", search_then_answer(case)[1]]
-
-
-# Assistant headers: ChatML's and Llama 3's. The scripted model counts the replies after the last one.
-ASSISTANT_HEADERS = ("<|im_start|>assistant", "<|start_header_id|>assistant<|end_header_id|>")
-# The question ends its line, or the user turn: Llama 3's template trims the message, so <|eot_id|> follows it.
-QUESTION_PATTERN = re.compile(r"Question: (.*?)(?:\n|<\|im_end\|>|<\|eot_id\|>)")
-
-
-class FamilyPolicy(ScriptedPolicy):
-    """ScriptedPolicy reading the question and counting turns in every family's turn format, not ChatML's alone."""
-
-    def __call__(self, context_text: str) -> str:
-        question = QUESTION_PATTERN.search(context_text)
-        turns = self.scripts.get(question.group(1).strip() if question else "", self.default)
-        reply = context_text[max(context_text.rfind(header) for header in ASSISTANT_HEADERS) :]
-        index = sum(reply.count(end) for end in OBSERVATION_ENDS)
-        return turns[min(index, len(turns) - 1)]
 
 
 class FamilyEngine(FakeSGLangEngine):
