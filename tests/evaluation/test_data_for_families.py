@@ -14,7 +14,7 @@ from test_oai_format_data_preprocess import read_like_slime, search_r1_rows
 from oai_format_data_preprocess import main
 from qa_em_format import format_problem
 from slime.utils.types import Sample
-from slime_search_r1.data import CHAT_SYSTEM_PROMPT
+from slime_search_r1.data import chat_system_prompt
 from slime_search_r1.protocols.chat import initial_messages, sample_tools
 from slime_search_r1.protocols.chat_template import ChatRenderer
 from slime_search_r1.protocols.xml_tags import TOOL_LINES_AFTER, prompt_text, prompt_thought
@@ -61,7 +61,7 @@ def test_each_familys_template_shows_a_chat_row_s_system_prompt_question_and_too
     tools = sample_tools(sample, {name: TOOLS.get(name) for name in OFFERED})
     messages = initial_messages(sample.prompt)
     rendered = ChatRenderer(tokenizer, tools, case.template_kwargs, messages).render(messages, True)
-    assert CHAT_SYSTEM_PROMPT in rendered
+    assert chat_system_prompt(OFFERED) in rendered
     assert "Question: what is the capital of france?" in rendered
     for schema in (TOOLS.get(name).schema for name in OFFERED):  # what the plugin offers, the row carries
         # a template writes a schema as JSON (json.dumps or Jinja's tojson, which escape alike) or field by field
