@@ -10,7 +10,7 @@ from the template (srt/parser/template_detection.py; each family names the rule 
   Thinking        who opens a thought (nobody, the model, the generation prompt) and the kwarg that turns it off
 
 The end-of-turn and EOS tokens are not declared here: the template and the checkpoint say them
-(protocols/chat_template.py reads the end of turn from the template, tokens/turn_end.py the EOS set).
+(protocols/chat_template.py reads the end of turn from the template, tokens/engine_rules.py the EOS set).
 """
 
 from collections.abc import Callable
