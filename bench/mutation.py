@@ -93,12 +93,17 @@ TARGETS = (
     Target(
         "tokens",
         "token tracking: the trajectory, loss mask and log probs written turn by turn, where turns end, resumed "
-        "turns, the engine's answers read",
-        ("slime_search_r1/tokens/manual.py", "slime_search_r1/tokens/engine.py", "slime_search_r1/tokens/turn_end.py"),
+        "turns, the engine's answers read, the lengths it accepts",
+        (
+            "slime_search_r1/tokens/manual.py",
+            "slime_search_r1/tokens/engine.py",
+            "slime_search_r1/tokens/engine_rules.py",
+        ),
         (
             "tests/rollout/test_token_trajectory.py",
             "tests/rollout/test_turn_end.py",
             "tests/rollout/test_engine_call.py",
+            "tests/rollout/test_engine_limits.py",
         ),
     ),
     Target(

@@ -10,8 +10,8 @@ loop.py          how one episode runs: the loop every mode shares, how an episod
 episode.py       what one episode is made of, knows and leaves: Turn, Action, Reply, the EpisodeState, and its record
                  in sample.metadata["search_r1"] (how to read it back too)
 tokens/          where a turn's tokens come from: SGLang with the trajectory written turn by turn (manual.py; the
-                 /generate call and its answer read in engine.py, where a turn ends in turn_end.py), or the old slime
-                 router's cache (legacy_router.py)
+                 /generate call and its answer read in engine.py, SGLang's rules in engine_rules.py: where a turn
+                 ends, which lengths it accepts), or the old slime router's cache (legacy_router.py)
 protocols/       what the model writes and is shown: XML tags, chat tool calls
 families/        how each model family writes tool calls and thoughts, and which family a chat template is
 tools/           what the model may call: the tool contract, the search tool with its client, the access tool

@@ -7,6 +7,7 @@
                                   conversation, where an aborted one stood, the policy version of each engine
                                   call's tokens; reward_func adds the reward's parts
   weight versions                 version_spans, token_versions, version_number: which policy wrote which token
+                                  (how far those lag behind the newest: training/staleness.py)
 
 generate() writes the record once, at the end (loop.py); reward_func, the log hooks, evaluate.py and the viewer read
 it with the functions below. Everything stored is plain Python (dicts, lists, str, int, float, bool, None): slime
@@ -226,27 +227,6 @@ def version_number(version: str | None) -> int | None:
     has no place in that order."""
     text = str(version).strip() if version is not None else ""
     return int(text) if text.isdigit() else None
-
-
-def newest_version(spans) -> int | None:
-    """The newest ordered version among (start, end, version) spans, or None when none is ordered."""
-    numbers = [number for _, _, version in spans if (number := version_number(version)) is not None]
-    return max(numbers) if numbers else None
-
-
-def lagging_spans(spans, max_lag: int, reference: int | None = None) -> list[tuple[int, int, str | None]]:
-    """The spans sampled more than `max_lag` versions before the newest policy: `reference` (the newest version the
-    engines have shown: tokens/engine.py's ENGINE_VERSIONS) or the newest of `spans`, whichever is newer; spans of an
-    unordered version never lag."""
-    known = [number for number in (newest_version(spans), reference) if number is not None]
-    if not known:
-        return []
-    newest = max(known)
-    return [
-        (start, end, version)
-        for start, end, version in spans
-        if (number := version_number(version)) is not None and newest - number > max_lag
-    ]
 
 
 class EngineVersions:

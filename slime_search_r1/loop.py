@@ -6,8 +6,9 @@ This file is the rollout's map: one XML search episode runs in the files named h
   run_episode (below)             one EpisodeState, the protocol and token driver the settings name, the trajectory;
                                   then per turn:
     driver.generate()  -> Turn    tokens/manual.py: the trajectory's ids to SGLang's /generate (tokens/engine.py),
-                                  the answer settled into the turn it ends (tokens/turn_end.py), the sampled ids (and
-                                  log probs) appended to the trajectory (tokens/legacy_router.py: the router modes)
+                                  the answer settled into the turn it ends (tokens/engine_rules.py), the sampled ids
+                                  (and log probs) appended to the trajectory (tokens/legacy_router.py: the router
+                                  modes)
     protocol.read()    -> Action  protocols/xml_tags.py: Search-R1's tags (protocols/chat.py: OpenAI tool calls)
     run_calls()        -> results tools/contract.py: each call run by its tool and counted under its name;
                                   tools/search.py: the search tool, its backends and its text (tools/access.py: pages)
@@ -16,16 +17,17 @@ This file is the rollout's map: one XML search episode runs in the files named h
 
 episode.py holds what they all share: Turn, Action, ToolCall, Reply, the EpisodeState and the record. The protocol,
 token driver and tools are picked by the names the settings give them (registry.py says where each built-in lives,
-and holds what extensions register). How an episode ends:
+what a protocol and a token driver provide, and holds what extensions register). How an episode ends:
 
   answer                              COMPLETED  answer
   engine abort, or slime's abort      ABORTED    engine_abort (slime's abort, or a weight update pausing the engines in
                                                  fully-async training) / rollout_aborted (checked before every turn);
                                                  an aborted answer whose tokens already end the turn ends it as the
-                                                 engine would have (tokens/turn_end.py), and the episode goes on
+                                                 engine would have (tokens/engine_rules.py), and the episode goes on
   response or context budget out      TRUNCATED  token_budget (each turn is offered exactly what is left)
-  the engine's context length reached TRUNCATED  context_length: SGLang's length rules (tokens/limits.py) leave no room
-                                                 for the next turn, or the engine refused one for its length (HTTP 400)
+  the engine's context length reached TRUNCATED  context_length: SGLang's length rules (tokens/engine_rules.py) leave
+                                                 no room for the next turn, or the engine refused one for its length
+                                                 (HTTP 400)
   max_turns reached                   TRUNCATED  max_turns; a tool call on the last turn is not run (no turn reads it)
   a tool failing after its retries    FAILED     tool_failed, with remove_sample (its reward measures the outage)
   the engine's answer unusable        FAILED     engine_error (a 4xx, a 5xx after the retries, a null log prob, ids
@@ -56,7 +58,6 @@ when the episode ends, and again when slime forms the batch (training/advantages
 import copy
 import logging
 from dataclasses import dataclass, replace
-from typing import Protocol
 
 from slime.rollout.rm_hub import async_rm
 from slime.rollout.sglang_rollout import GenerateState
@@ -73,65 +74,15 @@ from slime_search_r1.episode import (
     resume_point,
     write_episode,
 )
-from slime_search_r1.registry import PROTOCOLS, TOKEN_DRIVERS, TOOLS
+from slime_search_r1.registry import PROTOCOLS, TOKEN_DRIVERS, TOOLS, TokenDriver, TurnProtocol
 from slime_search_r1.settings.kinds import ConfigError
 from slime_search_r1.settings.view import SearchR1Config
 from slime_search_r1.tokens.engine import EngineLengthRefusal, EngineProtocolError
-from slime_search_r1.tokens.limits import LEARNED_LIMITS, EngineLimits, stated_limits
+from slime_search_r1.tokens.engine_rules import LEARNED_LIMITS, EngineLimits, stated_limits
 from slime_search_r1.tokens.manual import Trajectory, why_not_continued
 from slime_search_r1.tools.contract import Tool, ToolAborted, ToolError, run_calls
 
 logger = logging.getLogger(__name__)
-
-
-class TurnProtocol(Protocol):
-    """What the model writes and what it is shown (LLM_API_MODE: protocols/xml_tags.py, protocols/chat.py)."""
-
-    records_conversation: bool  # the episode keeps its messages (state.conversation) for the reward
-    prompt_text: str  # the prompt the episode conditions on
-    messages: list[dict] | None  # the prompt as chat messages (None when the protocol has none)
-    tool_schemas: list[dict] | None  # the tools the chat template shows (None likewise)
-    sampling_params: dict  # slime's, plus what ends this protocol's turns
-    cut_at_stops: tuple[str, ...]  # stop strings after which a turn is cut (for engines that run past them)
-
-    def __init__(self, state: EpisodeState, sampling_params: dict): ...
-
-    def read(self, turn: Turn, state: EpisodeState) -> Action:
-        """What the model did in `turn`."""
-
-    def reply(
-        self, action: Action, results: dict[str, str], turn: Turn, state: EpisodeState, force_answer: bool = False
-    ) -> Reply:
-        """What the model is shown next: the results of its calls (by call id), or what was wrong; with
-        `force_answer` (force_answer=inject), followed by the protocol's instruction to answer now."""
-
-
-class TokenDriver(Protocol):
-    """Where a turn's tokens come from (TOKEN_TRACKING_MODE: tokens/manual.py, tokens/legacy_router.py)."""
-
-    context_length: int
-    response_length: int
-    trajectory: Trajectory  # what the driver writes the sample's response through
-    resumable: bool  # a partial rollout's aborted episode can continue from its trajectory (written_turn, below)
-
-    @classmethod
-    async def prepare(cls, state: EpisodeState) -> None:
-        """Checks that can fail before the sample is touched (the router's endpoints)."""
-
-    def __init__(self, state: EpisodeState, trajectory: Trajectory, protocol: TurnProtocol): ...
-
-    async def generate(self, sampling_params: dict) -> Turn:
-        """The turn under way (after what it sampled before an abort, if anything)."""
-
-    def written_turn(self) -> Turn:
-        """The turn under way as the trajectory holds it (a resumed episode reads it again)."""
-
-    def add_observation(self, ids: list[int], short_ids: list[int] | None = None) -> None:
-        """The environment's reply follows the turn; `short_ids` (split_trajectories, manual only): what contexts
-        show in its place once a later turn has read it."""
-
-    async def finish(self, status: Sample.Status) -> None:
-        """The trajectory is complete (a router driver fetches it now)."""
 
 
 def enabled_tools(config) -> dict[str, Tool]:
@@ -142,7 +93,7 @@ def enabled_tools(config) -> dict[str, Tool]:
 @dataclass(frozen=True)
 class Budget:
     """What an episode may still use: response tokens, the context the settings and slime allow, and what the engine
-    accepts of one request (tokens/limits.py)."""
+    accepts of one request (tokens/engine_rules.py)."""
 
     response: int
     context: int

@@ -1,7 +1,8 @@
 """The plugin's seams, open by name: how the model talks (protocols), where a turn's tokens come from (token
 drivers), what it may call (tools), what answers a search (search backends), how an answer scores (answer
 scores) and how a model family writes calls and thoughts (model families). Every built-in is declared once, below,
-as the place its object lives; extensions register theirs here.
+as the place its object lives; extensions register theirs here. What an entry must provide is declared beside its
+registry for a protocol (TurnProtocol) and a token driver (TokenDriver), in tools/contract.py for a tool (Tool).
 
 A setting names an entry of a seam. A built-in's module is imported the first time its entry is asked for, so that
 naming or checking a setting imports no implementation (or slime). A new entry is one `register()` call in a file
@@ -13,7 +14,12 @@ launch check, the data script and evaluate.py see it alike:
 """
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:  # the contracts' types, named without importing an implementation (or slime)
+    from slime.utils.types import Sample
+    from slime_search_r1.episode import Action, EpisodeState, Reply, Turn
+    from slime_search_r1.tokens.manual import Trajectory
 
 
 class Registry:
@@ -54,6 +60,33 @@ class Registry:
         return getattr(importlib.import_module(module), attribute)
 
 
+class TurnProtocol(Protocol):
+    """What the model writes and what it is shown (LLM_API_MODE: protocols/xml_tags.py, protocols/chat.py)."""
+
+    records_conversation: bool  # the episode keeps its messages (state.conversation) for the reward
+    prompt_text: str  # the prompt the episode conditions on
+    messages: list[dict] | None  # the prompt as chat messages (None when the protocol has none)
+    tool_schemas: list[dict] | None  # the tools the chat template shows (None likewise)
+    sampling_params: dict  # slime's, plus what ends this protocol's turns
+    cut_at_stops: tuple[str, ...]  # stop strings after which a turn is cut (for engines that run past them)
+
+    def __init__(self, state: "EpisodeState", sampling_params: dict): ...
+
+    def read(self, turn: "Turn", state: "EpisodeState") -> "Action":
+        """What the model did in `turn`."""
+
+    def reply(
+        self,
+        action: "Action",
+        results: dict[str, str],
+        turn: "Turn",
+        state: "EpisodeState",
+        force_answer: bool = False,
+    ) -> "Reply":
+        """What the model is shown next: the results of its calls (by call id), or what was wrong; with
+        `force_answer` (force_answer=inject), followed by the protocol's instruction to answer now."""
+
+
 PROTOCOLS = Registry(
     "protocol",
     "llm_api_mode",
@@ -62,6 +95,36 @@ PROTOCOLS = Registry(
         "chat": "slime_search_r1.protocols.chat:ChatProtocol",  # OpenAI tool calls through the chat template
     },
 )
+
+
+class TokenDriver(Protocol):
+    """Where a turn's tokens come from (TOKEN_TRACKING_MODE: tokens/manual.py, tokens/legacy_router.py)."""
+
+    context_length: int
+    response_length: int
+    trajectory: "Trajectory"  # what the driver writes the sample's response through
+    resumable: bool  # a partial rollout's aborted episode can continue from its trajectory (written_turn, below)
+
+    @classmethod
+    async def prepare(cls, state: "EpisodeState") -> None:
+        """Checks that can fail before the sample is touched (the router's endpoints)."""
+
+    def __init__(self, state: "EpisodeState", trajectory: "Trajectory", protocol: TurnProtocol): ...
+
+    async def generate(self, sampling_params: dict) -> "Turn":
+        """The turn under way (after what it sampled before an abort, if anything)."""
+
+    def written_turn(self) -> "Turn":
+        """The turn under way as the trajectory holds it (a resumed episode reads it again)."""
+
+    def add_observation(self, ids: list[int], short_ids: list[int] | None = None) -> None:
+        """The environment's reply follows the turn; `short_ids` (split_trajectories, manual only): what contexts
+        show in its place once a later turn has read it."""
+
+    async def finish(self, status: "Sample.Status") -> None:
+        """The trajectory is complete (a router driver fetches it now)."""
+
+
 TOKEN_DRIVERS = Registry(
     "token-tracking mode",
     "token_tracking_mode",
@@ -71,6 +134,8 @@ TOKEN_DRIVERS = Registry(
         "router_handler": "slime_search_r1.tokens.legacy_router:RouterHandlerDriver",
     },
 )
+
+
 TOOLS = Registry(
     "tool",
     "tools",

@@ -12,7 +12,7 @@ from support import slime_compat  # first: SLIME_SRC=/path/to/slime puts real sl
 import generate_with_search
 from slime_search_r1.http_client import close_loop_sessions
 from slime_search_r1.episode import ENGINE_VERSIONS
-from slime_search_r1.tokens.limits import LEARNED_LIMITS
+from slime_search_r1.tokens.engine_rules import LEARNED_LIMITS
 from support.fake_judge import FakeJudge
 from support.fake_retriever import FakeRetriever
 from support.fake_router import FakeSlimeRouter

@@ -15,7 +15,7 @@ where a template opens the assistant's turn (ASSISTANT_HEADERS: ChatML's for the
 reads them as constants (protocols/xml_tags.py), so one episode runs no code of this package.
 
 The end-of-turn and EOS tokens are not declared here: the template and the checkpoint say them
-(protocols/chat_template.py reads the end of turn from the template, tokens/turn_end.py the EOS set).
+(protocols/chat_template.py reads the end of turn from the template, tokens/engine_rules.py the EOS set).
 """
 
 from collections.abc import Callable

@@ -34,7 +34,7 @@ from slime_search_r1.http_client import (
     retrying,
     unbounded_session,
 )
-from slime_search_r1.tokens.limits import is_length_refusal
+from slime_search_r1.tokens.engine_rules import is_length_refusal
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +53,8 @@ class EngineProtocolError(RuntimeError):
 
 
 class EngineLengthRefusal(EngineProtocolError):
-    """The engine refused the request for its length (HTTP 400, tokens/limits.py LENGTH_REFUSALS): the episode has
-    reached the engine's context length."""
+    """The engine refused the request for its length (HTTP 400, tokens/engine_rules.py LENGTH_REFUSALS): the episode
+    has reached the engine's context length."""
 
 
 class EngineUnavailable(RuntimeError):

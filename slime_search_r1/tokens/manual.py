@@ -2,7 +2,8 @@
 back, and the trajectory on the sample grows by them, turn by turn.
 
   ManualDriver         the token driver: one engine call per turn (tokens/engine.py), its answer settled into the turn
-                       it ends (tokens/turn_end.py: an abort may already have ended it; an engine may run past an end)
+                       it ends (tokens/engine_rules.py: an abort may already have ended it; an engine may run past
+                       an end)
   Trajectory           the sample's tokens, loss mask and log probs, kept aligned: the only writer of those fields;
                        and which weight version sampled which tokens (the engine's spans, else one per engine call);
                        with split_trajectories, the segments an episode is trained as (one sample each)
@@ -19,9 +20,10 @@ import random
 from dataclasses import dataclass, replace
 
 from slime.utils.types import Sample
-from slime_search_r1.episode import Turn, episode_record, forget_episode, lagging_spans, version_spans
+from slime_search_r1.episode import Turn, episode_record, forget_episode, version_spans
 from slime_search_r1.tokens.engine import engine_url, generate_turn, routing_headers, weight_version_of
-from slime_search_r1.tokens.turn_end import TurnEnds, model_eos_ids, settle
+from slime_search_r1.tokens.engine_rules import TurnEnds, model_eos_ids, settle
+from slime_search_r1.training.staleness import lagging_spans
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +68,7 @@ class ManualDriver:
 
     async def generate(self, sampling_params: dict) -> Turn:
         """The turn under way: what the engine samples now, after what it sampled before an abort (if anything),
-        settled into the turn it ends (turn_end.settle)."""
+        settled into the turn it ends (engine_rules.settle)."""
         trajectory = self.trajectory
         written = self.written_turn().ids
         answer = await generate_turn(

@@ -6,6 +6,8 @@ reference is the policy that trains the batch, or the one before it where train_
 the update that precedes its training step. A batch whose groups waited in the fully-async worker's queue across an
 update lags by that update although all its tokens share one version.
 
+  lagging_spans        the spans more than N versions behind the newest policy: what the lag mask covers, at an
+                       episode's end (tokens/manual.py) and when slime forms the batch (below)
   staleness_metrics    rollout/search_r1/versions/*: each episode's lag (the reference minus its oldest version),
                        mixed versions, the trained tokens an older policy sampled, what the lag mask covers
   mask_lagging_tokens  SEARCH_R1_MAX_VERSION_LAG=N, run by post_process_rewards when slime forms the batch: loss mask
@@ -21,14 +23,33 @@ from slime_search_r1.episode import (
     ENGINE_VERSIONS,
     episode_record,
     first_part_of_episode,
-    lagging_spans,
-    newest_version,
     part_spans,
     version_number,
     version_spans,
 )
 
 MAX_VERSION_LAG_KEY = "max_version_lag"
+
+
+def newest_version(spans) -> int | None:
+    """The newest ordered version among (start, end, version) spans, or None when none is ordered."""
+    numbers = [number for _, _, version in spans if (number := version_number(version)) is not None]
+    return max(numbers) if numbers else None
+
+
+def lagging_spans(spans, max_lag: int, reference: int | None = None) -> list[tuple[int, int, str | None]]:
+    """The spans sampled more than `max_lag` versions before the newest policy: `reference` (the newest version the
+    engines have shown: ENGINE_VERSIONS) or the newest of `spans`, whichever is newer; spans of an unordered version
+    never lag."""
+    known = [number for number in (newest_version(spans), reference) if number is not None]
+    if not known:
+        return []
+    newest = max(known)
+    return [
+        (start, end, version)
+        for start, end, version in spans
+        if (number := version_number(version)) is not None and newest - number > max_lag
+    ]
 
 
 def reference_version(spans) -> int | None:

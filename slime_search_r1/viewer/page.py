@@ -24,13 +24,13 @@ import numpy as np
 from slime_search_r1.data import golden_answers
 from slime_search_r1.episode import (
     conversation_of,
-    newest_version,
     part_spans,
     reward_of,
     tool_counters,
     version_number,
     version_spans,
 )
+from slime_search_r1.training.staleness import newest_version
 from slime_search_r1.viewer.samples import Run, ViewSample
 from slime_search_r1.viewer.steps import steps_of, tool_calls
 from slime_search_r1.viewer.summary import (

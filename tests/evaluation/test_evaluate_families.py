@@ -14,7 +14,7 @@ from test_evaluate import cli, trajectories
 import evaluate
 import oai_format_data_preprocess
 from slime_search_r1.tools.search import SEARCH_SCHEMA
-from slime_search_r1.tokens.turn_end import model_eos_ids
+from slime_search_r1.tokens.engine_rules import model_eos_ids
 from support.episodes import QUESTION, chat_messages
 from support.family_cases import FamilyCase
 from support.family_chat import two_searches_then_answer

@@ -20,7 +20,12 @@ from slime_search_r1.episode import EpisodeStats, FinishReason
 from slime_search_r1.loop import Budget
 from slime_search_r1.tokens import engine as engine_module
 from slime_search_r1.tokens.engine import EngineUnavailable
-from slime_search_r1.tokens.limits import EngineLimits, config_context_length, reserved_draft_slots, stated_limits
+from slime_search_r1.tokens.engine_rules import (
+    EngineLimits,
+    config_context_length,
+    reserved_draft_slots,
+    stated_limits,
+)
 from support import slime_compat
 from support.fake_sglang import Hold
 from support.episodes import ANSWER, MODE_IDS, MODES, QUESTION, SEARCH, info, sample_for, searches

@@ -23,7 +23,7 @@ from slime_search_r1.protocols.chat_template import template_messages
 from slime_search_r1.settings.kinds import ConfigError
 from slime_search_r1.slime_flags import REWARD_POST_PROCESS_PATH
 from slime_search_r1.tools.search import SEARCH_SCHEMA
-from slime_search_r1.tokens.turn_end import model_eos_ids
+from slime_search_r1.tokens.engine_rules import model_eos_ids
 from support import slime_compat
 from support.episodes import CHAT_LABEL, QUESTION, chat_messages, conversation, info, searches
 from support.fake_sglang import FakeSGLangEngine

@@ -21,7 +21,6 @@ from slime.rollout.fully_async_rollout import generate_rollout_fully_async
 from slime.utils.types import Sample
 from slime_search_r1.episode import (
     ENGINE_VERSIONS,
-    lagging_spans,
     part_spans,
     token_versions,
     version_number,
@@ -33,7 +32,7 @@ from slime_search_r1.slime_flags import REWARD_POST_PROCESS_PATH
 from slime_search_r1.tokens.manual import Trajectory
 from slime_search_r1.training.metrics import TRAIN_PREFIX, search_metrics
 from slime_search_r1.training.advantages import post_process_rewards
-from slime_search_r1.training.staleness import mask_lagging_tokens, staleness_metrics
+from slime_search_r1.training.staleness import lagging_spans, mask_lagging_tokens, staleness_metrics
 from slime_search_r1.viewer.page import versions_view
 from support import slime_compat
 from support.episodes import (

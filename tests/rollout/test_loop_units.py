@@ -287,7 +287,8 @@ async def test_an_engine_abort_counts_and_aborts():
 
 
 async def test_an_abort_whose_tokens_ended_the_turn_is_counted_and_the_episode_goes_on():
-    # the engine said abort, but its last token ended the turn (turn_end.settle made it a stop): read, run, answered
+    # the engine said abort, but its last token ended the turn (engine_rules.settle made it a stop): read, run,
+    # answered
     state, protocol, driver, budget = episode([(SEARCH, 4, "stop", True), (ANSWER, 3, "stop", True)])
     assert await turns(state, protocol, driver, budget) == (Sample.Status.COMPLETED, FinishReason.ANSWER)
     assert state.stats.engine_aborts == 2 and state.stats.aborts_after_turn_end == 2

@@ -25,7 +25,7 @@ from slime_search_r1.tokens.manual import (
     shared_rollout_id,
     why_not_continued,
 )
-from slime_search_r1.tokens.turn_end import int32_values
+from slime_search_r1.tokens.engine_rules import int32_values
 
 from support.piece_tokenizer import TOKENIZER
 

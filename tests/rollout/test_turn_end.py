@@ -1,8 +1,8 @@
-"""tokens/turn_end.py in process: where a model turn ends, the same for every engine answer whatever its
-finish_reason (an abort's unchecked last token, an EOS inside a speculative run, two SGLang versions' finish orders,
-an engine that ran past a stop string), and the cut that keeps a prefix of what was sampled. The tokenizer is a small
-vocabulary of multi-character pieces (support/piece_tokenizer.py: 5 is "</search>", 3 and 4 are "</sea" and "rch>",
-99 is "<|im_end|>"), so every expected value is written out."""
+"""tokens/engine_rules.py's settle() in process: where a model turn ends, the same for every engine answer whatever
+its finish_reason (an abort's unchecked last token, an EOS inside a speculative run, two SGLang versions' finish
+orders, an engine that ran past a stop string), and the cut that keeps a prefix of what was sampled. The tokenizer is
+a small vocabulary of multi-character pieces (support/piece_tokenizer.py: 5 is "</search>", 3 and 4 are "</sea" and
+"rch>", 99 is "<|im_end|>"), so every expected value is written out."""
 
 import base64
 import json
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from slime_search_r1.episode import Turn
-from slime_search_r1.tokens.turn_end import (
+from slime_search_r1.tokens.engine_rules import (
     TurnEnds,
     cut_after_first_stop,
     first_end,
