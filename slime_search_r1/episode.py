@@ -94,6 +94,11 @@ def encode_prompt(tokenizer, prompt: str) -> list[int]:
     return list(_prompt_ids(tokenizer, prompt))
 
 
+class RenderError(RuntimeError):
+    """The protocol's template cannot render its reply to a turn (a chat template refusing the conversation): that
+    sample ends FAILED with template_error, the rollout goes on (loop.py)."""
+
+
 # ---- the record in sample.metadata["search_r1"] -----------------------------------------------------------------
 
 METADATA_KEY = "search_r1"
@@ -109,6 +114,7 @@ class FinishReason(str, Enum):
     CONTEXT_LENGTH = "context_length"
     TOOL_FAILED = "tool_failed"
     ENGINE_ERROR = "engine_error"  # the engine refused the request (4xx) or answered what cannot be trained on
+    TEMPLATE_ERROR = "template_error"  # the protocol's template refused to render the reply to a turn
     ROLLOUT_ABORTED = "rollout_aborted"  # slime's abort flag, seen before a turn or while a tool waited
     ENGINE_ABORT = "engine_abort"  # the engine answered a turn with finish_reason abort
 
@@ -279,6 +285,7 @@ class EpisodeStats:
     tools: dict[str, ToolStats] = field(default_factory=dict)  # by tool name
     tool_error: str | None = None  # the tool error that ended the episode FAILED
     engine_error: str | None = None  # what was wrong with the engine's answer, when that ended the episode FAILED
+    template_error: str | None = None  # why the template could not render a reply, when that ended it FAILED
     length_refusal: str | None = None  # the engine's refusal of a request for its length (ended it context_length)
     generated_tokens: int = 0  # model tokens in the response (observations are not)
     resumes: int = 0  # partial rollout: how often an aborted episode was resumed

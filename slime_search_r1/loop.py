@@ -34,6 +34,8 @@ what a protocol and a token driver provide, and holds what extensions register).
                                                  and log probs that disagree, ...: the record's engine_error says
                                                  which), likewise; only an engine that cannot be reached at all after
                                                  the retries raises (EngineUnavailable), failing the rollout
+  the template refusing a reply       FAILED     template_error (the chat template raised rendering the follow-up:
+                                                 the record's template_error says why), likewise
 
 Long horizons (docs/long_horizon.md):
   force_answer=final_turn   as Search-R1: max_turns turns run their tool calls, then one more turn whose calls are not
@@ -67,6 +69,7 @@ from slime_search_r1.episode import (
     Action,
     EpisodeState,
     FinishReason,
+    RenderError,
     Reply,
     Turn,
     encode_prompt,
@@ -300,7 +303,11 @@ async def _turns(
             return Sample.Status.ABORTED, FinishReason.ROLLOUT_ABORTED
         except ToolError:
             return Sample.Status.FAILED, FinishReason.TOOL_FAILED
-        reply, short_ids = _reply(state, protocol, driver, budget, action, results, turn)
+        try:
+            reply, short_ids = _reply(state, protocol, driver, budget, action, results, turn)
+        except RenderError as exc:  # this conversation's, not the rollout's: the other samples go on
+            stats.template_error = str(exc)[:500]
+            return Sample.Status.FAILED, FinishReason.TEMPLATE_ERROR
         if budget.left(driver, reply=len(reply.ids)) <= 0:
             # The reply plus at least one generated token must fit.
             return Sample.Status.TRUNCATED, budget.reason(driver, reply=len(reply.ids))

@@ -70,6 +70,9 @@ class ModelFamily:
     # the template renders an earlier assistant turn otherwise than as the model wrote it once messages follow (Qwen3
     # drops thoughts before the last user turn): whatever re-renders messages (router_handler) is not token-exact
     rewrites_history: bool = False
+    # the most calls its template renders in one assistant turn (None: any); a turn with more is an invalid action,
+    # its calls unparsable, so the conversation stays one the template renders (protocols/chat.py)
+    calls_per_turn: int | None = None
 
 
 def think_tag_ids(tokenizer) -> tuple[int | None, int | None]:

@@ -1,6 +1,7 @@
 """Llama 3.2 (3.1 alike): a call is a bare JSON object, `{"name": NAME, "parameters": {...}}`, as the whole turn or
 after `<|python_tag|>`; several are separated by ";"; no thoughts. Its template renders one call per assistant
-turn, the tool message as ipython (its text JSON-quoted), and a turn ends with `<|eot_id|>`.
+turn (a turn with more is refused, calls_per_turn), the tool message as ipython (its text JSON-quoted), and a turn
+ends with `<|eot_id|>`.
 
 Calls are read as SGLang's llama3 detector reads them (srt/function_call/llama32_detector.py, detect_and_parse): the
 text after `<|python_tag|>`, or the whole turn when it starts with "{", decoded object by object (a Python dict
@@ -94,6 +95,7 @@ LLAMA3 = ModelFamily(
     read_calls=read_llama3_calls,
     call_format=CALL_FORMAT,
     tool_call_parser="llama3",
+    calls_per_turn=1,  # the template raises "This model only supports single tool-calls at once!"
     reasoning_parser=None,
     thinking=Thinking(),
     matches=is_llama3,

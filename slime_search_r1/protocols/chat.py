@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from slime_search_r1.episode import Action, Reply, ToolCall, Turn, encode_text
-from slime_search_r1.families import ModelFamily
+from slime_search_r1.families import CallsRead, ModelFamily
 from slime_search_r1.families.detection import check_family_tracking, foreign_calls, tokenizer_family
 from slime_search_r1.families.qwen25 import QWEN25
 from slime_search_r1.protocols.chat_template import ChatRenderer, chat_template_kwargs, turn_stop_ids
@@ -110,7 +110,8 @@ def parse_generated_turn(
 
     Only whitespace and further well-formed calls may follow the first call; anything else the model wrote
     there (an invented tool response, an answer, a broken call) is kept as text_after_tool_calls. A turn whose
-    calls another family's reader reads, and this family's does not, has them unparsable, saying so.
+    calls another family's reader reads, and this family's does not, has them unparsable, saying so; so does a turn
+    with more calls than the family's template renders in one turn (calls_per_turn: Llama's, one).
     """
     body = text.removesuffix(end_of_turn) if end_of_turn else text
     schemas = tool_schemas if tool_schemas is not None else [tool.schema for tool in tools.values()]
@@ -123,6 +124,13 @@ def parse_generated_turn(
                 f"({family.name}) does not write; its calls are {family.call_format}"
             )
             read.unparsable = [(body[len(read.content) :].strip(), why)]
+    limit = family.calls_per_turn
+    if limit is not None and len(read.calls) > limit:
+        why = (
+            f"{len(read.calls)} tool calls in one turn; this model's chat template ({family.name}) renders at most "
+            f"{limit} per assistant turn, so none was run: make one call per turn"
+        )
+        read = CallsRead(read.content, unparsable=[(body[len(read.content) :].strip(), why)])
     calls = [
         read_call(f"call_{turn_index}_{index}", name, arguments, tools)
         for index, (name, arguments) in enumerate(read.calls)

@@ -24,7 +24,7 @@ from functools import lru_cache
 
 from jinja2 import TemplateError
 
-from slime_search_r1.episode import encode_text
+from slime_search_r1.episode import RenderError, encode_text
 
 _ASSISTANT_SENTINEL = "\ue000search-r1-assistant-turn\ue001"
 _CONTENT_SLOT = "\ue000search-r1-slot-{}\ue001"
@@ -74,8 +74,9 @@ def _end_of_turn(tokenizer, rendered: str) -> tuple[str, int | None]:
     return text, next((i for i in ids if i in special), None)
 
 
-class ChatTemplateError(RuntimeError):
-    """The chat template cannot be extended turn by turn token-exactly (followup_ids says why)."""
+class ChatTemplateError(RenderError):
+    """The chat template cannot be extended turn by turn token-exactly, or refused to render the conversation
+    (followup_ids says why): the sample ends FAILED with template_error."""
 
 
 def template_messages(messages: list[dict]) -> list[dict]:
@@ -126,8 +127,17 @@ class ChatRenderer:
         """Ids to append after the model's turn: the rest of its end-of-turn, `new_messages`, the generation prompt.
 
         `history` is the conversation before the assistant turn the model just generated; `assistant_message`, that
-        turn as recorded (the new messages must render the same after it as after a placeholder).
+        turn as recorded (the new messages must render the same after it as after a placeholder). Whatever the
+        template raises (jinja2's TemplateError: its raise_exception, an undefined value) is a ChatTemplateError.
         """
+        try:
+            return self._followup_ids(history, new_messages, generated_ids, assistant_message)
+        except TemplateError as exc:
+            raise ChatTemplateError(f"the chat template refused to render the conversation: {exc}") from exc
+
+    def _followup_ids(
+        self, history: list[dict], new_messages: list[dict], generated_ids: list[int], assistant_message: dict | None
+    ) -> list[int]:
         assistant = {"role": "assistant", "content": _ASSISTANT_SENTINEL}
         slots = [{**message, "content": _CONTENT_SLOT.format(i)} for i, message in enumerate(new_messages)]
         closing = _after_assistant(self.render([*history, assistant], add_generation_prompt=False))
@@ -170,12 +180,9 @@ class ChatRenderer:
         return placed
 
     def _check_independent_of_turn(self, history, assistant_message, new_messages, expected: str) -> None:
-        """The new messages render the same after the real assistant message as after the placeholder. A template
-        that cannot render the real one (Llama's allows one call per turn) is left to the placeholder's render."""
-        try:
-            rendered = self.render([*history, assistant_message, *new_messages], add_generation_prompt=True)
-        except TemplateError:
-            return
+        """The new messages render the same after the real assistant message as after the placeholder (a template
+        that cannot render the real one raises: the conversation cannot go on)."""
+        rendered = self.render([*history, assistant_message, *new_messages], add_generation_prompt=True)
         if not rendered.endswith(expected):
             raise ChatTemplateError(
                 "the chat template renders the tool results or the next generation prompt otherwise after the "

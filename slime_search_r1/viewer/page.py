@@ -54,6 +54,7 @@ DRAWN_RECORD_KEYS = {
     "tools",
     "tool_error",
     "engine_error",
+    "template_error",
     "length_refusal",
     "finish_reason",
     "evaluation",

@@ -9,6 +9,7 @@ resumes (--partial-rollout) into the uninterrupted one.
 
 import asyncio
 import copy
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,6 +20,7 @@ from slime.utils.http_utils import init_http_client
 from slime.utils.types import Sample
 from slime_search_r1.episode import resume_point, version_spans
 from slime_search_r1.http_client import close_loop_sessions
+from slime_search_r1.protocols import chat
 from slime_search_r1.protocols.chat_template import template_messages
 from slime_search_r1.settings.kinds import ConfigError
 from slime_search_r1.slime_flags import REWARD_POST_PROCESS_PATH
@@ -28,7 +30,7 @@ from support import slime_compat
 from support.episodes import CHAT_LABEL, QUESTION, chat_messages, conversation, info, searches
 from support.fake_sglang import FakeSGLangEngine
 from support.family_cases import CASES
-from support.family_chat import call_text, thought_text, two_searches_then_answer
+from support.family_chat import call_text, calls_text, thought_text, two_searches_then_answer
 from support.fidelity import assert_faithful, assert_resumed_exactly
 from support.fully_async_rollouts import fully_async_rollout_of
 from support.loopback import serve_in_thread
@@ -200,6 +202,52 @@ async def test_a_call_in_another_familys_format_is_an_invalid_action_with_its_re
     assert f"which this model's family ({case.family.name}) does not write" in unread["error"]
 
 
+ONE_CALL_CASES = [case for case in CASES if case.family.calls_per_turn == 1]
+
+
+@pytest.mark.parametrize("case", ONE_CALL_CASES, ids=lambda case: case.id)
+async def test_two_calls_in_a_turn_whose_template_renders_one_are_an_invalid_action_with_its_reason(
+    case, rollout_args, tokenizer, engine, policy, retriever
+):
+    """Llama 3.2's template raises on an assistant turn with two calls: the turn runs neither, the model is told
+    it made no usable call, and the episode goes on token-exactly to its answer."""
+    prompt_ids = scripted(case, tokenizer, policy)
+    answer = policy.scripts[QUESTION + "?"][-1]
+    both = calls_text(case.family, ["capital of France", "France capital"])
+    policy.scripts[QUESTION + "?"] = [both, call_text(case.family, "Paris France capital city"), answer]
+    done = (await run_rollout(rollout_args(), [[new_sample()]]))[0][0]
+    assert (done.status, info(done)["finish_reason"]) == (Sample.Status.COMPLETED, "answer")
+    assert (info(done)["invalid_actions"], retriever.queries) == (1, ["Paris France capital city"])
+    refused, hint = conversation(done)[:2]
+    assert "tool_calls" not in refused
+    (unread,) = refused["unparsable_tool_calls"]
+    assert unread["text"] == both and "2 tool calls in one turn" in unread["error"]
+    assert hint["role"] == "user" and "neither a search tool call nor a final answer" in hint["content"]
+    assert_faithful(done, engine.calls, tokenizer, prompt_ids, canonical_observations=True)
+
+
+@pytest.mark.parametrize("case", ONE_CALL_CASES, ids=lambda case: case.id)
+async def test_a_template_refusing_a_follow_up_ends_that_sample_failed_saying_why(
+    case, rollout_args, tokenizer, engine, policy, retriever, monkeypatch
+):
+    """A family that lets through what its template refuses (Llama's without its one-call limit): the template's
+    error ends the sample FAILED with template_error in its record, and generate() returns."""
+    unlimited = replace(case.family, calls_per_turn=None)
+    monkeypatch.setattr(chat, "tokenizer_family", lambda name, tokenizer: unlimited)
+    scripted(case, tokenizer, policy)
+    answer = policy.scripts[QUESTION + "?"][-1]
+    both = calls_text(case.family, ["capital of France", "France capital"])
+    policy.scripts[QUESTION + "?"] = [both, call_text(case.family, "Paris"), answer]
+    done = (await run_rollout(rollout_args(), [[new_sample()]]))[0][0]
+    assert (done.status, info(done)["finish_reason"], done.remove_sample) == (
+        Sample.Status.FAILED,
+        "template_error",
+        True,
+    )
+    assert "only supports single tool-calls" in info(done)["template_error"]
+    assert info(done)["turns"] == 1 and len(engine.calls) == 1
+
+
 async def test_router_radix_is_token_exact_too(
     case, rollout_args, router, tokenizer, engine, policy, retriever, search_config
 ):
@@ -232,13 +280,14 @@ DOCS = st.lists(
 
 
 def family_turn(family, foreign, prompt_text):
-    """A turn as the family's model might write it: a thought and a call, a bare call, an answer, a call in another
-    family's format, a broken call, plain text."""
+    """A turn as the family's model might write it: a thought and a call, a bare call, two calls, an answer, a call in
+    another family's format, a broken call, plain text."""
     think = st.builds(lambda t: thought_text(family, prompt_text, t), words)
     query = words.map(lambda q: q.strip() or "x")
     return st.one_of(
         st.builds(lambda t, q: t + call_text(family, q), think, query),
         st.builds(lambda q: call_text(family, q), query),
+        st.builds(lambda a, b: calls_text(family, [a, b]), query, query),
         st.builds(lambda t, a: f"{t}<answer> {a} </answer>", think, words),
         st.builds(lambda q: call_text(foreign, q), query),
         st.builds(lambda q: call_text(family, q)[:-7], query),

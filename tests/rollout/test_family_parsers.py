@@ -146,9 +146,21 @@ def test_json_calls_are_read_as_sglangs_qwen25_detector_reads_them():
     ids=["bare", "after-python-tag", "two-separated", "python-dict", "text-after", "no-call"],
 )
 def test_llama_calls_are_read_as_sglangs_llama3_detector_reads_them(text, calls, content, after):
+    turn = LLAMA3.read_calls(text, [SEARCH_SCHEMA])
+    assert [arguments for _, arguments in turn.calls] == calls
+    assert (turn.content, turn.text_after_calls, turn.unparsable) == (content, after, [])
+
+
+def test_two_llama_calls_in_one_turn_are_refused_whole_so_the_template_renders_the_record():
+    """Llama 3.2's template raises on an assistant turn with two calls: the turn runs none, says why, and what is
+    recorded renders (the template never sees two calls)."""
+    text = '{"name": "search", "parameters": {"query": "a"}}; {"name": "search", "parameters": {"query": "b"}}'
     turn = read(LLAMA3, text, end="<|eot_id|>")
-    assert [call.arguments for call in turn.tool_calls] == calls
-    assert (turn.content, turn.text_after_tool_calls, turn.unparsable) == (content, after, [])
+    assert (turn.tool_calls, turn.unparsable, turn.is_invalid_action) == ([], [text], True)
+    assert "2 tool calls in one turn" in turn.unparsable_why[0] and "at most 1" in turn.unparsable_why[0]
+    tokenizer = load_checkpoint_tokenizer("llama-3.2-3b-instruct")
+    messages = [*chat_messages(), turn.to_openai(), {"role": "user", "content": "one call, please"}]
+    assert text not in tokenizer.apply_chat_template(messages, tools=[SEARCH_SCHEMA], tokenize=False)
 
 
 def test_a_qwen_call_from_a_llama_model_is_unparsable_and_names_the_format():

@@ -21,6 +21,11 @@ def call_text(family: ModelFamily, query: str) -> str:
     return "<tool_call>\n" + json.dumps({"name": "search", "arguments": {"query": query}}) + "\n</tool_call>"
 
 
+def calls_text(family: ModelFamily, queries: list[str]) -> str:
+    """Several search calls in one turn, as the family's model writes them (Llama's separated by "; ")."""
+    return ("; " if family.tool_call_parser == "llama3" else "\n").join(call_text(family, query) for query in queries)
+
+
 def thought_text(family: ModelFamily, prompt_text: str, thought: str) -> str:
     """A thought as the model writes it after this generation prompt (nothing when thinking is off)."""
     state = prompt_thought(prompt_text)

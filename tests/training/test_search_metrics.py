@@ -216,6 +216,7 @@ async def test_rollout_metrics_of_a_mixed_batch_reach_slimes_tracking_call(mixed
         "context_length": 0.0,
         "tool_failed": pytest.approx(1 / n),
         "engine_error": 0.0,
+        "template_error": 0.0,
         "aborted": pytest.approx(1 / n),
     }
     # 7 scored samples: EM right, invalid_then_right, chat; well-formed: right, wrong; retrieval hit: same two

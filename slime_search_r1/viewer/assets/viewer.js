@@ -330,6 +330,7 @@
     if (record.reward && record.reward.unscored) badges.push(h("span", { class: "badge bad", text: "the judge gave no verdict: unscored, kept out of training", data: { field: "unscored" } }));
     if (record.tool_error) badges.push(h("span", { class: "badge bad", text: `tool error: ${record.tool_error}` }));
     if (record.engine_error) badges.push(h("span", { class: "badge bad", text: `engine error: ${record.engine_error}` }));
+    if (record.template_error) badges.push(h("span", { class: "badge bad", text: `template error: ${record.template_error}` }));
     if (record.length_refusal) badges.push(h("span", { class: "badge", text: `the engine's length limit: ${record.length_refusal}` }));
     if (row.resumes) badges.push(h("span", { class: "badge", text: `resumed ${row.resumes}× (partial rollout): ${record.earlier_policy_tokens} of ${record.generated_tokens} sampled tokens from earlier rollouts`, data: { field: "resumes" } }));
     view.appendChild(h("div", { class: "badges" }, badges));
