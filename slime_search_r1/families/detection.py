@@ -10,7 +10,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-from slime_search_r1.families import CallsRead, ModelFamily
+from slime_search_r1.families import ASSISTANT_HEADERS, CallsRead, ModelFamily
 from slime_search_r1.registry import MODEL_FAMILIES
 from slime_search_r1.settings.kinds import ConfigError
 
@@ -96,8 +96,10 @@ def check_family_tracking(family: ModelFamily, token_tracking_mode: str) -> None
 def check_checkpoint_family(setting: str, llm_api_mode: str, token_tracking_mode: str, checkpoint: str | None) -> None:
     """At launch: the checkpoint's family placed (chat mode reads calls in its format) and its template fit for the
     token-tracking mode. A checkpoint folder that is not there is left to the launch's missing-path check."""
-    if setting == AUTO and llm_api_mode != "chat":
-        return
+    if llm_api_mode != "chat":
+        check_xml_template(checkpoint)
+        if setting == AUTO:
+            return
     if setting == AUTO:
         if not checkpoint or not Path(checkpoint).is_dir():
             return
@@ -105,6 +107,19 @@ def check_checkpoint_family(setting: str, llm_api_mode: str, token_tracking_mode
     else:
         family = MODEL_FAMILIES.get(setting)
     check_family_tracking(family, token_tracking_mode)
+
+
+def check_xml_template(checkpoint: str | None) -> None:
+    """XML mode's format rule reads the response after the prompt's last assistant header (qa_em_format.py, as
+    Search-R1's does): a chat template that writes none of the known ones would make every response format-invalid,
+    its format bonus lost in silence, so it is refused at launch."""
+    template = checkpoint_template(checkpoint) if checkpoint and Path(checkpoint).is_dir() else None
+    if template and not any(header in template for header in ASSISTANT_HEADERS):
+        raise ConfigError(
+            f"LLM_API_MODE=generate reads each response after the prompt's assistant header, and the chat template "
+            f"of {checkpoint} writes none it knows, so every response would fail Search-R1's format rule; accepted: "
+            "a template that opens the assistant turn with " + " or ".join(repr(h) for h in ASSISTANT_HEADERS)
+        )
 
 
 def foreign_calls(family: ModelFamily, text: str, tool_schemas: list[dict]) -> ModelFamily | None:

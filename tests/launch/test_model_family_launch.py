@@ -26,6 +26,21 @@ def test_a_template_no_rule_places_is_refused_at_launch_with_the_setting_that_ov
     assert code == 0
 
 
+def test_xml_mode_refuses_a_template_whose_assistant_turn_its_format_rule_cannot_find(launch, tmp_path):
+    template = "{% for m in messages %}### {{ m.role }}: {{ m.content }}\n{% endfor %}### assistant:"
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    code, _, stderr = launch("--hf-checkpoint", str(tmp_path), LLM_API_MODE="generate")
+    assert code == 1
+    assert f"the chat template of {tmp_path} writes none it knows" in stderr
+    assert "'<|im_start|>assistant' or '<|start_header_id|>assistant<|end_header_id|>'" in stderr
+
+
+@pytest.mark.parametrize("checkpoint", ["qwen2.5-3b", "llama-3.2-3b-instruct", "qwen3-4b", "qwen3.5-4b"])
+def test_xml_mode_takes_every_familys_template(launch, checkpoint):
+    code, _, stderr = launch("--hf-checkpoint", str(checkpoint_dir(checkpoint)), LLM_API_MODE="generate")
+    assert code == 0, stderr
+
+
 @pytest.mark.parametrize(
     ("checkpoint", "refused"),
     [("qwen3-4b", True), ("qwen3-4b-thinking-2507", True), ("qwen3.5-4b", True), ("qwen3-4b-instruct-2507", False)],
