@@ -143,11 +143,14 @@ class _Server(uvicorn.Server):
 
 
 @contextlib.contextmanager
-def serving(app, host: str, port: int) -> Iterator[threading.Thread]:
-    """`app` served by uvicorn in a thread (the main thread keeps the signals: launch/signals.py); yields the thread
-    once it listens, stops it on exit. RuntimeError when it cannot listen there."""
+def serving(
+    app, host: str, port: int, name: str = "standin", stop_wait: float | None = None
+) -> Iterator[threading.Thread]:
+    """`app` served by uvicorn in a thread named <name>-<port> (the main thread keeps the signals:
+    launch/signals.py); yields the thread once it listens, asks it to stop on exit and waits for it (at most
+    `stop_wait` seconds when given). RuntimeError when it cannot listen there."""
     server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, name=f"standin-{port}", daemon=True)
+    thread = threading.Thread(target=server.run, name=f"{name}-{port}", daemon=True)
     thread.start()
     server.startup_over.wait()
     if not server.started:
@@ -157,4 +160,4 @@ def serving(app, host: str, port: int) -> Iterator[threading.Thread]:
         yield thread
     finally:
         server.should_exit = True
-        thread.join()
+        thread.join(stop_wait)
