@@ -119,3 +119,30 @@ def usable_cpus(proc_self: Path = PROC_SELF) -> CpuBudget:
 def thread_count(num_threads: int | None = None) -> int:
     """Threads for torch's and FAISS's pools: `num_threads` (--num_threads) when given, else the usable CPUs."""
     return num_threads or usable_cpus().cpus
+
+
+class OtherProcessesCpu:
+    """CPU time other processes take from this process's CPUs: the busy time of its affinity CPUs in /proc/stat
+    (everything but idle and iowait, steal included) less this process's own CPU time. Call it for the running
+    total in seconds; None where /proc/stat cannot be read (the tuner then goes by its measurements alone)."""
+
+    def __init__(self, cpus: set[int] | None = None, proc_stat: Path = Path("/proc/stat")):
+        if cpus is None:
+            cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+        self.cpus = {f"cpu{cpu}" for cpu in cpus}
+        self.proc_stat = proc_stat
+        self.tick = 1 / os.sysconf("SC_CLK_TCK")
+
+    def __call__(self) -> float | None:
+        try:
+            lines = self.proc_stat.read_text().splitlines()
+        except OSError:
+            return None
+        busy = 0
+        for line in lines:  # "cpu0 user nice system idle iowait irq softirq steal guest guest_nice"
+            name, *ticks = line.split()
+            if name in self.cpus:
+                ticks = [int(tick) for tick in ticks[:8]]
+                busy += sum(ticks) - ticks[3] - ticks[4]
+        own = os.times()
+        return busy * self.tick - (own.user + own.system)

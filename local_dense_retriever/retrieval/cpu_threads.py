@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from local_dense_retriever.retrieval.cpu_budget import thread_count, usable_cpus
+from local_dense_retriever.retrieval.cpu_budget import OtherProcessesCpu, thread_count, usable_cpus
 
 __all__ = ["Layout", "ThreadTuner", "Ticket", "configure_pools", "layouts", "report", "set_pool_threads",
            "set_wait_policy", "thread_count", "usable_cpus"]  # fmt: skip
@@ -158,6 +158,13 @@ class ThreadTuner:
     5. A batch that shows its window far worse (`far_worse` times the layout's last cost: a probe's first batch, or
        the layout in use after two batches at once) ends the window there: probing a shared batch beside a busy
        process costs one slow batch, and a neighbour's arrival is acted on within four.
+    6. A window during which other processes kept more than `busy_cpus` of the usable CPUs busy (`other_cpu`: their
+       CPU seconds on this process's CPUs, beyond those a cgroup quota leaves spare) moves to the split layout
+       without a probe, and the shared one is not probed while that lasts; the first window after it probes the
+       shared one. Throughput alone does not decide there: beside a busy core a shared batch waits at every
+       barrier for the thread that shares the core, which stretches the tail more than the mean (256 clients on
+       100k passages, bench/RESULTS.md: p99/p50 1.74-1.95 in the windows that ended shared, 1.12-1.57 split), and
+       each probe of it is a slow batch that every queued query waits behind.
 
     Workers ask `begin()` before each batch: it answers with a ticket, or None while running batches hold all the
     CPUs (the threads at work never outnumber the usable CPUs, also while the layout changes); the worker calls
@@ -177,7 +184,9 @@ class ThreadTuner:
         margin: float = 0.05,
         jump: float = 1.5,
         far_worse: float = 2.0,
+        busy_cpus: float = 0.5,
         clock: Callable[[], float] = time.perf_counter,
+        other_cpu: Callable[[], float | None] | None = None,
         fixed: Layout | None = None,
     ):
         if fixed is not None:
@@ -192,6 +201,12 @@ class ThreadTuner:
             window, probe_every, margin, jump, far_worse
         )  # fmt: skip
         self._clock = clock
+        if other_cpu is None and self.adaptive:
+            budget = usable_cpus()
+            other_cpu, busy_cpus = OtherProcessesCpu(), busy_cpus + max(0, budget.affinity - self.cpus)
+        self._other_cpu, self.busy_cpus = other_cpu, busy_cpus
+        self._other_since = (clock(), other_cpu()) if other_cpu is not None and self.adaptive else None
+        self.other_cpus: float | None = None  # CPUs other processes kept busy over the last window, for /health
         self._lock = threading.Lock()
         self._local = threading.local()  # the thread count applied in each worker thread
         self.choice = 0  # the layout in use: shared first
@@ -199,6 +214,7 @@ class ThreadTuner:
         self._settled: float | None = None  # its cost as the last probe or re-measure found it
         self._window = _Window(0, "measure", max(2, window // 4), open=True)
         self._windows_since_probe = 0
+        self._others_were_busy = False
         self._threads_in_use = 0
         self._running = 0
         self._last_event = clock()
@@ -260,9 +276,26 @@ class ThreadTuner:
         self._last_event = now
         return now
 
+    def _others_busy(self) -> bool:
+        """Rule 6: whether other processes kept more than `busy_cpus` of this process's CPUs busy since the last
+        window closed."""
+        if self._other_since is None:
+            return False
+        (since, other_before), now, other_now = self._other_since, self._clock(), self._other_cpu()
+        if other_now is None or other_before is None or now <= since:
+            return False
+        self._other_since = (now, other_now)
+        self.other_cpus = (other_now - other_before) / (now - since)
+        return self.other_cpus > self.busy_cpus
+
     def _close_window(self) -> None:
         window, cost, before = self._window, self._window.cost, self._cost
         self.costs[window.choice] = cost
+        others_busy, others_were_busy = self._others_busy(), self._others_were_busy
+        self._others_were_busy = others_busy
+        if others_busy or others_were_busy:
+            self._beside_other_processes(window, cost, others_busy)
+            return
         if window.kind == "probe":  # rule 3
             self.probes += 1
             self._windows_since_probe = 0
@@ -286,6 +319,24 @@ class ThreadTuner:
         else:
             self._next("probe" if self._windows_since_probe >= self.probe_every else "measure")
 
+    def _beside_other_processes(self, window: _Window, cost: float, others_busy: bool) -> None:
+        """Rule 6: split while other processes hold a CPU; once they leave, probe the shared layout."""
+        if window.kind == "probe":
+            self.probes += 1
+            self._windows_since_probe = 0
+        if window.choice == self.choice:
+            self._cost = cost
+        split = len(self.layouts) - 1
+        if others_busy and self.choice != split:
+            logger.info(
+                "CPU layout %s (batches x threads) instead of %s: other processes keep %.1f CPUs busy",
+                self.layouts[split], self.layout, self.other_cpus,
+            )  # fmt: skip
+            self.choice, self._cost = split, self.costs.get(split)
+            self.switches += 1
+        self._settled = self._cost
+        self._next("measure" if others_busy or self._cost is None else "probe")
+
     def _next(self, kind: str) -> None:
         choice = 1 - self.choice if kind == "probe" else self.choice
         size = self.window if kind == "measure" else max(2, self.window // 2)
@@ -303,6 +354,7 @@ class ThreadTuner:
                 "batches_at_once": self.layout.batches,
                 "probes": self.probes,
                 "switches": self.switches,
+                "other_processes_cpus": None if self.other_cpus is None else round(self.other_cpus, 2),
                 "ms_per_query_by_layout": {
                     str(self.layouts[choice]): round(cost * 1000, 3) for choice, cost in sorted(self.costs.items())
                 },

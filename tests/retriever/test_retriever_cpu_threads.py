@@ -238,8 +238,10 @@ class FakeCpu:
         self.seconds = seconds or dict(IDLE)
         self.overhead = dict.fromkeys(self.seconds, 0.0)  # seconds per batch on top of its queries'
         self.changes: list[tuple[str, int]] = []  # (thread, threads) for every pool resize
-        self.tuner = cpu_threads.ThreadTuner(cpus, set_threads=self.set_threads, clock=lambda: self.now,
-                                             **(tuner_options or {}))  # fmt: skip
+        self.other_cores = 0.0  # CPUs other processes keep busy; the tuner reads their running total
+        self.other_seconds = 0.0
+        options = {"other_cpu": lambda: self.other_seconds, **(tuner_options or {})}
+        self.tuner = cpu_threads.ThreadTuner(cpus, set_threads=self.set_threads, clock=lambda: self.now, **options)
         self.noise = lambda: 1.0  # a factor on each batch's time
         self.running: list[tuple[float, cpu_threads.Ticket, int]] = []
         self.layouts_run: list[str] = []
@@ -263,6 +265,7 @@ class FakeCpu:
                 self.most_threads_at_once = max(self.most_threads_at_once, threads)
             self.running.sort(key=lambda batch: batch[0])
             ends, ticket, queries = self.running.pop(0)
+            self.other_seconds += self.other_cores * (ends - self.now)
             self.now = ends
             self.tuner.end(ticket, queries)
 
@@ -330,6 +333,40 @@ def test_tuner_splits_the_cpus_when_a_neighbour_takes_a_core_and_shares_them_aga
     cpu.seconds = dict(IDLE)
     cpu.run(80)  # a window faster by more than 20% triggers a probe too
     assert cpu.layout == "1x2"
+
+
+def test_tuner_splits_without_probing_while_another_process_holds_a_cpu_however_fast_shared_measures():
+    cpu = FakeCpu({"probe_every": 2})  # shared measures the faster (its tail is what suffers beside a busy core)
+    cpu.other_cores = 1.0
+    cpu.run(400)
+    assert cpu.layout == "2x1"
+    assert cpu.layouts_run.count("1x2") == 4  # the start-up window only: no probe of it while the CPU is busy
+    assert cpu.tuner.report()["other_processes_cpus"] == 1.0
+    cpu.other_cores = 0.3  # the benchmark's own clients, say: below busy_cpus, so throughput decides again
+    cpu.run(40)
+    assert cpu.layout == "1x2"
+
+
+def test_tuner_leaves_the_shared_layout_when_another_process_takes_a_cpu():
+    cpu = FakeCpu()
+    cpu.run(100)
+    assert cpu.layout == "1x2"
+    cpu.other_cores = 0.8
+    cpu.run(32)  # the window under way, and the one that saw it end
+    assert cpu.layout == "2x1"
+
+
+def test_other_processes_cpu_is_the_busy_time_of_this_process_cpus_less_its_own(tmp_path):
+    stat = tmp_path / "stat"
+    # cpu0: user nice system idle iowait irq softirq steal; cpu1 is outside the affinity given
+    stat.write_text("cpu  9 9 9 9 9 9 9 9\ncpu0 500 0 200 900 50 10 20 20 0 0\ncpu1 7000 0 0 0 0 0 0 0 0 0\n")
+    meter = cpu_budget.OtherProcessesCpu({0}, proc_stat=stat)
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    before = os.times()
+    other = meter()
+    after = os.times()
+    assert 750 * tick - (after.user + after.system) <= other <= 750 * tick - (before.user + before.system)
+    assert cpu_budget.OtherProcessesCpu({0}, proc_stat=tmp_path / "missing")() is None
 
 
 def test_tuner_chooses_the_faster_layout_for_single_queries_too():
