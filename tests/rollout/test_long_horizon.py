@@ -546,7 +546,8 @@ HOOK = ["--custom-reward-post-process-path", REWARD_POST_PROCESS_PATH]
 def test_bad_long_horizon_settings_are_refused_at_launch_in_one_line(env, flags, message, monkeypatch, capsys):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert launch([str(PLUGIN), "--dry-run", "--", *flags]) == 1
+    # --rollout-batch-size: the one flag slime's own parser requires (the launch checks with it when slime is there)
+    assert launch([str(PLUGIN), "--dry-run", "--", "--rollout-batch-size", "8", *flags]) == 1
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1
     assert re.search(message, lines[0]), lines[0]

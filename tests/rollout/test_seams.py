@@ -150,7 +150,9 @@ def launch_dry_run(tmp_path: Path, **env) -> subprocess.CompletedProcess:
         **env,
     }
     command = [sys.executable, "-m", "slime_search_r1.launch", str(ROOT / "generate_with_search.py"), "--dry-run"]
-    return subprocess.run([*command, "--"], env=environment, capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    # --rollout-batch-size: the one flag slime's own parser requires (the launch checks with it when slime is there)
+    command += ["--", "--rollout-batch-size", "8"]
+    return subprocess.run(command, env=environment, capture_output=True, text=True, cwd=tmp_path, timeout=60)
 
 
 def test_the_launch_sees_what_an_extension_registers(tmp_path):
