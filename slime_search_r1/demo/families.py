@@ -10,6 +10,7 @@ the family, the episodes, their searches, EM and reward, and the start of the fi
 """
 
 import asyncio
+import importlib.util
 import os
 import sys
 from argparse import Namespace
@@ -18,6 +19,7 @@ from pathlib import Path
 from local_dense_retriever.serving.launcher import free_port
 from slime_search_r1.launch.presets import MODEL_PRESETS
 
+GENERATE_FUNCTION_PATH = "generate_with_search.generate"  # run_qwen2.5_3B.sh's --custom-generate-function-path
 QUESTIONS = 2  # the first rows of each mode's data
 CALL_STARTS = ("<search>", "<tool_call>", "<|python_tag|>", '{"name"')  # XML tags, then the families' calls
 EXCERPT = 64  # characters of the first call shown
@@ -42,13 +44,18 @@ def run_families(data: dict[str, Path], modes: dict[str, str], retrieval_url: st
 
 
 def load_plugin():
-    """generate_with_search and slime's Sample, as evaluate.py finds them (slime, else its stand-in)."""
-    repo = str(Path(__file__).resolve().parents[2])
-    if repo not in sys.path:
-        sys.path.insert(0, repo)
-    import evaluate
+    """The plugin module, loaded as slime loads --custom-generate-function-path (slime's load_function), and slime's
+    Sample: slime's, else its stand-in in this checkout (tests/slime_stub, as evaluate.py uses it)."""
+    repo = Path(__file__).resolve().parents[2]
+    if str(repo) not in sys.path:
+        sys.path.insert(0, str(repo))
+    if importlib.util.find_spec("slime") is None:
+        sys.path.append(str(repo / "tests" / "slime_stub"))
+    from slime.utils.misc import load_function
+    from slime.utils.types import Sample
 
-    return evaluate.load_plugin()
+    generate = load_function(GENERATE_FUNCTION_PATH)
+    return sys.modules[generate.__module__], Sample
 
 
 def run_checkpoint(plugin, sample_cls, checkpoint: str, tokenizer_dir: Path, data, modes) -> list[str]:
