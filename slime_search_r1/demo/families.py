@@ -32,7 +32,8 @@ def run_families(data: dict[str, Path], modes: dict[str, str], retrieval_url: st
 
     os.environ.update(env)  # the plugin's settings as the evaluations read them (the local retriever)
     plugin, sample_cls = load_plugin()
-    plugin.SEARCH_R1_CONFIGS.update(search_backend="local", local={"search_url": f"{retrieval_url}/retrieve"})
+    plugin.SEARCH_R1_CONFIGS["search_backend"] = "local"
+    plugin.SEARCH_R1_CONFIGS.setdefault("local", {})["search_url"] = f"{retrieval_url}/retrieve"  # the other keys kept
     print(f"\n==== each model family, scripted: the stand-in writes each family's formats on its real tokenizer "
           f"and template ({QUESTIONS} questions a mode; the searches and rewards are real)")  # fmt: skip
     print(f"{'checkpoint':<24} {'family':<15} {'mode':<9} {'episodes':<14} {'searches':>8} {'EM':>5} {'reward':>6}"
