@@ -9,7 +9,9 @@ a model's quality. Everything else is real:
    (tool calls, on data converted by oai_format_data_preprocess.py); each episode goes through generate() and
    reward_func(), searching the retriever over HTTP; the tools are those SEARCH_R1_TOOLS enables (with
    SEARCH_R1_EXTENSIONS, a tool of your own: docs/extending.md);
-3. its reports (results.md, the chart) and the viewer's page of every trajectory, token by token.
+3. its reports (results.md, the chart) and the viewer's page of every trajectory, token by token;
+4. a few episodes on each model family's real tokenizer and template, in both protocols, the stand-in writing that
+   family's calls and thoughts (families.py): a line each.
 slime itself is used when it is installed; otherwise evaluate.py uses its stand-in (tests/slime_stub). At the end
 it prints the commands that run it again by hand: the servers, then evaluate.py.
 Ctrl-C, SIGTERM or SIGHUP stops it and everything it started.
@@ -28,6 +30,7 @@ from pathlib import Path
 
 from local_dense_retriever.demo import embedded_default
 from local_dense_retriever.serving.launcher import ServerProcess, free_port
+from slime_search_r1.demo.families import run_families
 from slime_search_r1.demo.scripts import DATA_SOURCE, EPISODES, expected_em
 from slime_search_r1.launch.signals import Stopped, children, holding, run_child, stop_on_signals
 from slime_search_r1.settings.kinds import ConfigError
@@ -105,11 +108,12 @@ def run(args: argparse.Namespace) -> int:
                                                  args.output_dir / folder)
                         for folder, mode in MODES.items()}  # fmt: skip
             codes = evaluate_both(commands, env, args.output_dir)
+        family_problems = run_families(data, MODES, retrieval_url, env)
         print_rerun(server.command if server is not None else None, engine_command, commands, shell_env(env))
     finally:
         if server is not None:
             server.stop()
-    return summary(args.output_dir, codes, config.tools, time.perf_counter() - started)
+    return summary(args.output_dir, codes, config.tools, time.perf_counter() - started, family_problems)
 
 
 def evaluation_env(config) -> dict[str, str]:
@@ -220,14 +224,14 @@ def print_rerun(
         print(f"$ {assignments}{shlex.join(command)}")
 
 
-def summary(output_dir: Path, codes: dict[str, int], tools: list[str], seconds: float) -> int:
+def summary(output_dir: Path, codes: dict[str, int], tools: list[str], seconds: float, problems: list[str]) -> int:
     """A table of both runs, one episode in full, where the pages are; 0 when both ran as scripted, every enabled
-    tool called."""
+    tool called, and no `problems` (the family section's)."""
     others = [name for name in tools if name != "search"]  # called once per episode, before the answer
     print("\n==== summary (the answers are scripted; the searches, trajectories and scores are real)")
     print(f"{'LLM_API_MODE':<13} {'episodes':>8} {'EM':>6} {'searches':>9} {'answer found':>13}"
           + "".join(f" {name + ' calls':>16}" for name in others) + "  viewer page")  # fmt: skip
-    problems = []
+    problems = list(problems)
     for folder, mode in MODES.items():
         results_path = output_dir / folder / "results.json"
         if codes[folder] != 0 or not results_path.is_file():

