@@ -43,16 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     return cli.main(argv, load_plugin, write_viewer)
 
 
-SLIME_STUB = Path(__file__).resolve().parent / "tests" / "slime_stub"  # slime's stand-in: the names the plugin imports
-
-
 def load_plugin():
     """generate_with_search (the settings and hooks being evaluated) and slime's Sample. Without slime, slime's
     stand-in in this checkout (tests/slime_stub, as make rollout-demo uses it), said so; exit 2 without either."""
     try:
         importlib.import_module("slime.utils.types")
     except ImportError as exc:
-        if not _stand_in_for_slime():
+        from slime_search_r1.standin import SLIME_STUB, use_slime_stub
+
+        if not use_slime_stub():
             print(
                 f"evaluate.py: error: slime is not importable ({exc}); run it in slime's environment "
                 "(pip install -e /root/slime), or offline from a checkout of this plugin, whose tests/slime_stub "
@@ -69,19 +68,6 @@ def load_plugin():
     from slime.utils.types import Sample
 
     return plugin, Sample
-
-
-def _stand_in_for_slime() -> bool:
-    """Whether slime's stand-in (tests/slime_stub) is here and imports, put on the path."""
-    if not (SLIME_STUB / "slime").is_dir():
-        return False
-    sys.path.append(str(SLIME_STUB))
-    try:
-        importlib.import_module("slime.utils.types")
-    except ImportError:
-        sys.path.remove(str(SLIME_STUB))
-        return False
-    return True
 
 
 def write_viewer(output_dir: Path, hf_checkpoint: str, tokenizer, per_source: int) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from local_dense_retriever.serving.launcher import free_port
 from slime_search_r1.launch.presets import MODEL_PRESETS
+from slime_search_r1.standin import use_slime_stub
 
 GENERATE_FUNCTION_PATH = "generate_with_search.generate"  # run_qwen2.5_3B.sh's --custom-generate-function-path
 QUESTIONS = 2  # the first rows of each mode's data
@@ -51,7 +52,7 @@ def load_plugin():
     if str(repo) not in sys.path:
         sys.path.insert(0, str(repo))
     if importlib.util.find_spec("slime") is None:
-        sys.path.append(str(repo / "tests" / "slime_stub"))
+        use_slime_stub()
     from slime.utils.misc import load_function
     from slime.utils.types import Sample
 

@@ -13,12 +13,32 @@ pages made from its answers say "scripted stand-in" in their titles.
   __main__.py      the command line
 """
 
+import importlib
+import sys
+from pathlib import Path
+
 from slime_search_r1.episode import version_spans
 
 SCRIPTED_WEIGHT_VERSION = "scripted-stand-in"  # meta_info.weight_version of every answer the stand-in gives
 SCRIPTED_LABEL = "scripted stand-in"  # how reports and pages name an engine that answered with it
+# slime's stand-in in this checkout: the names the plugin imports (tests/slime_stub/README.md)
+SLIME_STUB = Path(__file__).resolve().parents[2] / "tests" / "slime_stub"
 
 
 def scripted_record(record: dict | None) -> bool:
     """Whether an episode record's turns were written by the scripted stand-in (its weight version)."""
     return any(version == SCRIPTED_WEIGHT_VERSION for _, _, version in version_spans(record or {}))
+
+
+def use_slime_stub() -> bool:
+    """Whether slime's stand-in (SLIME_STUB) is here and imports, put on the path: what evaluate.py and the demo run
+    on where slime is not installed."""
+    if not (SLIME_STUB / "slime").is_dir():
+        return False
+    sys.path.append(str(SLIME_STUB))
+    try:
+        importlib.import_module("slime.utils.types")
+    except ImportError:
+        sys.path.remove(str(SLIME_STUB))
+        return False
+    return True
